@@ -1,0 +1,122 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz` and `/debug/route`.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::json;
+
+use crate::body::ProxyBody;
+use crate::dialect;
+use crate::route::{self, RequestKeys};
+use crate::state::Shared;
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            shared.update_pin_gauges();
+            reply(StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
+        }
+        (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, "/readyz") => {
+            let snap = shared.snapshot();
+            if shared.shutting_down.load(Ordering::SeqCst) {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "shutting down\n")
+            } else if snap.ring.is_empty() {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no backend available\n")
+            } else {
+                reply(StatusCode::OK, "text/plain", "ready\n")
+            }
+        }
+        (&Method::GET | &Method::POST, "/debug/route") => debug_route(shared, req).await,
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics /healthz /readyz /debug/route?key=\n"),
+    }
+}
+
+/// Explains how a request would be routed, without changing any pin. `?key=K` explains a
+/// client key; a POST explains its own JSON body and MCP headers.
+async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody> {
+    let snap = shared.snapshot();
+    let query_key = req.uri().query().and_then(|q| {
+        q.split('&').find_map(|kv| kv.strip_prefix("key=")).map(|v| percent_decode(v))
+    });
+    let (parts, body) = req.into_parts();
+    let limit = snap.config.server.max_body_bytes;
+    let body = match Limited::new(body, limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
+    };
+    let envelope = if body.is_empty() {
+        Default::default()
+    } else {
+        match dialect::parse_request(&body, &snap.config.routing.body_field) {
+            Ok(e) => e,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, "text/plain", format!("body is not JSON: {e}\n")),
+        }
+    };
+    let mut keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
+    if let Some(k) = query_key.as_deref() {
+        keys.header_key = Some(k);
+    }
+    let out = explain(shared, &keys);
+    reply(StatusCode::OK, "application/json", format!("{out:#}\n"))
+}
+
+/// The JSON explanation of a routing decision (also printed by `mrtr-router route`).
+pub fn explain(shared: &Shared, keys: &RequestKeys) -> serde_json::Value {
+    let snap = shared.snapshot();
+    let found = json!({
+        "method": keys.method,
+        "client_key": keys.client_key(),
+        "header_key": keys.header_key,
+        "message_id": keys.message_id,
+        "request_state": keys.request_state.as_ref().map(|s| format!("<{} bytes>", s.len())),
+        "task_id": keys.task_id,
+        "session_id": keys.session_id,
+    });
+    match route::decide(&snap, &shared.pins, keys, false) {
+        Ok(d) => json!({
+            "backend": &*d.backend.name,
+            "url": d.backend.url(),
+            "source": d.source.label(),
+            "pin": d.matched.map(|m| json!({"kind": m.pin.kind.label(), "rounds": m.pin.rounds, "finished": m.pin.finished})),
+            "pin_lost": d.pin_lost,
+            "explanation": d.to_string(),
+            "keys": found,
+        }),
+        Err(e) => json!({"error": e.reason(), "message": e.to_string(), "keys": found}),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,299 @@
+//! Response bodies on their way to the client: buffered answers, and streams passed through
+//! frame by frame, with SSE split into whole events so each JSON-RPC message can be observed
+//! before the bytes that carry it reach the client.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use crate::upstream::InflightGuard;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Called with the `data` of each SSE event (or a whole JSON body) before it is sent on.
+pub type MessageSink = Box<dyn FnMut(&[u8]) + Send>;
+
+/// Largest SSE event the router inspects; a longer one is passed through unread.
+pub const MAX_OBSERVED_EVENT: usize = 8 * 1024 * 1024;
+
+/// The body of every response the router sends.
+pub struct ProxyBody {
+    kind: Kind,
+}
+
+enum Kind {
+    Full(Option<Bytes>),
+    Stream(Box<Stream>),
+}
+
+struct Stream {
+    inner: Incoming,
+    /// Bytes already read from `inner` (a buffered prefix) to send first.
+    prefix: Option<Bytes>,
+    sse: Option<SseSplitter>,
+    idle_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+    /// Holds the backend's in-flight count until the stream ends or the client goes away.
+    _guard: Option<InflightGuard>,
+    on_error: Option<Box<dyn FnOnce(&str) + Send>>,
+}
+
+#[derive(Debug)]
+pub struct StreamIdle;
+
+impl std::fmt::Display for StreamIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upstream stream idle timeout")
+    }
+}
+impl std::error::Error for StreamIdle {}
+
+impl ProxyBody {
+    pub fn full(data: impl Into<Bytes>) -> ProxyBody {
+        let data: Bytes = data.into();
+        ProxyBody { kind: Kind::Full(if data.is_empty() { None } else { Some(data) }) }
+    }
+
+    pub fn empty() -> ProxyBody {
+        ProxyBody { kind: Kind::Full(None) }
+    }
+
+    /// Streams `inner` to the client. With a `sink`, the stream is SSE and each event's data
+    /// goes to the sink before the event is sent. `on_error` hears of an upstream failure mid-stream.
+    pub fn stream(
+        inner: Incoming,
+        prefix: Option<Bytes>,
+        sink: Option<MessageSink>,
+        idle_timeout: Duration,
+        guard: Option<InflightGuard>,
+        on_error: Option<Box<dyn FnOnce(&str) + Send>>,
+    ) -> ProxyBody {
+        let stream = Stream {
+            inner,
+            prefix,
+            sse: sink.map(SseSplitter::new),
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle_timeout,
+            _guard: guard,
+            on_error,
+        };
+        ProxyBody { kind: Kind::Stream(Box::new(stream)) }
+    }
+}
+
+impl From<Bytes> for ProxyBody {
+    fn from(b: Bytes) -> Self {
+        ProxyBody::full(b)
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Stream(s) => s.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(data) => data.is_none(),
+            Kind::Stream(s) => s.prefix.is_none() && s.inner.is_end_stream() && s.sse.as_ref().is_none_or(|s| s.buf.is_empty()),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Stream(s) if s.sse.is_none() => {
+                let inner = s.inner.size_hint();
+                let extra = s.prefix.as_ref().map_or(0, |p| p.len() as u64);
+                match inner.exact() {
+                    Some(n) => SizeHint::with_exact(n + extra),
+                    None => SizeHint::default(),
+                }
+            }
+            Kind::Stream(_) => SizeHint::default(),
+        }
+    }
+}
+
+impl Stream {
+    fn fail(&mut self, what: &str) {
+        if let Some(f) = self.on_error.take() {
+            f(what);
+        }
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(p) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(p))));
+        }
+        loop {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    self.idle.as_mut().reset(Instant::now() + self.idle_timeout);
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    };
+                    let Some(sse) = &mut self.sse else {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    };
+                    let out = sse.feed(&data);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.fail("reset");
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Ready(None) => {
+                    let rest = self.sse.as_mut().map(|s| s.finish()).unwrap_or_default();
+                    return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
+                }
+                Poll::Pending => {
+                    if self.idle.as_mut().poll(cx).is_ready() {
+                        self.fail("stream_idle");
+                        return Poll::Ready(Some(Err(Box::new(StreamIdle))));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+/// Splits an SSE byte stream into whole events and hands each event's data to a sink.
+pub struct SseSplitter {
+    buf: BytesMut,
+    /// Where scanning for the end of the current event resumes.
+    scan: usize,
+    /// Start of the current line within `buf`.
+    line_start: usize,
+    /// Set while passing through an event too large to observe, until its end.
+    skipping: bool,
+    sink: MessageSink,
+}
+
+impl SseSplitter {
+    pub fn new(sink: MessageSink) -> SseSplitter {
+        SseSplitter { buf: BytesMut::new(), scan: 0, line_start: 0, skipping: false, sink }
+    }
+
+    /// Takes the next chunk; returns the bytes of every event it completed.
+    pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
+        self.buf.extend_from_slice(chunk);
+        let mut complete = 0;
+        let mut i = self.scan;
+        let len = self.buf.len();
+        while i < len {
+            let c = self.buf[i];
+            if c != b'\n' && c != b'\r' {
+                i += 1;
+                continue;
+            }
+            // A lone CR at the end of the buffer may be the start of CRLF: wait for more.
+            if c == b'\r' && i + 1 == len {
+                break;
+            }
+            let end = if c == b'\r' && self.buf[i + 1] == b'\n' { i + 2 } else { i + 1 };
+            if i == self.line_start {
+                // An empty line ends the event.
+                if !self.skipping {
+                    self.observe(complete, i);
+                }
+                self.skipping = false;
+                complete = end;
+            }
+            self.line_start = end;
+            i = end;
+        }
+        self.scan = i;
+        if complete == 0 && self.buf.len() > MAX_OBSERVED_EVENT {
+            // Too large to hold: pass it through unobserved.
+            self.skipping = true;
+            complete = self.buf.len();
+        }
+        let out = self.buf.split_to(complete).freeze();
+        self.scan -= complete.min(self.scan);
+        self.line_start -= complete.min(self.line_start);
+        out
+    }
+
+    /// The stream ended: whatever is left (an unterminated event) goes out as is, after the
+    /// sink has seen it.
+    pub fn finish(&mut self) -> Bytes {
+        if !self.skipping && !self.buf.is_empty() {
+            self.observe(0, self.buf.len());
+        }
+        self.scan = 0;
+        self.line_start = 0;
+        self.buf.split().freeze()
+    }
+
+    fn observe(&mut self, start: usize, end: usize) {
+        let event = &self.buf[start..end];
+        let mut data: Vec<u8> = Vec::new();
+        let mut lines = 0;
+        for line in event.split(|&b| b == b'\n' || b == b'\r') {
+            let Some(value) = line.strip_prefix(b"data:") else { continue };
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            if lines > 0 {
+                data.push(b'\n');
+            }
+            data.extend_from_slice(value);
+            lines += 1;
+        }
+        if lines > 0 {
+            (self.sink)(&data);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    fn splitter() -> (SseSplitter, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        (SseSplitter::new(Box::new(move |d| s.lock().unwrap().push(String::from_utf8_lossy(d).into_owned()))), seen)
+    }
+
+    #[test]
+    fn splits_events_across_chunks() {
+        let (mut sp, seen) = splitter();
+        assert_eq!(&sp.feed(b": ping\n\nevent: message\ndata: {\"a\""), &b": ping\n\n"[..]);
+        assert!(seen.lock().unwrap().is_empty(), "a comment has no data");
+        assert_eq!(&sp.feed(b":1}\n"), &b""[..]);
+        assert_eq!(&sp.feed(b"\nid: 2\r\ndata: x\r\ndata: y\r"), &b"event: message\ndata: {\"a\":1}\n\n"[..]);
+        assert_eq!(&sp.feed(b"\n\r\n"), &b"id: 2\r\ndata: x\r\ndata: y\r\n\r\n"[..]);
+        assert_eq!(*seen.lock().unwrap(), vec!["{\"a\":1}".to_string(), "x\ny".to_string()]);
+        assert_eq!(&sp.feed(b"data: tail"), &b""[..]);
+        assert_eq!(&sp.finish(), &b"data: tail"[..]);
+        assert_eq!(seen.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn oversized_event_passes_unobserved() {
+        let (mut sp, seen) = splitter();
+        let big = vec![b'x'; MAX_OBSERVED_EVENT + 1];
+        let mut out = sp.feed(b"data: ").len();
+        out += sp.feed(&big).len();
+        out += sp.feed(b"\n\ndata: ok\n\n").len();
+        assert_eq!(out, 6 + big.len() + 12);
+        assert_eq!(*seen.lock().unwrap(), vec!["ok".to_string()]);
+    }
+}

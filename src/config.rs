@@ -1,0 +1,390 @@
+//! Configuration: the TOML file (DESIGN §7) parsed into raw structs, then checked once and
+//! turned into the validated [`Config`] the rest of the router uses.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Every default in one place, so docs, `check` output and code agree.
+pub mod defaults {
+    use std::time::Duration;
+
+    pub const LISTEN: &str = "127.0.0.1:8080";
+    pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
+    pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+    pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    pub const MAX_HEADERS: usize = 100;
+    pub const ROUTING_HEADER: &str = "Mcp-Routing-Id";
+    pub const BODY_FIELD: &str = "messageId";
+    pub const VIRTUAL_NODES: usize = 160;
+    pub const LOAD_FACTOR: f64 = 0.0;
+    pub const PIN_IDLE_TTL: Duration = Duration::from_secs(600);
+    pub const SESSION_IDLE_TTL: Duration = Duration::from_secs(3600);
+    pub const TASK_IDLE_TTL: Duration = Duration::from_secs(3600);
+    pub const REPLAY_WINDOW: Duration = Duration::from_secs(60);
+    pub const MAX_ROUNDS: u32 = 32;
+    pub const MAX_PINS: usize = 1_000_000;
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const RETRY_AFTER_SECS: u64 = 1;
+    pub const WEIGHT: u32 = 1;
+}
+
+/// A configuration problem, with the file and line where it was found when known.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub routing: RoutingConfig,
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Largest request body the router reads to find a key; larger is 413.
+    pub max_body_bytes: usize,
+    /// Time a client has to send its request headers (HTTP/1).
+    pub header_read_timeout: Duration,
+    /// Time a client has to send the whole request body once headers are in.
+    pub body_read_timeout: Duration,
+    /// Deadline for a non-streaming answer (head and whole JSON body).
+    pub upstream_timeout: Duration,
+    /// An SSE stream with no bytes for this long is closed (never below 60 s).
+    pub stream_idle_timeout: Duration,
+    /// How long SIGTERM waits for in-flight requests and streams.
+    pub shutdown_grace: Duration,
+    /// Most request headers accepted (HTTP/1); more is 431.
+    pub max_headers: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingConfig {
+    /// Request header that carries the client key (lower-cased for lookup).
+    pub header: http::HeaderName,
+    /// Top-level JSON field that carries the client key when the header is absent.
+    pub body_field: String,
+    pub virtual_nodes: usize,
+    pub load_factor: f64,
+    pub pin_idle_ttl: Duration,
+    pub session_idle_ttl: Duration,
+    pub task_idle_ttl: Duration,
+    pub replay_window: Duration,
+    pub max_rounds: u32,
+    pub max_pins: usize,
+    pub on_pin_lost: OnPinLost,
+    pub drain_timeout: Duration,
+}
+
+/// What to do with a follow-up whose pinned backend is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPinLost {
+    Strict,
+    Rehash,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    pub name: String,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// Path prefix of the backend URL without a trailing slash ("" for none).
+    pub base_path: String,
+    pub weight: u32,
+}
+
+impl BackendConfig {
+    /// The backend URL as written in the config, normalised.
+    pub fn url(&self) -> String {
+        format!("{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+// ---- raw file format ----------------------------------------------------------------------
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
+    routing: RawRouting,
+    #[serde(default)]
+    backend: Vec<Spanned<RawBackend>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<Spanned<String>>,
+    max_body_bytes: Option<Spanned<i64>>,
+    header_read_timeout: Option<Spanned<String>>,
+    body_read_timeout: Option<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    stream_idle_timeout: Option<Spanned<String>>,
+    shutdown_grace: Option<Spanned<String>>,
+    max_headers: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    header: Option<Spanned<String>>,
+    body_field: Option<Spanned<String>>,
+    virtual_nodes: Option<Spanned<i64>>,
+    load_factor: Option<Spanned<f64>>,
+    pin_idle_ttl: Option<Spanned<String>>,
+    session_idle_ttl: Option<Spanned<String>>,
+    task_idle_ttl: Option<Spanned<String>>,
+    replay_window: Option<Spanned<String>>,
+    max_rounds: Option<Spanned<i64>>,
+    max_pins: Option<Spanned<i64>>,
+    on_pin_lost: Option<Spanned<OnPinLost>>,
+    drain_timeout: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    name: Spanned<String>,
+    url: Spanned<String>,
+    weight: Option<Spanned<i64>>,
+}
+
+// ---- validation ---------------------------------------------------------------------------
+
+/// Turns byte offsets of the file into line numbers for error messages.
+struct Checker<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl Checker<'_> {
+    fn err<T>(&self, span: Option<std::ops::Range<usize>>, message: impl Into<String>) -> Result<T, ConfigError> {
+        let line = span.map(|s| self.text[..s.start.min(self.text.len())].matches('\n').count() + 1);
+        Err(ConfigError { file: self.file.to_path_buf(), line, message: message.into() })
+    }
+
+    fn duration(&self, key: &str, v: &Option<Spanned<String>>, default: Duration) -> Result<Duration, ConfigError> {
+        let Some(v) = v else { return Ok(default) };
+        match humantime::parse_duration(v.get_ref().trim()) {
+            Ok(d) if !d.is_zero() => Ok(d),
+            Ok(_) => self.err(Some(v.span()), format!("{key}: must be greater than zero")),
+            Err(e) => self.err(Some(v.span()), format!("{key}: invalid duration {:?} ({e}); use e.g. \"10s\", \"5m\", \"1h\"", v.get_ref())),
+        }
+    }
+
+    fn int(&self, key: &str, v: &Option<Spanned<i64>>, default: i64, min: i64, max: i64) -> Result<i64, ConfigError> {
+        let Some(v) = v else { return Ok(default) };
+        let n = *v.get_ref();
+        if n < min || n > max {
+            return self.err(Some(v.span()), format!("{key}: {n} is out of range {min}..={max}"));
+        }
+        Ok(n)
+    }
+
+    fn addr(&self, key: &str, v: &Option<Spanned<String>>, default: &str) -> Result<SocketAddr, ConfigError> {
+        let (text, span) = match v {
+            Some(v) => (v.get_ref().as_str(), Some(v.span())),
+            None => (default, None),
+        };
+        text.parse().or_else(|_| self.err(span, format!("{key}: {text:?} is not an IP:port address")))
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Validates config text; `path` is only used in error messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let c = Checker { file: path, text };
+        let raw: RawFile = match toml::from_str(text) {
+            Ok(raw) => raw,
+            Err(e) => return c.err(e.span(), e.message().to_string()),
+        };
+        let s = &raw.server;
+        let server = ServerConfig {
+            listen: c.addr("server.listen", &s.listen, defaults::LISTEN)?,
+            max_body_bytes: c.int("server.max_body_bytes", &s.max_body_bytes, defaults::MAX_BODY_BYTES as i64, 64, 1 << 30)? as usize,
+            header_read_timeout: c.duration("server.header_read_timeout", &s.header_read_timeout, defaults::HEADER_READ_TIMEOUT)?,
+            body_read_timeout: c.duration("server.body_read_timeout", &s.body_read_timeout, defaults::BODY_READ_TIMEOUT)?,
+            upstream_timeout: c.duration("server.upstream_timeout", &s.upstream_timeout, defaults::UPSTREAM_TIMEOUT)?,
+            stream_idle_timeout: c.duration("server.stream_idle_timeout", &s.stream_idle_timeout, defaults::STREAM_IDLE_TIMEOUT)?,
+            shutdown_grace: c.duration("server.shutdown_grace", &s.shutdown_grace, defaults::SHUTDOWN_GRACE)?,
+            max_headers: c.int("server.max_headers", &s.max_headers, defaults::MAX_HEADERS as i64, 16, 10_000)? as usize,
+        };
+        if server.stream_idle_timeout < Duration::from_secs(60) {
+            let span = s.stream_idle_timeout.as_ref().map(|v| v.span());
+            return c.err(span, "server.stream_idle_timeout: must be at least 60s (MCP streams idle between events)");
+        }
+        let admin = AdminConfig { listen: c.addr("admin.listen", &raw.admin.listen, defaults::ADMIN_LISTEN)? };
+        if admin.listen == server.listen {
+            return c.err(raw.admin.listen.as_ref().map(|v| v.span()), "admin.listen: must differ from server.listen");
+        }
+        let r = &raw.routing;
+        let header_text = r.header.as_ref().map(|v| v.get_ref().as_str()).unwrap_or(defaults::ROUTING_HEADER);
+        let header = http::HeaderName::from_bytes(header_text.as_bytes())
+            .or_else(|_| c.err(r.header.as_ref().map(|v| v.span()), format!("routing.header: {header_text:?} is not a valid header name")))?;
+        let body_field = r.body_field.as_ref().map(|v| v.get_ref().clone()).unwrap_or_else(|| defaults::BODY_FIELD.to_string());
+        if body_field.is_empty() {
+            return c.err(r.body_field.as_ref().map(|v| v.span()), "routing.body_field: must not be empty");
+        }
+        let load_factor = r.load_factor.as_ref().map(|v| *v.get_ref()).unwrap_or(defaults::LOAD_FACTOR);
+        if !(load_factor == 0.0 || (load_factor > 1.0 && load_factor.is_finite())) {
+            return c.err(r.load_factor.as_ref().map(|v| v.span()), "routing.load_factor: must be 0 (off) or greater than 1.0, e.g. 1.25");
+        }
+        let routing = RoutingConfig {
+            header,
+            body_field,
+            virtual_nodes: c.int("routing.virtual_nodes", &r.virtual_nodes, defaults::VIRTUAL_NODES as i64, 160, 10_000)? as usize,
+            load_factor,
+            pin_idle_ttl: c.duration("routing.pin_idle_ttl", &r.pin_idle_ttl, defaults::PIN_IDLE_TTL)?,
+            session_idle_ttl: c.duration("routing.session_idle_ttl", &r.session_idle_ttl, defaults::SESSION_IDLE_TTL)?,
+            task_idle_ttl: c.duration("routing.task_idle_ttl", &r.task_idle_ttl, defaults::TASK_IDLE_TTL)?,
+            replay_window: c.duration("routing.replay_window", &r.replay_window, defaults::REPLAY_WINDOW)?,
+            max_rounds: c.int("routing.max_rounds", &r.max_rounds, defaults::MAX_ROUNDS as i64, 1, 1_000_000)? as u32,
+            max_pins: c.int("routing.max_pins", &r.max_pins, defaults::MAX_PINS as i64, 1, 1 << 32)? as usize,
+            on_pin_lost: r.on_pin_lost.as_ref().map(|v| *v.get_ref()).unwrap_or(OnPinLost::Strict),
+            drain_timeout: c.duration("routing.drain_timeout", &r.drain_timeout, defaults::DRAIN_TIMEOUT)?,
+        };
+        let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backend.len());
+        for b in &raw.backend {
+            let span = Some(b.span());
+            let b = b.get_ref();
+            let name = b.name.get_ref().trim().to_string();
+            if name.is_empty() || name.len() > 128 || name.chars().any(|ch| ch.is_control() || ch == ',') {
+                return c.err(Some(b.name.span()), "backend.name: must be 1-128 printable characters without commas");
+            }
+            if backends.iter().any(|o| o.name == name) {
+                return c.err(Some(b.name.span()), format!("backend.name: {name:?} is defined twice"));
+            }
+            let uri: http::Uri = b.url.get_ref().parse().or_else(|_| c.err(Some(b.url.span()), format!("backend.url: {:?} is not a URL", b.url.get_ref())))?;
+            let scheme = match uri.scheme() {
+                Some(s) if *s == Scheme::HTTP => s.clone(),
+                Some(s) if *s == Scheme::HTTPS => return c.err(Some(b.url.span()), format!("backend.url: scheme {s} is not supported yet; use http://")),
+                _ => return c.err(Some(b.url.span()), "backend.url: must start with http://"),
+            };
+            let Some(authority) = uri.authority().cloned() else {
+                return c.err(Some(b.url.span()), "backend.url: needs a host and port");
+            };
+            if uri.query().is_some() {
+                return c.err(Some(b.url.span()), "backend.url: must not carry a query");
+            }
+            let base_path = uri.path().trim_end_matches('/').to_string();
+            let weight = c.int("backend.weight", &b.weight, defaults::WEIGHT as i64, 0, 1000)? as u32;
+            let _ = span;
+            backends.push(BackendConfig { name, scheme, authority, base_path, weight });
+        }
+        if backends.is_empty() {
+            return c.err(None, "no [[backend]] configured: at least one backend is required");
+        }
+        Ok(Config { server, admin, routing, backends })
+    }
+
+    /// The effective configuration as TOML, every default spelled out (for `check`).
+    pub fn to_toml(&self) -> String {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let s = &self.server;
+        let r = &self.routing;
+        let mut out = format!(
+            "[server]\nlisten = \"{}\"\nmax_body_bytes = {}\nheader_read_timeout = \"{}\"\nbody_read_timeout = \"{}\"\nupstream_timeout = \"{}\"\nstream_idle_timeout = \"{}\"\nshutdown_grace = \"{}\"\nmax_headers = {}\n\n[admin]\nlisten = \"{}\"\n\n[routing]\nheader = \"{}\"\nbody_field = \"{}\"\nvirtual_nodes = {}\nload_factor = {}\npin_idle_ttl = \"{}\"\nsession_idle_ttl = \"{}\"\ntask_idle_ttl = \"{}\"\nreplay_window = \"{}\"\nmax_rounds = {}\nmax_pins = {}\non_pin_lost = \"{}\"\ndrain_timeout = \"{}\"\n",
+            s.listen, s.max_body_bytes, d(s.header_read_timeout), d(s.body_read_timeout), d(s.upstream_timeout), d(s.stream_idle_timeout), d(s.shutdown_grace), s.max_headers,
+            self.admin.listen,
+            r.header, r.body_field, r.virtual_nodes, r.load_factor, d(r.pin_idle_ttl), d(r.session_idle_ttl), d(r.task_idle_ttl), d(r.replay_window), r.max_rounds, r.max_pins,
+            match r.on_pin_lost { OnPinLost::Strict => "strict", OnPinLost::Rehash => "rehash" },
+            d(r.drain_timeout),
+        );
+        for b in &self.backends {
+            out.push_str(&format!("\n[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n", b.name, b.url(), b.weight));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("test.toml"), text)
+    }
+
+    const ONE: &str = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
+
+    #[test]
+    fn defaults_apply() {
+        let c = parse(ONE).unwrap();
+        assert_eq!(c.routing.virtual_nodes, 160);
+        assert_eq!(c.routing.header.as_str(), "mcp-routing-id");
+        assert_eq!(c.backends[0].weight, 1);
+        assert_eq!(c.server.max_body_bytes, 1 << 20);
+        // The printed effective config parses back to the same config.
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn errors_name_key_and_line() {
+        let e = parse(&format!("{ONE}[routing]\npin_idle_ttl = \"ten\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("routing.pin_idle_ttl"), "{e}");
+        let e = parse(&format!("{ONE}[routing]\nbogus = 1\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = parse("[[backend]]\nname = \"a\"\nurl = \"ftp://x\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        let e = parse(&format!("{ONE}{ONE}")).unwrap_err();
+        assert!(e.to_string().contains("defined twice"), "{e}");
+        assert!(parse("").unwrap_err().to_string().contains("no [[backend]]"));
+        let e = parse(&format!("{ONE}[routing]\nvirtual_nodes = 10\n")).unwrap_err();
+        assert!(e.to_string().contains("virtual_nodes"), "{e}");
+    }
+}

@@ -1,0 +1,263 @@
+//! Reading the three MCP dialects (DESIGN §2): the keys a request carries and the outcome an
+//! answer reports. Only the envelope fields the router uses are parsed; everything else is
+//! skipped without allocating.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// Header that carries a legacy session id.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+/// Header that carries the tool/prompt/resource name or, on `tasks/*`, the task id.
+pub const NAME_HEADER: &str = "mcp-name";
+
+/// What the router needs from a JSON-RPC request body.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RequestEnvelope<'a> {
+    /// The raw JSON `id`, echoed verbatim in router errors.
+    pub id: Option<&'a str>,
+    pub method: Option<Cow<'a, str>>,
+    /// The body key field (`messageId` by default), as a string.
+    pub message_id: Option<Cow<'a, str>>,
+    /// `params.requestState` (2026-07-28 multi-round retry).
+    pub request_state: Option<Cow<'a, str>>,
+    /// `params.taskId` (tasks extension).
+    pub task_id: Option<Cow<'a, str>>,
+}
+
+/// Parses a request body. Returns `Err` when it is not JSON. A batch (array) yields the first
+/// element's envelope.
+pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let env = EnvelopeSeed { body_field }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(env)
+}
+
+struct EnvelopeSeed<'f> {
+    body_field: &'f str,
+}
+
+impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
+    type Value = RequestEnvelope<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
+    type Value = RequestEnvelope<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON-RPC message")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut env = RequestEnvelope::default();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match &*key {
+                "id" => env.id = Some(map.next_value::<&'de RawValue>()?.get()),
+                "method" => env.method = map.next_value::<Option<Cow<'de, str>>>()?,
+                "params" => {
+                    let p = map.next_value::<ParamsEnvelope<'de>>()?;
+                    env.request_state = p.request_state;
+                    env.task_id = p.task_id;
+                }
+                k if k == self.body_field => env.message_id = map.next_value::<KeyValue<'de>>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(env)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let first = seq.next_element_seed(EnvelopeSeed { body_field: self.body_field })?.unwrap_or_default();
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(first)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(RequestEnvelope::default())
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(RequestEnvelope::default())
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(RequestEnvelope::default())
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(RequestEnvelope::default())
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(RequestEnvelope::default())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(RequestEnvelope::default())
+    }
+}
+
+#[derive(Default, serde::Deserialize)]
+struct ParamsEnvelope<'a> {
+    #[serde(rename = "requestState", borrow, default, deserialize_with = "opt_string")]
+    request_state: Option<Cow<'a, str>>,
+    #[serde(rename = "taskId", borrow, default, deserialize_with = "opt_string")]
+    task_id: Option<Cow<'a, str>>,
+}
+
+/// A key field: a string as is, a number by its JSON text; anything else is no key.
+struct KeyValue<'a>(Option<Cow<'a, str>>);
+
+impl<'de> Deserialize<'de> for KeyValue<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&'de RawValue>::deserialize(d)?;
+        let text = raw.get();
+        Ok(KeyValue(match text.as_bytes().first() {
+            Some(b'"') => Some(serde_json::from_str::<Cow<'de, str>>(text).map_err(serde::de::Error::custom)?),
+            Some(b'-' | b'0'..=b'9') => Some(Cow::Borrowed(text)),
+            _ => None,
+        }))
+    }
+}
+
+fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    let raw = <&'de RawValue>::deserialize(d)?;
+    match raw.get().as_bytes().first() {
+        Some(b'"') => serde_json::from_str(raw.get()).map(Some).map_err(serde::de::Error::custom),
+        _ => Ok(None),
+    }
+}
+
+/// What a backend's answer says about the call it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2a: `"pending": true` — the call continues on this backend.
+    Pending,
+    /// 2b: `resultType: "input_required"` with the state the client will echo.
+    InputRequired { request_state: String },
+    /// 2b tasks: the call became (or still is) a task with this id.
+    Task { task_id: String, terminal: bool },
+    /// A final result or error: the call is over.
+    Final,
+    /// Not a JSON-RPC response (a request or notification from the server, or not JSON).
+    NotAResponse,
+}
+
+#[derive(serde::Deserialize)]
+struct ResponseEnvelope<'a> {
+    #[serde(borrow, default)]
+    result: Option<ResultEnvelope<'a>>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct ResultEnvelope<'a> {
+    #[serde(default)]
+    pending: Option<serde_json::Value>,
+    #[serde(rename = "resultType", borrow, default, deserialize_with = "opt_string")]
+    result_type: Option<Cow<'a, str>>,
+    #[serde(rename = "requestState", borrow, default, deserialize_with = "opt_string")]
+    request_state: Option<Cow<'a, str>>,
+    #[serde(rename = "taskId", borrow, default, deserialize_with = "opt_string")]
+    task_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "opt_string")]
+    status: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    task: Option<TaskEnvelope<'a>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct TaskEnvelope<'a> {
+    #[serde(rename = "taskId", borrow, default, deserialize_with = "opt_string")]
+    task_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "opt_string")]
+    status: Option<Cow<'a, str>>,
+}
+
+/// Task statuses after which a task no longer needs its instance.
+pub fn is_terminal_task_status(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled" | "canceled")
+}
+
+/// Reads the outcome of one JSON-RPC message sent by a backend (a JSON body or an SSE event's data).
+pub fn parse_outcome(message: &[u8]) -> Outcome {
+    let Ok(env) = serde_json::from_slice::<ResponseEnvelope>(message) else {
+        return Outcome::NotAResponse;
+    };
+    let Some(result) = env.result else {
+        return if env.error.is_some() { Outcome::Final } else { Outcome::NotAResponse };
+    };
+    if matches!(result.pending, Some(serde_json::Value::Bool(true))) {
+        return Outcome::Pending;
+    }
+    let task = result.task.unwrap_or_default();
+    match result.result_type.as_deref() {
+        Some("input_required") => match result.request_state {
+            Some(s) => Outcome::InputRequired { request_state: s.into_owned() },
+            None => Outcome::Final,
+        },
+        _ => {
+            let task_id = result.task_id.or(task.task_id);
+            let status = result.status.or(task.status);
+            match (result.result_type.as_deref(), task_id) {
+                (Some("task"), Some(id)) | (_, Some(id)) if status.is_some() || result.result_type.as_deref() == Some("task") => {
+                    let terminal = status.as_deref().is_some_and(is_terminal_task_status);
+                    Outcome::Task { task_id: id.into_owned(), terminal }
+                }
+                _ => Outcome::Final,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_envelope_fields() {
+        let body = br#"{"jsonrpc":"2.0","id":3,"messageId":"transfer-1","method":"tools/call",
+            "params":{"name":"transfer-funds","arguments":{"to":"1","nested":[1,{"messageId":"no"}]},"requestState":"s\u0041"}}"#;
+        let e = parse_request(body, "messageId").unwrap();
+        assert_eq!(e.id, Some("3"));
+        assert_eq!(e.method.as_deref(), Some("tools/call"));
+        assert_eq!(e.message_id.as_deref(), Some("transfer-1"));
+        assert_eq!(e.request_state.as_deref(), Some("sA"));
+        assert!(parse_request(b"{not json", "messageId").is_err());
+        assert!(parse_request(b"{} trailing", "messageId").is_err());
+        assert!(parse_request(b"", "messageId").is_err());
+        let e = parse_request(br#"{"id":"a\"b","callId":42}"#, "callId").unwrap();
+        assert_eq!((e.id, e.message_id.as_deref()), (Some(r#""a\"b""#), Some("42")));
+        let e = parse_request(br#"[{"id":1,"messageId":"m"},{"id":2}]"#, "messageId").unwrap();
+        assert_eq!(e.message_id.as_deref(), Some("m"));
+        let e = parse_request(br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#, "messageId").unwrap();
+        assert_eq!((e.message_id, e.task_id.as_deref()), (None, Some("t-1")));
+    }
+
+    #[test]
+    fn outcomes() {
+        assert_eq!(parse_outcome(br#"{"id":1,"result":{"pending":true,"requested":"confirmation"}}"#), Outcome::Pending);
+        assert_eq!(parse_outcome(br#"{"id":1,"result":{"content":[]}}"#), Outcome::Final);
+        assert_eq!(parse_outcome(br#"{"id":1,"result":{"pending":false}}"#), Outcome::Final);
+        assert_eq!(parse_outcome(br#"{"id":1,"error":{"code":-1,"message":"x"}}"#), Outcome::Final);
+        assert_eq!(
+            parse_outcome(br#"{"id":1,"result":{"resultType":"input_required","inputRequests":{},"requestState":"abc"}}"#),
+            Outcome::InputRequired { request_state: "abc".into() }
+        );
+        assert_eq!(
+            parse_outcome(br#"{"id":1,"result":{"resultType":"task","task":{"taskId":"t1","status":"working"}}}"#),
+            Outcome::Task { task_id: "t1".into(), terminal: false }
+        );
+        assert_eq!(
+            parse_outcome(br#"{"id":1,"result":{"taskId":"t1","status":"completed"}}"#),
+            Outcome::Task { task_id: "t1".into(), terminal: true }
+        );
+        assert_eq!(parse_outcome(br#"{"method":"notifications/progress","params":{}}"#), Outcome::NotAResponse);
+        assert_eq!(parse_outcome(b"garbage"), Outcome::NotAResponse);
+    }
+}

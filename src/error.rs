@@ -1,0 +1,100 @@
+//! The errors the router answers itself, and the one place that renders them (DESIGN §6).
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+/// Response header naming why the router answered itself.
+pub const ROUTER_ERROR_HEADER: &str = "mcp-router-error";
+
+/// A request the router answers itself instead of forwarding.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouterError {
+    #[error("request body is not valid JSON")]
+    Parse,
+    #[error("request body is larger than max_body_bytes ({limit} bytes)")]
+    BodyTooLarge { limit: usize },
+    #[error("request body was not received within body_read_timeout")]
+    BodyTimeout,
+    #[error("invalid routing token: {reason}")]
+    InvalidToken { reason: &'static str },
+    #[error("call {key:?} exceeded max_rounds ({max})")]
+    TooManyRounds { key: String, max: u32 },
+    #[error("pin table is full (max_pins = {max}); retry later")]
+    PinCapacity { max: usize },
+    #[error("the backend holding call {key:?} is unavailable; restart the call")]
+    PinnedBackendUnavailable { key: String, backend: String },
+    #[error("no healthy backend")]
+    NoBackend,
+    #[error("backend {backend} is unavailable")]
+    UpstreamUnavailable { backend: String },
+    #[error("backend {backend} did not answer within upstream_timeout")]
+    UpstreamTimeout { backend: String },
+}
+
+impl RouterError {
+    /// `(HTTP status, JSON-RPC code, Mcp-Router-Error reason)` — the table of DESIGN §6.
+    pub fn parts(&self) -> (StatusCode, i32, &'static str) {
+        use RouterError::*;
+        match self {
+            Parse => (StatusCode::BAD_REQUEST, -32700, "parse_error"),
+            BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, -32600, "body_too_large"),
+            BodyTimeout => (StatusCode::REQUEST_TIMEOUT, -32600, "body_timeout"),
+            InvalidToken { .. } => (StatusCode::BAD_REQUEST, -32600, "invalid_routing_token"),
+            TooManyRounds { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "too_many_rounds"),
+            PinCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "pin_capacity"),
+            PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
+            NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
+            UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
+            UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        self.parts().2
+    }
+
+    /// Renders the JSON-RPC error answer. `id` is the request's raw JSON id, if known.
+    pub fn to_response<B: From<Bytes>>(&self, id: Option<&str>, retry_after_secs: u64) -> Response<B> {
+        let (status, code, reason) = self.parts();
+        let data = match self {
+            RouterError::PinnedBackendUnavailable { key, .. } | RouterError::TooManyRounds { key, .. } => {
+                format!(",\"data\":{{\"reason\":\"{reason}\",\"key\":{}}}", serde_json::Value::from(key.as_str()))
+            }
+            _ => format!(",\"data\":{{\"reason\":\"{reason}\"}}"),
+        };
+        let message = serde_json::Value::from(self.to_string());
+        let body = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{},\"error\":{{\"code\":{code},\"message\":{message}{data}}}}}",
+            id.unwrap_or("null")
+        );
+        let mut resp = Response::new(B::from(Bytes::from(body)));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(ROUTER_ERROR_HEADER, HeaderValue::from_static(reason));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[tokio::test]
+    async fn renders_json_rpc_error_with_id() {
+        let e = RouterError::PinnedBackendUnavailable { key: "k\"1".into(), backend: "b".into() };
+        let resp: Response<Full<Bytes>> = e.to_response(Some("7"), 2);
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "2");
+        assert_eq!(resp.headers()[ROUTER_ERROR_HEADER], "pinned_backend_unavailable");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["id"], 7);
+        assert_eq!(v["error"]["code"], -32001);
+        assert_eq!(v["error"]["data"]["key"], "k\"1");
+    }
+}

@@ -1,0 +1,106 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mrtr_router::{admin, dialect, route::RequestKeys, Config, Listeners, Router};
+
+/// Reverse proxy for fleets of MCP servers: every round of a multi-round call reaches the
+/// instance that holds it.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Config file (TOML).
+    #[arg(long, global = true, default_value = "config.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the config and print the effective config with every default.
+    Check,
+    /// Print which backend a client key maps to, and why.
+    Route {
+        /// The client key (an Mcp-Routing-Id or messageId value).
+        key: Option<String>,
+        /// Explain a whole JSON-RPC request body instead of a bare key.
+        #[arg(long)]
+        body: Option<String>,
+    },
+    /// Start the router in front of built-in example workers and drive sample calls.
+    Demo,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let threads = std::env::var("MRTR_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.enable_all().build()?;
+    rt.block_on(async move {
+        match cli.command {
+            None => serve(cli.config).await,
+            Some(Command::Check) => {
+                let config = Config::load(&cli.config)?;
+                print!("{}", config.to_toml());
+                eprintln!("{}: ok", cli.config.display());
+                Ok(())
+            }
+            Some(Command::Route { key, body }) => {
+                let router = Router::from_file(&cli.config)?;
+                let shared = router.handle();
+                let snap = shared.snapshot();
+                let body = body.unwrap_or_default();
+                let envelope = if body.is_empty() {
+                    Default::default()
+                } else {
+                    dialect::parse_request(body.as_bytes(), &snap.config.routing.body_field).context("--body is not JSON")?
+                };
+                let headers = http::HeaderMap::new();
+                let mut keys = RequestKeys::new(&headers, &snap.config.routing.header, envelope);
+                if key.is_some() {
+                    keys.header_key = key.as_deref();
+                }
+                println!("{:#}", admin::explain(&shared, &keys));
+                Ok(())
+            }
+            Some(Command::Demo) => mrtr_router::demo::run(&cli.config, ctrl_c()).await.map_err(anyhow::Error::msg),
+        }
+    })
+}
+
+async fn ctrl_c() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Serves until SIGTERM or Ctrl-C; SIGHUP reloads the config file.
+async fn serve(path: PathBuf) -> anyhow::Result<()> {
+    let router = Router::from_file(&path)?;
+    let shared = router.handle();
+    let config = shared.snapshot().config.clone();
+    let listeners = Listeners::bind(&config).await.context("binding listeners")?;
+    tracing::info!(listen = %config.server.listen, admin = %config.admin.listen, backends = config.backends.len(), "mrtr-router started");
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let reloader = tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let _ = shared.reload();
+        }
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
+        }
+    };
+    router.run(listeners, shutdown).await;
+    reloader.abort();
+    Ok(())
+}

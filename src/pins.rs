@@ -1,0 +1,355 @@
+//! The pin table: which backend holds each in-flight multi-round call (DESIGN §4).
+//!
+//! Keys are 128-bit digests of what the client echoes (a routing id, a `requestState`, a task
+//! id, a session id), so the table never stores client-sized strings. Entries are 40 bytes
+//! in a sharded map; expiry is a deadline per entry, enforced on lookup and by [`PinTable::sweep`].
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+use crate::upstream::BackendKey;
+
+const SHARDS: usize = 64;
+
+/// What kind of handle a pin was learned from; each has its own TTL and metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PinKind {
+    /// `Mcp-Routing-Id` / `messageId` of a pending call (DESIGN §2a).
+    Client = 0,
+    /// Digest of a `requestState` from an `input_required` result (§2b).
+    RequestState = 1,
+    /// A task id from a `resultType: "task"` result (§2b).
+    Task = 2,
+    /// An `Mcp-Session-Id` issued by a backend (§2c).
+    Session = 3,
+}
+
+impl PinKind {
+    pub const ALL: [PinKind; 4] = [PinKind::Client, PinKind::RequestState, PinKind::Task, PinKind::Session];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            PinKind::Client => "client",
+            PinKind::RequestState => "request_state",
+            PinKind::Task => "task",
+            PinKind::Session => "session",
+        }
+    }
+}
+
+/// A pin's key: a keyed 128-bit digest of the kind and the client-visible handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PinKey(u128);
+
+impl PinKey {
+    pub fn new(kind: PinKind, handle: &[u8]) -> PinKey {
+        let mut h = SipHasher13::new_with_keys(0x7069_6e73_2d76_3100, 0x6d72_7472_2d70_696e);
+        h.write_u8(kind as u8);
+        h.write(handle);
+        PinKey(h.finish128().as_u128())
+    }
+}
+
+/// Per-kind TTLs, taken from the routing config at each call (so reloads apply at once).
+#[derive(Debug, Clone, Copy)]
+pub struct PinTtls {
+    pub client: Duration,
+    pub request_state: Duration,
+    pub task: Duration,
+    pub session: Duration,
+    pub replay_window: Duration,
+}
+
+impl PinTtls {
+    fn idle(&self, kind: PinKind) -> Duration {
+        match kind {
+            PinKind::Client => self.client,
+            PinKind::RequestState => self.request_state,
+            PinKind::Task => self.task,
+            PinKind::Session => self.session,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    backend: BackendKey,
+    /// Milliseconds since the table's epoch after which the entry is gone.
+    deadline_ms: u64,
+    /// Rounds the call has had so far (answers that continued it).
+    rounds: u32,
+    kind: PinKind,
+    /// Finished calls linger for the replay window so duplicate follow-ups still land.
+    finished: bool,
+}
+
+/// What a lookup found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin {
+    pub backend: BackendKey,
+    pub kind: PinKind,
+    pub rounds: u32,
+    pub finished: bool,
+}
+
+/// Counts of what a sweep removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Active pins that idled out, per kind (indexed by `PinKind as usize`).
+    pub expired: [u64; 4],
+    /// Finished pins whose replay window ended.
+    pub retired: u64,
+}
+
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | *b as u64;
+        }
+    }
+    fn write_u128(&mut self, n: u128) {
+        // Keys are already uniform digests: their low bits are a fine hash.
+        self.0 = n as u64;
+    }
+}
+
+type Shard = HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>;
+
+/// The table of live pins.
+pub struct PinTable {
+    shards: Box<[Mutex<Shard>]>,
+    epoch: Instant,
+    len: AtomicUsize,
+    per_kind: [AtomicI64; 4],
+}
+
+impl Default for PinTable {
+    fn default() -> Self {
+        PinTable::new()
+    }
+}
+
+impl PinTable {
+    pub fn new() -> PinTable {
+        PinTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            epoch: Instant::now(),
+            len: AtomicUsize::new(0),
+            per_kind: Default::default(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn shard(&self, key: PinKey) -> &Mutex<Shard> {
+        &self.shards[(key.0 >> 64) as usize % SHARDS]
+    }
+
+    /// Pins in the table (active and finished-in-replay-window).
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Pins of one kind in the table.
+    pub fn count(&self, kind: PinKind) -> i64 {
+        self.per_kind[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Finds a live pin; an active one has its idle deadline pushed out (a follow-up refreshes it).
+    pub fn lookup(&self, key: PinKey, ttls: &PinTtls) -> Option<Pin> {
+        let now = self.now_ms();
+        let mut shard = self.shard(key).lock();
+        let e = shard.get_mut(&key.0)?;
+        if e.deadline_ms <= now {
+            let kind = e.kind;
+            shard.remove(&key.0);
+            drop(shard);
+            self.removed(kind);
+            return None;
+        }
+        if !e.finished {
+            e.deadline_ms = now + ttls.idle(e.kind).as_millis() as u64;
+        }
+        Some(Pin { backend: e.backend, kind: e.kind, rounds: e.rounds, finished: e.finished })
+    }
+
+    /// Reads a pin without refreshing it (for `route` and debug output).
+    pub fn peek(&self, key: PinKey) -> Option<Pin> {
+        let now = self.now_ms();
+        let shard = self.shard(key).lock();
+        let e = shard.get(&key.0).filter(|e| e.deadline_ms > now)?;
+        Some(Pin { backend: e.backend, kind: e.kind, rounds: e.rounds, finished: e.finished })
+    }
+
+    /// Pins `key` to `backend` as an active call that has had `rounds` rounds. Returns true
+    /// when the key was not pinned before (a new pin).
+    pub fn pin(&self, key: PinKey, kind: PinKind, backend: BackendKey, rounds: u32, ttls: &PinTtls) -> bool {
+        let deadline_ms = self.now_ms() + ttls.idle(kind).as_millis() as u64;
+        let entry = Entry { backend, deadline_ms, rounds, kind, finished: false };
+        let old = self.shard(key).lock().insert(key.0, entry);
+        match old {
+            None => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                self.per_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(old) if old.kind != kind => {
+                self.per_kind[old.kind as usize].fetch_sub(1, Ordering::Relaxed);
+                self.per_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(old) => old.finished,
+        }
+    }
+
+    /// Marks a call finished: it stays for the replay window, then goes. Returns the pin as
+    /// it was if it was active (so the caller counts the finish once).
+    pub fn finish(&self, key: PinKey, ttls: &PinTtls) -> Option<Pin> {
+        let now = self.now_ms();
+        let mut shard = self.shard(key).lock();
+        let e = shard.get_mut(&key.0)?;
+        if e.finished || e.deadline_ms <= now {
+            return None;
+        }
+        e.finished = true;
+        e.deadline_ms = now + ttls.replay_window.as_millis() as u64;
+        Some(Pin { backend: e.backend, kind: e.kind, rounds: e.rounds, finished: false })
+    }
+
+    /// Removes a pin at once (e.g. its session was deleted and the replay window is zero).
+    pub fn remove(&self, key: PinKey) -> bool {
+        let removed = self.shard(key).lock().remove(&key.0);
+        if let Some(e) = removed {
+            self.removed(e.kind);
+        }
+        removed.is_some()
+    }
+
+    fn removed(&self, kind: PinKind) {
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.per_kind[kind as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Drops every pin whose deadline passed.
+    pub fn sweep(&self) -> Swept {
+        let now = self.now_ms();
+        let mut swept = Swept::default();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.retain(|_, e| {
+                if e.deadline_ms > now {
+                    return true;
+                }
+                if e.finished {
+                    swept.retired += 1;
+                } else {
+                    swept.expired[e.kind as usize] += 1;
+                }
+                self.removed(e.kind);
+                false
+            });
+            if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
+                shard.shrink_to_fit();
+            }
+        }
+        swept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ttls(idle_ms: u64, replay_ms: u64) -> PinTtls {
+        let d = Duration::from_millis(idle_ms);
+        PinTtls { client: d, request_state: d, task: d, session: d, replay_window: Duration::from_millis(replay_ms) }
+    }
+
+    const B1: BackendKey = BackendKey(1);
+    const B2: BackendKey = BackendKey(2);
+
+    #[test]
+    fn pin_lookup_finish_replay() {
+        let t = PinTable::new();
+        let long = ttls(60_000, 60_000);
+        let k = PinKey::new(PinKind::Client, b"transfer-1");
+        assert_ne!(k, PinKey::new(PinKind::Session, b"transfer-1"), "kinds never collide");
+        assert!(t.lookup(k, &long).is_none());
+        assert!(t.pin(k, PinKind::Client, B1, 1, &long));
+        assert!(!t.pin(k, PinKind::Client, B1, 2, &long), "re-pin of an active call is not new");
+        let p = t.lookup(k, &long).unwrap();
+        assert_eq!((p.backend, p.rounds, p.finished), (B1, 2, false));
+        assert_eq!(t.finish(k, &long).unwrap().rounds, 2);
+        assert!(t.finish(k, &long).is_none(), "finishing twice counts once");
+        let p = t.lookup(k, &long).unwrap();
+        assert!(p.finished, "a finished call is still found during the replay window");
+        assert_eq!((t.len(), t.count(PinKind::Client)), (1, 1));
+        assert!(t.remove(k));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn idle_ttl_expires_and_follow_up_refreshes() {
+        let t = PinTable::new();
+        let short = ttls(80, 10);
+        let a = PinKey::new(PinKind::Client, b"a");
+        let b = PinKey::new(PinKind::Client, b"b");
+        t.pin(a, PinKind::Client, B1, 1, &short);
+        t.pin(b, PinKind::Client, B2, 1, &short);
+        // Keep `a` alive with follow-ups for longer than its TTL; `b` gets none.
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until {
+            assert!(t.lookup(a, &short).is_some());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let swept = t.sweep();
+        assert_eq!(swept.expired[PinKind::Client as usize], 1);
+        assert!(t.peek(b).is_none());
+        assert_eq!(t.lookup(a, &short).unwrap().backend, B1);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn replay_window_ends() {
+        let t = PinTable::new();
+        let k = PinKey::new(PinKind::Task, b"t");
+        t.pin(k, PinKind::Task, B1, 1, &ttls(60_000, 30));
+        t.finish(k, &ttls(60_000, 30));
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while t.peek(k).is_some() {
+            assert!(Instant::now() < deadline, "finished pin outlived its replay window");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(t.sweep(), Swept { expired: [0; 4], retired: 1 });
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn counts_per_kind() {
+        let t = PinTable::new();
+        let l = ttls(60_000, 60_000);
+        for i in 0..100u32 {
+            t.pin(PinKey::new(PinKind::Session, &i.to_le_bytes()), PinKind::Session, B1, 1, &l);
+        }
+        t.pin(PinKey::new(PinKind::Task, b"x"), PinKind::Task, B1, 1, &l);
+        assert_eq!((t.count(PinKind::Session), t.count(PinKind::Task), t.len()), (100, 1, 101));
+    }
+}

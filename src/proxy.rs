@@ -1,0 +1,422 @@
+//! The request path, in phases: read the request → find its keys → choose the backend →
+//! forward → observe the answer (pin or finish the call) → stream it back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::Incoming;
+
+use crate::body::{MessageSink, ProxyBody, MAX_OBSERVED_EVENT};
+use crate::dialect::{self, Outcome, RequestEnvelope, SESSION_HEADER};
+use crate::error::RouterError;
+use crate::pins::{PinKey, PinKind};
+use crate::route::{self, Decision, Matched, RequestKeys};
+use crate::state::{Shared, Snapshot};
+use crate::upstream::Backend;
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Serves one request. Never fails: every problem becomes a DESIGN §6 answer.
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAddr, tls: bool) -> Response<ProxyBody> {
+    let snap = shared.snapshot();
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+
+    // Phase 1: read the body of a POST (bounded in size and time) to find its keys.
+    let (bytes, stream) = if parts.method == Method::POST {
+        match read_body(body, &parts.headers, &snap).await {
+            Ok(bytes) => (bytes, None),
+            Err(e) => return router_error(&shared, &snap, e, None),
+        }
+    } else {
+        (Bytes::new(), Some(body))
+    };
+    let envelope = if stream.is_none() {
+        match dialect::parse_request(&bytes, &snap.config.routing.body_field) {
+            Ok(env) => env,
+            Err(_) => return router_error(&shared, &snap, RouterError::Parse, None),
+        }
+    } else {
+        RequestEnvelope::default()
+    };
+    let keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
+
+    // Phase 2: choose the backend.
+    let decision = match route::decide(&snap, &shared.pins, &keys, true) {
+        Ok(d) => d,
+        Err(e) => return router_error(&shared, &snap, e, keys.id),
+    };
+    shared.metrics.route_decisions.with_label_values(&[decision.source.label()]).inc();
+    if decision.pin_lost {
+        shared.metrics.pins_lost.inc();
+    }
+
+    // Phase 3: forward.
+    let backend = decision.backend.clone();
+    let body = match stream {
+        Some(incoming) => Either::Right(incoming),
+        None => Either::Left(bytes.clone()),
+    };
+    let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls) {
+        Ok(r) => r,
+        Err(_) => return router_error(&shared, &snap, RouterError::UpstreamUnavailable { backend: backend.name.to_string() }, keys.id),
+    };
+    let call = CallContext::new(&shared, &keys, &decision, &parts.method);
+    let method_label = method_label(&parts.method, keys.method.as_deref());
+    let error_id = keys.id.map(str::to_owned);
+    drop(keys);
+    let guard = backend.start_request();
+    let timeout = snap.config.server.upstream_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let resp = match tokio::time::timeout_at(deadline, shared.client.request(upstream_req)).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => {
+            let kind = if e.is_connect() { "connect" } else { "reset" };
+            tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
+            shared.metrics.upstream_errors.with_label_values(&[&backend.name, kind]).inc();
+            let err = RouterError::UpstreamUnavailable { backend: backend.name.to_string() };
+            return router_error(&shared, &snap, err, error_id.as_deref());
+        }
+        Err(_) => {
+            shared.metrics.upstream_errors.with_label_values(&[&backend.name, "timeout"]).inc();
+            let err = RouterError::UpstreamTimeout { backend: backend.name.to_string() };
+            return router_error(&shared, &snap, err, error_id.as_deref());
+        }
+    };
+
+    // Phase 4: observe the answer; pins are in place before the client can read it.
+    let status = resp.status();
+    shared.metrics.requests_total.with_label_values(&[&backend.name, method_label, status.as_str()]).inc();
+    shared.metrics.request_duration.with_label_values(&[&backend.name]).observe(started.elapsed().as_secs_f64());
+    let (mut resp_parts, resp_body) = resp.into_parts();
+    call.observe_head(status, &resp_parts.headers);
+    strip_hop_by_hop(&mut resp_parts.headers);
+    let content_type = resp_parts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes().to_ascii_lowercase());
+    let is_sse = content_type.as_deref().is_some_and(|ct| ct.starts_with(b"text/event-stream"));
+    let is_json = content_type.as_deref().is_some_and(|ct| ct.starts_with(b"application/json"));
+    let idle = snap.config.server.stream_idle_timeout;
+    let body = if is_sse {
+        let call = call.clone();
+        let sink: MessageSink = Box::new(move |msg: &[u8]| call.observe_message(msg));
+        ProxyBody::stream(resp_body, None, Some(sink), idle, Some(guard), Some(upstream_error_hook(&shared, &backend)))
+    } else if is_json && call.observes_body() {
+        match collect_json(resp_body, deadline).await {
+            Ok(Collected::Whole(bytes)) => {
+                call.observe_message(&bytes);
+                ProxyBody::full(bytes)
+            }
+            Ok(Collected::Prefix(prefix, rest)) => {
+                ProxyBody::stream(rest, Some(prefix), None, idle, Some(guard), Some(upstream_error_hook(&shared, &backend)))
+            }
+            Err(CollectError::Timeout) => {
+                shared.metrics.upstream_errors.with_label_values(&[&backend.name, "timeout"]).inc();
+                let err = RouterError::UpstreamTimeout { backend: backend.name.to_string() };
+                return router_error(&shared, &snap, err, error_id.as_deref());
+            }
+            Err(CollectError::Upstream) => {
+                shared.metrics.upstream_errors.with_label_values(&[&backend.name, "reset"]).inc();
+                let err = RouterError::UpstreamUnavailable { backend: backend.name.to_string() };
+                return router_error(&shared, &snap, err, error_id.as_deref());
+            }
+        }
+    } else if resp_body.is_end_stream() {
+        ProxyBody::empty()
+    } else {
+        ProxyBody::stream(resp_body, None, None, idle, Some(guard), Some(upstream_error_hook(&shared, &backend)))
+    };
+    Response::from_parts(resp_parts, body)
+}
+
+/// Answers a request with a router error, counted by reason.
+fn router_error(shared: &Shared, _snap: &Snapshot, e: RouterError, id: Option<&str>) -> Response<ProxyBody> {
+    shared.metrics.router_errors.with_label_values(&[e.reason()]).inc();
+    e.to_response(id, crate::config::defaults::RETRY_AFTER_SECS)
+}
+
+fn upstream_error_hook(shared: &Arc<Shared>, backend: &Arc<Backend>) -> Box<dyn FnOnce(&str) + Send> {
+    let shared = shared.clone();
+    let backend = backend.clone();
+    Box::new(move |kind| shared.metrics.upstream_errors.with_label_values(&[&backend.name, kind]).inc())
+}
+
+/// The `method` label: the JSON-RPC method if it is a known MCP one (so clients cannot grow
+/// the label set), else `other`; the HTTP method for requests without a body.
+fn method_label(http: &Method, rpc: Option<&str>) -> &'static str {
+    const KNOWN: [&str; 22] = [
+        "initialize", "ping", "tools/call", "tools/list", "prompts/get", "prompts/list", "resources/read",
+        "resources/list", "resources/templates/list", "resources/subscribe", "resources/unsubscribe",
+        "completion/complete", "logging/setLevel", "tasks/get", "tasks/list", "tasks/result", "tasks/cancel",
+        "tasks/update", "notifications/initialized", "notifications/cancelled", "notifications/progress", "confirm",
+    ];
+    match rpc {
+        Some(m) => KNOWN.iter().find(|k| **k == m).copied().unwrap_or("other"),
+        None if *http == Method::POST => "response",
+        None if *http == Method::GET => "GET",
+        None if *http == Method::DELETE => "DELETE",
+        None => "other",
+    }
+}
+
+/// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
+async fn read_body(body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
+    let limit = snap.config.server.max_body_bytes;
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(RouterError::BodyTooLarge { limit });
+    }
+    let read = async {
+        let mut body = body;
+        let mut buf = BytesMut::with_capacity(declared.unwrap_or(1024).min(limit as u64) as usize);
+        let mut single: Option<Bytes> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| RouterError::Parse)?;
+            let Ok(data) = frame.into_data() else { continue };
+            if buf.len() + single.as_ref().map_or(0, |s| s.len()) + data.len() > limit {
+                return Err(RouterError::BodyTooLarge { limit });
+            }
+            // The common case is one frame: keep it without copying.
+            match single.take() {
+                None if buf.is_empty() => single = Some(data),
+                prev => {
+                    if let Some(p) = prev {
+                        buf.extend_from_slice(&p);
+                    }
+                    buf.extend_from_slice(&data);
+                }
+            }
+        }
+        Ok(single.unwrap_or_else(|| buf.freeze()))
+    };
+    match tokio::time::timeout(snap.config.server.body_read_timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(RouterError::BodyTimeout),
+    }
+}
+
+enum Collected {
+    Whole(Bytes),
+    /// Too large to observe: what was read, and the rest still to stream.
+    Prefix(Bytes, Incoming),
+}
+
+enum CollectError {
+    Timeout,
+    Upstream,
+}
+
+/// Reads a JSON answer whole (up to [`MAX_OBSERVED_EVENT`]) before the upstream deadline.
+async fn collect_json(mut body: Incoming, deadline: tokio::time::Instant) -> Result<Collected, CollectError> {
+    let read = async move {
+        let mut buf = BytesMut::new();
+        let mut single: Option<Bytes> = None;
+        loop {
+            let Some(frame) = body.frame().await else { break };
+            let Ok(data) = frame.map_err(|_| CollectError::Upstream)?.into_data() else { continue };
+            match single.take() {
+                None if buf.is_empty() => single = Some(data),
+                prev => {
+                    if let Some(p) = prev {
+                        buf.extend_from_slice(&p);
+                    }
+                    buf.extend_from_slice(&data);
+                }
+            }
+            if buf.len() > MAX_OBSERVED_EVENT {
+                return Ok(Collected::Prefix(buf.freeze(), body));
+            }
+        }
+        Ok(Collected::Whole(single.unwrap_or_else(|| buf.freeze())))
+    };
+    tokio::time::timeout_at(deadline, read).await.map_err(|_| CollectError::Timeout)?
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+fn build_upstream_request(
+    parts: &http::request::Parts,
+    body: Either<Bytes, Incoming>,
+    backend: &Backend,
+    peer: SocketAddr,
+    tls: bool,
+) -> Result<Request<crate::upstream::UpstreamBody>, http::Error> {
+    let uri = backend.uri_for(parts.uri.path_and_query())?;
+    let mut headers = parts.headers.clone();
+    strip_hop_by_hop(&mut headers);
+    // hyper sets Host from the backend URI, as a proxy to that backend should.
+    let host = headers.remove(header::HOST).or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    if let Some(host) = host {
+        headers.insert(X_FORWARDED_HOST, host);
+    }
+    let ip = peer.ip().to_string();
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip,
+    };
+    headers.insert(X_FORWARDED_FOR, HeaderValue::from_str(&xff).unwrap_or(HeaderValue::from_static("unknown")));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if tls { "https" } else { "http" }));
+    let body = match body {
+        Either::Left(bytes) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+            Either::Left(Full::new(bytes))
+        }
+        Either::Right(incoming) => Either::Right(incoming),
+    };
+    let mut req = Request::builder().method(parts.method.clone()).uri(uri).version(Version::HTTP_11).body(body)?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// What the answer needs to know about the call its request belongs to.
+#[derive(Clone)]
+struct CallContext(Arc<CallInner>);
+
+struct CallInner {
+    shared: Arc<Shared>,
+    snap: Arc<Snapshot>,
+    backend: crate::upstream::BackendKey,
+    /// Client keys the request carried (routing id, messageId).
+    client_keys: Vec<PinKey>,
+    /// The pin that routed this request, if any.
+    matched: Option<Matched>,
+    session: Option<PinKey>,
+    is_delete: bool,
+    /// Whether the body may carry an outcome (a POST of a JSON-RPC request).
+    observes_body: bool,
+}
+
+impl CallContext {
+    fn new(shared: &Arc<Shared>, keys: &RequestKeys, decision: &Decision, method: &Method) -> CallContext {
+        CallContext(Arc::new(CallInner {
+            shared: shared.clone(),
+            snap: shared.snapshot(),
+            backend: decision.backend.key,
+            client_keys: keys.client_pin_keys().collect(),
+            matched: decision.matched.filter(|_| !decision.pin_lost),
+            session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
+            is_delete: *method == Method::DELETE,
+            observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
+        }))
+    }
+
+    fn observes_body(&self) -> bool {
+        self.0.observes_body
+    }
+
+    fn pin(&self, key: PinKey, kind: PinKind, rounds: u32) {
+        let c = &self.0;
+        if c.shared.pins.pin(key, kind, c.backend, rounds, &c.snap.ttls) {
+            c.shared.metrics.pins_created.with_label_values(&[kind.label()]).inc();
+        }
+    }
+
+    fn finish(&self, key: PinKey) -> Option<u32> {
+        let c = &self.0;
+        let pin = c.shared.pins.finish(key, &c.snap.ttls)?;
+        c.shared.metrics.pins_finished.with_label_values(&[pin.kind.label()]).inc();
+        Some(pin.rounds)
+    }
+
+    /// Session pins come from response headers: in place before any body byte is sent.
+    fn observe_head(&self, status: StatusCode, headers: &HeaderMap) {
+        let c = &self.0;
+        if let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()) {
+            let key = PinKey::new(PinKind::Session, id.as_bytes());
+            if Some(key) != c.session || !c.is_delete {
+                self.pin(key, PinKind::Session, 0);
+            }
+        }
+        if let Some(session) = c.session {
+            let gone = status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success());
+            if gone {
+                self.finish(session);
+            }
+        }
+    }
+
+    /// Acts on one JSON-RPC message from the backend (a JSON body or one SSE event).
+    fn observe_message(&self, msg: &[u8]) {
+        let c = &self.0;
+        // Cheap pre-check: only responses matter, and they carry "result" or "error".
+        if !contains(msg, b"\"result\"") && !contains(msg, b"\"error\"") {
+            return;
+        }
+        let outcome = dialect::parse_outcome(msg);
+        let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
+        let rounds = prior.map_or(0, |m| m.pin.rounds) + 1;
+        match outcome {
+            Outcome::NotAResponse => {}
+            Outcome::Pending => {
+                for key in &c.client_keys {
+                    self.pin(*key, PinKind::Client, rounds);
+                }
+            }
+            Outcome::InputRequired { request_state } => {
+                self.pin(PinKey::new(PinKind::RequestState, request_state.as_bytes()), PinKind::RequestState, rounds);
+                if let Some(m) = prior.filter(|m| m.pin.kind == PinKind::RequestState) {
+                    self.finish(m.key);
+                }
+            }
+            Outcome::Task { task_id, terminal } => {
+                let key = PinKey::new(PinKind::Task, task_id.as_bytes());
+                if terminal {
+                    self.finish(key);
+                } else {
+                    self.pin(key, PinKind::Task, rounds);
+                }
+                self.finish_call(prior, &c.client_keys, None);
+            }
+            Outcome::Final => self.finish_call(prior, &c.client_keys, Some(rounds)),
+        }
+    }
+
+    /// A final answer ends the call under every key it was pinned by.
+    fn finish_call(&self, prior: Option<Matched>, client_keys: &[PinKey], rounds: Option<u32>) {
+        let mut finished = false;
+        if let Some(m) = prior.filter(|m| m.pin.kind != PinKind::Task) {
+            finished |= self.finish(m.key).is_some();
+        }
+        for key in client_keys {
+            finished |= self.finish(*key).is_some();
+        }
+        if let (true, Some(rounds)) = (finished, rounds) {
+            self.0.shared.metrics.rounds_per_call.observe(rounds as f64);
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    memchr::memmem::find(haystack, needle).is_some()
+}

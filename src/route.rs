@@ -1,0 +1,171 @@
+//! The routing decision (DESIGN §3): the keys a request carries, and which backend they choose.
+//! Shared by the proxy, `mrtr-router route` and `/debug/route`, so all three explain the same logic.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use crate::config::OnPinLost;
+use crate::dialect::{RequestEnvelope, NAME_HEADER, SESSION_HEADER};
+use crate::error::RouterError;
+use crate::pins::{Pin, PinKey, PinKind, PinTable};
+use crate::state::Snapshot;
+use crate::upstream::Backend;
+
+/// Every handle in a request that can choose a backend.
+#[derive(Debug, Default, Clone)]
+pub struct RequestKeys<'a> {
+    /// JSON-RPC method (absent for GET/DELETE).
+    pub method: Option<Cow<'a, str>>,
+    /// The request's raw JSON-RPC id, for error answers.
+    pub id: Option<&'a str>,
+    /// The routing header value (2a).
+    pub header_key: Option<&'a str>,
+    /// The body key field value (2a).
+    pub message_id: Option<Cow<'a, str>>,
+    /// `params.requestState` (2b).
+    pub request_state: Option<Cow<'a, str>>,
+    /// Task id: `Mcp-Name` on `tasks/*`, else `params.taskId` (2b).
+    pub task_id: Option<Cow<'a, str>>,
+    /// `Mcp-Session-Id` (2c).
+    pub session_id: Option<&'a str>,
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: impl http::header::AsHeaderName) -> Option<&'a str> {
+    headers.get(name).and_then(|v| std::str::from_utf8(v.as_bytes()).ok()).filter(|s| !s.is_empty())
+}
+
+impl<'a> RequestKeys<'a> {
+    pub fn new(headers: &'a HeaderMap, routing_header: &http::HeaderName, envelope: RequestEnvelope<'a>) -> Self {
+        let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
+        let task_id = match header_str(headers, NAME_HEADER) {
+            Some(name) if is_task_method => Some(Cow::Borrowed(name)),
+            _ => envelope.task_id,
+        };
+        RequestKeys {
+            method: envelope.method,
+            id: envelope.id,
+            header_key: header_str(headers, routing_header),
+            message_id: envelope.message_id,
+            request_state: envelope.request_state,
+            task_id,
+            session_id: header_str(headers, SESSION_HEADER),
+        }
+    }
+
+    /// The key hashed on the ring: the routing header, else the body key (DESIGN §2a).
+    pub fn client_key(&self) -> Option<&str> {
+        self.header_key.or(self.message_id.as_deref())
+    }
+
+    /// Pin keys to look up, in DESIGN §3 order: learned handles first, then client keys.
+    pub fn pin_candidates(&self) -> impl Iterator<Item = (PinKey, &str)> + '_ {
+        let learned = [
+            self.request_state.as_deref().map(|s| (PinKind::RequestState, s)),
+            self.task_id.as_deref().map(|s| (PinKind::Task, s)),
+            self.session_id.map(|s| (PinKind::Session, s)),
+        ];
+        let client = [self.header_key.map(|s| (PinKind::Client, s)), self.message_id.as_deref().map(|s| (PinKind::Client, s))];
+        learned.into_iter().chain(client).flatten().map(|(kind, s)| (PinKey::new(kind, s.as_bytes()), s))
+    }
+
+    /// Client pin keys a `pending` answer is recorded under (routing id and messageId).
+    pub fn client_pin_keys(&self) -> impl Iterator<Item = PinKey> + '_ {
+        let mid = self.message_id.as_deref().filter(|m| Some(*m) != self.header_key);
+        self.header_key.into_iter().chain(mid).map(|s| PinKey::new(PinKind::Client, s.as_bytes()))
+    }
+
+    /// Whether this request may start a call that needs a pin (refused when the table is full).
+    pub fn may_create_pin(&self) -> bool {
+        self.client_key().is_some()
+            || matches!(self.method.as_deref(), Some("tools/call" | "prompts/get" | "resources/read" | "initialize"))
+    }
+}
+
+/// Where a decision came from (the `source` label of `mrtr_route_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Token,
+    Pin,
+    Ring,
+    Keyless,
+}
+
+impl Source {
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Token => "token",
+            Source::Pin => "pin",
+            Source::Ring => "ring",
+            Source::Keyless => "keyless",
+        }
+    }
+}
+
+/// A pin the request matched.
+#[derive(Debug, Clone, Copy)]
+pub struct Matched {
+    pub key: PinKey,
+    pub pin: Pin,
+}
+
+/// The chosen backend and why.
+pub struct Decision {
+    pub backend: Arc<Backend>,
+    pub source: Source,
+    /// The pin that chose the backend (or that was lost, with `rehash`).
+    pub matched: Option<Matched>,
+    /// Set when a pin's backend was gone and `rehash` routed by the ring instead.
+    pub pin_lost: bool,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} via {}", self.backend.name, self.source.label())?;
+        if let Some(m) = &self.matched {
+            write!(f, " ({} pin, {} rounds{})", m.pin.kind.label(), m.pin.rounds, if m.pin.finished { ", finished" } else { "" })?;
+        }
+        if self.pin_lost {
+            write!(f, " (pinned backend lost; rehashed)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Chooses the backend for a request (DESIGN §3 steps 2-5). `refresh` is false for
+/// read-only explanations (`route`, `/debug/route`), which must not extend pins.
+pub fn decide(snap: &Snapshot, pins: &PinTable, keys: &RequestKeys, refresh: bool) -> Result<Decision, RouterError> {
+    let routing = &snap.config.routing;
+    let mut lost = None;
+    for (key, handle) in keys.pin_candidates() {
+        let found = if refresh { pins.lookup(key, &snap.ttls) } else { pins.peek(key) };
+        let Some(pin) = found else { continue };
+        let matched = Matched { key, pin };
+        match snap.backend(pin.backend) {
+            Some(backend) => {
+                let counts_rounds = matches!(pin.kind, PinKind::Client | PinKind::RequestState);
+                if counts_rounds && !pin.finished && pin.rounds >= routing.max_rounds {
+                    return Err(RouterError::TooManyRounds { key: handle.to_string(), max: routing.max_rounds });
+                }
+                return Ok(Decision { backend: backend.clone(), source: Source::Pin, matched: Some(matched), pin_lost: false });
+            }
+            None => {
+                if routing.on_pin_lost == OnPinLost::Strict {
+                    return Err(RouterError::PinnedBackendUnavailable { key: handle.to_string(), backend: snap.backend_name(pin.backend) });
+                }
+                lost.get_or_insert(matched);
+            }
+        }
+    }
+    if lost.is_none() && refresh && keys.may_create_pin() && pins.len() >= routing.max_pins {
+        return Err(RouterError::PinCapacity { max: routing.max_pins });
+    }
+    let (backend, source) = match keys.client_key() {
+        Some(k) => (snap.ring.pick(k), Source::Ring),
+        None => (snap.ring.pick_keyless(), Source::Keyless),
+    };
+    let backend = backend.ok_or(RouterError::NoBackend)?.clone();
+    Ok(Decision { backend, source, matched: lost, pin_lost: lost.is_some() })
+}

@@ -1,0 +1,108 @@
+//! Listeners: accepting connections (HTTP/1.1 and h2c), the admin endpoints, background
+//! upkeep, and graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::state::Shared;
+use crate::{admin, proxy};
+
+/// Serves the proxy until `shutdown` resolves, then stops accepting and lets in-flight
+/// requests and streams finish for up to `server.shutdown_grace`.
+pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let cfg = shared.snapshot().config.server.clone();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_headers(cfg.max_headers)
+        .max_buf_size(64 * 1024);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024).max_header_list_size(64 * 1024);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let service = service_fn(move |req| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(proxy::handle(shared, req, peer, false).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    shared.shutting_down.store(true, Ordering::SeqCst);
+    tracing::info!("shutting down: no new connections; waiting for in-flight requests");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(cfg.shutdown_grace) => tracing::warn!("shutdown grace period over; closing remaining connections"),
+    }
+}
+
+/// Serves the admin endpoints until `shutdown` resolves.
+pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
+            },
+            _ = &mut shutdown => return,
+        };
+        let shared = shared.clone();
+        let service = service_fn(move |req| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(admin::handle(&shared, req).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
+/// Sweeps expired pins once a second and keeps the pin gauges current.
+pub async fn upkeep(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let swept = shared.pins.sweep();
+        for kind in crate::pins::PinKind::ALL {
+            let n = swept.expired[kind as usize];
+            if n > 0 {
+                shared.metrics.pins_expired.with_label_values(&[kind.label()]).inc_by(n);
+            }
+        }
+        shared.update_pin_gauges();
+    }
+}

@@ -1,0 +1,145 @@
+//! Backends: their identity, in-flight accounting, and the pooled HTTP client that reaches them.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::Uri;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
+
+use crate::config::BackendConfig;
+
+/// Body sent upstream: the buffered POST body, or the client's stream as received.
+pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+/// The pooled keep-alive client used for every backend.
+pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+
+/// Stable identity of a backend: a digest of its name. Pins store this (8 bytes) rather than
+/// the name, and it survives reloads as long as the name does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendKey(pub u64);
+
+impl BackendKey {
+    pub fn of(name: &str) -> BackendKey {
+        let mut h = SipHasher13::new_with_keys(0x6d72_7472, 0x6261_636b);
+        h.write(name.as_bytes());
+        BackendKey(h.finish())
+    }
+}
+
+/// One backend instance. Shared by every snapshot that lists it, so its in-flight count
+/// carries across reloads.
+pub struct Backend {
+    pub key: BackendKey,
+    pub name: Arc<str>,
+    pub weight: u32,
+    scheme: Scheme,
+    authority: Authority,
+    base_path: String,
+    /// Requests sent and not yet finished (response body done or dropped).
+    inflight: AtomicI64,
+    inflight_gauge: Option<prometheus::IntGauge>,
+}
+
+impl Backend {
+    pub fn new(cfg: &BackendConfig, inflight_gauge: Option<prometheus::IntGauge>) -> Backend {
+        Backend {
+            key: BackendKey::of(&cfg.name),
+            name: cfg.name.as_str().into(),
+            weight: cfg.weight,
+            scheme: cfg.scheme.clone(),
+            authority: cfg.authority.clone(),
+            base_path: cfg.base_path.clone(),
+            inflight: AtomicI64::new(0),
+            inflight_gauge,
+        }
+    }
+
+    /// Whether this backend object still matches `cfg` (else a reload replaces it).
+    pub fn matches(&self, cfg: &BackendConfig) -> bool {
+        *self.name == *cfg.name && self.scheme == cfg.scheme && self.authority == cfg.authority && self.base_path == cfg.base_path && self.weight == cfg.weight
+    }
+
+    #[cfg(test)]
+    pub fn for_test(name: &str, weight: u32) -> Arc<Backend> {
+        let cfg = BackendConfig {
+            name: name.into(),
+            scheme: Scheme::HTTP,
+            authority: Authority::from_static("127.0.0.1:1"),
+            base_path: String::new(),
+            weight,
+        };
+        Arc::new(Backend::new(&cfg, None))
+    }
+
+    pub fn url(&self) -> String {
+        format!("{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+
+    pub fn inflight(&self) -> i64 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request in flight until the returned guard drops.
+    pub fn start_request(self: &Arc<Self>) -> InflightGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        if let Some(g) = &self.inflight_gauge {
+            g.inc();
+        }
+        InflightGuard(self.clone())
+    }
+
+    /// The upstream URI for a request path and query, appended to the backend URL.
+    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        let pq = path_and_query.map(|p| p.as_str()).unwrap_or("/");
+        let pq: PathAndQuery = if self.base_path.is_empty() {
+            match path_and_query {
+                Some(p) => p.clone(),
+                None => PathAndQuery::from_static("/"),
+            }
+        } else {
+            format!("{}{}", self.base_path, pq).parse()?
+        };
+        Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone()).path_and_query(pq).build()
+    }
+}
+
+/// Decrements the backend's in-flight count when the request is over.
+pub struct InflightGuard(Arc<Backend>);
+
+impl InflightGuard {
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.0
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(g) = &self.0.inflight_gauge {
+            g.dec();
+        }
+    }
+}
+
+/// The pooled client: HTTP/1.1 keep-alive to backends, no body or header rewriting of its own.
+pub fn client() -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
