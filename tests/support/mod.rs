@@ -1,0 +1,204 @@
+//! Test harness: a router started in-process on port 0 in front of example workers (real hyper
+//! servers holding per-instance call state, see `mrtr_router::example`), plus a small client.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use mrtr_router::example::Worker;
+use mrtr_router::{Listeners, Router, Shared};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Any single request in a test gives up after this long, so a hang fails instead of stalling.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(20);
+
+/// A backend line of the config: name, URL, weight.
+#[derive(Clone)]
+pub struct BackendSpec {
+    pub name: String,
+    pub url: String,
+    pub weight: u32,
+}
+
+/// A router in front of workers, with its config file in a temp dir.
+pub struct Fleet {
+    pub router: SocketAddr,
+    pub admin: SocketAddr,
+    pub shared: Arc<Shared>,
+    pub workers: Vec<Worker>,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    /// Extra config text (sections other than backends).
+    pub extra: String,
+    pub client: HttpClient,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub async fn start_worker(name: &str) -> Worker {
+    Worker::start(name, TcpListener::bind("127.0.0.1:0").await.unwrap())
+}
+
+pub fn client() -> HttpClient {
+    let mut c = Client::builder(TokioExecutor::new());
+    c.pool_max_idle_per_host(1024);
+    c.build_http()
+}
+
+pub fn render_config(extra: &str, backends: &[BackendSpec]) -> String {
+    let mut text = format!("[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:1\"\n{extra}\n");
+    for b in backends {
+        text.push_str(&format!("[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n", b.name, b.url, b.weight));
+    }
+    text
+}
+
+impl Fleet {
+    /// `n` workers named worker-0.. behind a router with `extra` config (e.g. a `[routing]` table).
+    pub async fn start(n: usize, extra: &str) -> Fleet {
+        let mut workers = Vec::new();
+        for i in 0..n {
+            workers.push(start_worker(&format!("worker-{i}")).await);
+        }
+        Fleet::start_with(workers, extra).await
+    }
+
+    pub async fn start_with(workers: Vec<Worker>, extra: &str) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("config.toml");
+        let specs: Vec<BackendSpec> = workers.iter().map(|w| BackendSpec { name: w.state.name.clone(), url: w.url(), weight: 1 }).collect();
+        std::fs::write(&config_path, render_config(extra, &specs)).unwrap();
+        let router = Router::from_file(&config_path).expect("valid test config");
+        let shared = router.handle();
+        let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (router_addr, admin_addr) = (proxy.local_addr().unwrap(), admin.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(router.run(Listeners { proxy, admin }, async move {
+            let _ = stopped.await;
+        }));
+        Fleet {
+            router: router_addr,
+            admin: admin_addr,
+            shared,
+            workers,
+            dir,
+            config_path,
+            extra: extra.to_string(),
+            client: client(),
+            stop: Some(stop),
+            served: Some(served),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.router)
+    }
+
+    /// Rewrites the config file with these backends and reloads it.
+    pub fn reconfigure(&self, backends: &[BackendSpec]) {
+        std::fs::write(&self.config_path, render_config(&self.extra, backends)).unwrap();
+        self.shared.reload().expect("reload accepted");
+    }
+
+    pub fn specs(&self) -> Vec<BackendSpec> {
+        self.workers.iter().map(|w| BackendSpec { name: w.state.name.clone(), url: w.url(), weight: 1 }).collect()
+    }
+
+    pub fn worker(&self, name: &str) -> &Worker {
+        self.workers.iter().find(|w| w.state.name == name).expect("known worker")
+    }
+
+    pub fn total_unknown_followups(&self) -> u64 {
+        self.workers.iter().map(|w| w.state.unknown_followups.load(std::sync::atomic::Ordering::SeqCst)).sum()
+    }
+
+    pub fn total_executions(&self) -> u64 {
+        self.workers.iter().map(|w| w.state.executions.load(std::sync::atomic::Ordering::SeqCst)).sum()
+    }
+
+    pub async fn post(&self, headers: &[(&str, &str)], body: &Value) -> Answer {
+        send(&self.client, Method::POST, &self.url(), headers, Bytes::from(body.to_string())).await
+    }
+
+    pub async fn metrics(&self) -> String {
+        let a = send(&self.client, Method::GET, &format!("http://{}/metrics", self.admin), &[], Bytes::new()).await;
+        String::from_utf8(a.body.to_vec()).unwrap()
+    }
+
+    /// Stops the router (graceful) and waits for it.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.served.take() {
+            tokio::time::timeout(Duration::from_secs(30), t).await.expect("router stops").unwrap();
+        }
+    }
+}
+
+/// A whole answer.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn worker(&self) -> String {
+        self.headers.get("x-worker").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default()
+    }
+    pub fn router_error(&self) -> Option<&str> {
+        self.headers.get("mcp-router-error").map(|v| v.to_str().unwrap())
+    }
+}
+
+pub async fn send(client: &HttpClient, method: Method, url: &str, headers: &[(&str, &str)], body: Bytes) -> Answer {
+    let mut req = Request::builder().method(method).uri(url);
+    if !body.is_empty() {
+        req = req.header("content-type", "application/json");
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(body)).unwrap();
+    let fut = async {
+        let resp = client.request(req).await.expect("request reaches the router");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("whole answer").to_bytes();
+        Answer { status: parts.status, headers: parts.headers, body }
+    };
+    tokio::time::timeout(REQUEST_DEADLINE, fut).await.expect("answer within the test deadline")
+}
+
+/// Body of a `tools/call` starting call `mid` (2a) that needs `rounds` rounds.
+pub fn start_call(mid: &str, rounds: u32) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "messageId": mid, "method": "tools/call",
+           "params": {"name": "transfer-funds", "arguments": {"to": "123-456-789", "amount": 5, "rounds": rounds}}})
+}
+
+/// Body of the `confirm` answering round `round` of call `mid`.
+pub fn confirm(mid: &str, round: u32) -> Value {
+    json!({"jsonrpc": "2.0", "id": round + 1, "messageId": mid, "method": "confirm", "params": {"approved": true, "round": round}})
+}
+
+/// Reads a metric sample's value from Prometheus text, e.g. `mrtr_pins{kind="client"}`.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
