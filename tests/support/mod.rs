@@ -58,7 +58,13 @@ pub fn client() -> HttpClient {
 }
 
 pub fn render_config(extra: &str, backends: &[BackendSpec]) -> String {
-    let mut text = format!("[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:1\"\n{extra}\n");
+    // The listen addresses are placeholders: tests bind their own listeners on port 0.
+    let mut text = if extra.contains("[server]") {
+        extra.replace("[server]", "[server]\nlisten = \"127.0.0.1:0\"")
+    } else {
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n{extra}")
+    };
+    text.push_str("\n[admin]\nlisten = \"127.0.0.1:1\"\n");
     for b in backends {
         text.push_str(&format!("[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n", b.name, b.url, b.weight));
     }

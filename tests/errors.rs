@@ -1,0 +1,109 @@
+//! Every error the router answers itself (DESIGN §6): status, JSON-RPC code, `Mcp-Router-Error`,
+//! and the request's id echoed when known.
+
+mod support;
+
+use bytes::Bytes;
+use http::Method;
+use serde_json::json;
+use support::*;
+
+fn assert_router_error(a: &Answer, status: u16, code: i64, reason: &str, id: serde_json::Value) {
+    assert_eq!(a.status, status, "{a:?}");
+    assert_eq!(a.router_error(), Some(reason), "{a:?}");
+    assert_eq!(a.headers["content-type"], "application/json");
+    let v = a.json();
+    assert_eq!(v["jsonrpc"], "2.0");
+    assert_eq!(v["error"]["code"], code, "{v}");
+    assert_eq!(v["id"], id, "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    if status == 503 {
+        assert!(a.headers.contains_key("retry-after"), "503 carries Retry-After");
+    }
+}
+
+#[tokio::test]
+async fn body_not_json_is_a_parse_error() {
+    let fleet = Fleet::start(2, "").await;
+    for body in [&b"{\"jsonrpc\":"[..], b"not json", b"", b"{} {}"] {
+        let a = send(&fleet.client, Method::POST, &fleet.url(), &[], Bytes::from_static(body)).await;
+        assert_router_error(&a, 400, -32700, "parse_error", json!(null));
+    }
+    let m = fleet.metrics().await;
+    assert_eq!(metric(&m, "mrtr_router_errors_total{reason=\"parse_error\"}"), Some(4.0));
+    let served: u64 = fleet.workers.iter().map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst)).sum();
+    assert_eq!(served, 0, "nothing unparseable is forwarded");
+}
+
+#[tokio::test]
+async fn body_larger_than_max_body_bytes_is_413() {
+    let fleet = Fleet::start(2, "[server]\nmax_body_bytes = 1024").await;
+    let big = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"pad":"x".repeat(2000)}});
+    let a = fleet.post(&[], &big).await;
+    assert_router_error(&a, 413, -32600, "body_too_large", json!(null));
+    // Just under the limit passes.
+    let ok = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"whoami","pad":"x".repeat(900)}});
+    assert_eq!(fleet.post(&[], &ok).await.status, 200);
+}
+
+#[tokio::test]
+async fn no_healthy_backend_is_503() {
+    let w = start_worker("only").await;
+    let fleet = Fleet::start_with(vec![w], "").await;
+    let mut spec = fleet.specs();
+    spec[0].weight = 0;
+    fleet.reconfigure(&spec);
+    let a = fleet.post(&[], &json!({"jsonrpc":"2.0","id":"abc","method":"tools/call","params":{"name":"whoami"}})).await;
+    assert_router_error(&a, 503, -32002, "no_backend", json!("abc"));
+    let r = send(&fleet.client, Method::GET, &format!("http://{}/readyz", fleet.admin), &[], Bytes::new()).await;
+    assert_eq!(r.status, 503, "not ready without a backend to route to");
+}
+
+#[tokio::test]
+async fn connect_failure_is_502() {
+    // A port that was just free: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let fleet = Fleet::start(1, "").await;
+    fleet.reconfigure(&[BackendSpec { name: "dead".into(), url: format!("http://127.0.0.1:{port}"), weight: 1 }]);
+    let a = fleet.post(&[], &json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami"}})).await;
+    assert_router_error(&a, 502, -32003, "upstream_unavailable", json!(3));
+    let m = fleet.metrics().await;
+    assert_eq!(metric(&m, "mrtr_upstream_errors_total{backend=\"dead\",kind=\"connect\"}"), Some(1.0));
+}
+
+#[tokio::test]
+async fn slow_backend_is_504() {
+    let fleet = Fleet::start(1, "[server]\nupstream_timeout = \"300ms\"").await;
+    let slow = json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":3000}}});
+    let a = fleet.post(&[], &slow).await;
+    assert_router_error(&a, 504, -32004, "upstream_timeout", json!(4));
+}
+
+#[tokio::test]
+async fn too_many_rounds_is_429() {
+    let fleet = Fleet::start(2, "[routing]\nmax_rounds = 2").await;
+    assert_eq!(fleet.post(&[], &start_call("long", 5)).await.json()["result"]["pending"], true);
+    assert_eq!(fleet.post(&[], &confirm("long", 2)).await.json()["result"]["pending"], true);
+    let a = fleet.post(&[], &confirm("long", 3)).await;
+    assert_router_error(&a, 429, -32000, "too_many_rounds", json!(4));
+    assert_eq!(a.json()["error"]["data"]["key"], "long");
+    // A call within the limit is unaffected.
+    fleet.post(&[], &start_call("short", 2)).await;
+    assert_eq!(fleet.post(&[], &confirm("short", 2)).await.json()["result"]["content"][0]["text"], "done");
+}
+
+#[tokio::test]
+async fn full_pin_table_refuses_new_calls_but_serves_pinned_ones() {
+    let fleet = Fleet::start(2, "[routing]\nmax_pins = 3").await;
+    for i in 0..3 {
+        assert_eq!(fleet.post(&[], &start_call(&format!("c{i}"), 2)).await.status, 200);
+    }
+    let a = fleet.post(&[], &start_call("c3", 2)).await;
+    assert_router_error(&a, 429, -32000, "pin_capacity", json!(1));
+    // Follow-ups of pinned calls still go through, and finishing them frees room.
+    assert_eq!(fleet.post(&[], &confirm("c0", 2)).await.json()["result"]["content"][0]["text"], "done");
+    // Requests that cannot start a call are never refused.
+    let list = fleet.post(&[], &json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})).await;
+    assert_eq!(list.status, 200);
+    assert_eq!(fleet.total_unknown_followups(), 0);
+}

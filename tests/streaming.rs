@@ -1,0 +1,163 @@
+//! What passes through: SSE event by event, headers verbatim, status codes and bodies unchanged,
+//! client disconnects propagated, HTTP/2 (h2c) clients.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use support::*;
+
+fn stream_call(mid: Option<&str>, args: Value) -> Value {
+    let mut v = json!({"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"stream","arguments":args}});
+    if let Some(m) = mid {
+        v["messageId"] = json!(m);
+    }
+    v
+}
+
+async fn open(fleet: &Fleet, body: &Value) -> http::Response<Incoming> {
+    let req = Request::post(fleet.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    tokio::time::timeout(REQUEST_DEADLINE, fleet.client.request(req)).await.unwrap().unwrap()
+}
+
+/// Reads body frames until `needle` has been seen; returns everything read.
+async fn read_until(body: &mut Incoming, needle: &str) -> String {
+    let mut seen = String::new();
+    while !seen.contains(needle) {
+        let frame = tokio::time::timeout(REQUEST_DEADLINE, body.frame()).await.expect("next frame in time");
+        let frame = frame.expect("stream still open").expect("no stream error");
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn sse_first_event_arrives_before_the_backend_finishes() {
+    let fleet = Fleet::start(1, "").await;
+    let resp = open(&fleet, &stream_call(None, json!({"events": 3, "gated": true}))).await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    // The worker holds the rest of its answer until released: if the router buffered,
+    // this read would never complete.
+    let first = read_until(&mut body, "notifications/progress").await;
+    assert!(first.contains("\"progress\":1"), "{first}");
+    let ping = read_until(&mut body, ": ping").await;
+    assert!(!ping.contains("\"result\""), "the result cannot have come yet");
+    fleet.workers[0].state.release();
+    let rest = read_until(&mut body, "\"result\"").await;
+    assert!(rest.contains("\"progress\":3"));
+    assert!(tokio::time::timeout(REQUEST_DEADLINE, body.frame()).await.unwrap().is_none(), "stream ends");
+}
+
+#[tokio::test]
+async fn sse_pending_answer_is_pinned_before_the_client_reads_it() {
+    let fleet = Fleet::start(3, "").await;
+    for i in 0..20 {
+        let mid = format!("sse-{i}");
+        let resp = open(&fleet, &stream_call(Some(&mid), json!({"events": 2, "pending": true}))).await;
+        let mut body = resp.into_body();
+        let text = read_until(&mut body, "\"pending\":true").await;
+        // The moment the client holds the pending event, the pin is there.
+        let key = mrtr_router::pins::PinKey::new(mrtr_router::pins::PinKind::Client, mid.as_bytes());
+        assert!(fleet.shared.pins.peek(key).is_some(), "pin missing after the client read: {text}");
+        let worker = serde_json::from_str::<Value>(text.lines().rev().find(|l| l.starts_with("data:")).unwrap()[5..].trim()).unwrap()["result"]["worker"].clone();
+        drop(body);
+        let b = fleet.post(&[], &json!({"jsonrpc":"2.0","id":2,"messageId":mid,"method":"tools/call","params":{"name":"whoami"}})).await;
+        assert_eq!(json!(b.worker()), worker, "the follow-up reaches the pinned worker");
+    }
+}
+
+#[tokio::test]
+async fn mcp_headers_pass_verbatim_once_and_hop_by_hop_ones_do_not() {
+    let fleet = Fleet::start(1, "").await;
+    let url = format!("http://{}/echo?x=1", fleet.router);
+    let headers = [
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "Transfer Funds"),
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Param-Amount", "500000"),
+        ("Mcp-Param-Tag", "a"),
+        ("Mcp-Param-Tag", "b"),
+        ("Mcp-Session-Id", "s-1"),
+        ("Connection", "x-hop"),
+        ("x-hop", "secret"),
+        ("Proxy-Authorization", "Basic eA=="),
+        ("x-forwarded-for", "10.0.0.9"),
+    ];
+    let a = send(&fleet.client, Method::POST, &url, &headers, Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}")).await;
+    let v = a.json();
+    let got: Vec<(String, String)> = v["headers"].as_array().unwrap().iter().map(|h| (h[0].as_str().unwrap().to_string(), h[1].as_str().unwrap().to_string())).collect();
+    let all = |name: &str| got.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
+    assert_eq!(all("mcp-method"), ["tools/call"]);
+    assert_eq!(all("mcp-name"), ["Transfer Funds"]);
+    assert_eq!(all("mcp-protocol-version"), ["2026-07-28"]);
+    assert_eq!(all("mcp-param-amount"), ["500000"]);
+    assert_eq!(all("mcp-param-tag"), ["a", "b"]);
+    assert_eq!(all("mcp-session-id"), ["s-1"]);
+    assert!(all("x-hop").is_empty() && all("proxy-authorization").is_empty(), "{got:?}");
+    assert_eq!(all("x-forwarded-for"), ["10.0.0.9, 127.0.0.1"]);
+    assert_eq!(all("x-forwarded-proto"), ["http"]);
+    assert_eq!(all("host"), [fleet.workers[0].addr.to_string().as_str()]);
+    assert_eq!(v["path"], "/echo", "path forwarded as received");
+}
+
+#[tokio::test]
+async fn status_codes_and_bodies_pass_unchanged() {
+    let fleet = Fleet::start(1, "").await;
+    for code in [400u16, 404, 405, 500] {
+        let a = send(&fleet.client, Method::POST, &format!("http://{}/status/{code}", fleet.router), &[], Bytes::from_static(b"{}")).await;
+        assert_eq!(a.status, code);
+        assert_eq!(a.router_error(), None);
+        assert_eq!(a.json(), json!({"status": code, "from": "worker-0"}));
+    }
+    let a = send(&fleet.client, Method::POST, &format!("http://{}/status/202", fleet.router), &[], Bytes::from_static(b"{}")).await;
+    assert_eq!(a.status, 202);
+    assert!(a.body.is_empty(), "202 has no body");
+    let a = send(&fleet.client, Method::DELETE, &format!("http://{}/status/405", fleet.router), &[], Bytes::new()).await;
+    assert_eq!(a.status, 405);
+}
+
+#[tokio::test]
+async fn client_disconnect_closes_the_upstream_stream() {
+    let fleet = Fleet::start(1, "").await;
+    let resp = open(&fleet, &stream_call(None, json!({"events": 2, "gated": true}))).await;
+    let mut body = resp.into_body();
+    read_until(&mut body, "notifications/progress").await;
+    let state = fleet.workers[0].state.clone();
+    assert_eq!(state.streams_closed.load(Ordering::SeqCst), 0);
+    drop(body);
+    // The worker notices its stream closed without ever being released.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while state.streams_closed.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "backend never saw the client leave");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fleet.shared.snapshot().ring.members()[0].inflight() != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "in-flight count not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn http2_clients_are_served() {
+    let fleet = Fleet::start(2, "").await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
+    let a = send(&h2, Method::POST, &fleet.url(), &[], Bytes::from(start_call("h2-call", 2).to_string())).await;
+    assert_eq!(a.json()["result"]["pending"], true);
+    let b = send(&h2, Method::POST, &fleet.url(), &[("mcp-name", "x")], Bytes::from(confirm("h2-call", 2).to_string())).await;
+    assert_eq!(b.json()["result"]["content"][0]["text"], "done");
+    assert_eq!(a.worker(), b.worker());
+}
