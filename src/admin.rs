@@ -16,7 +16,8 @@ use crate::state::Shared;
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::full(body.into()));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
@@ -38,7 +39,11 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBo
             }
         }
         (&Method::GET | &Method::POST, "/debug/route") => debug_route(shared, req).await,
-        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics /healthz /readyz /debug/route?key=\n"),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics /healthz /readyz /debug/route?key=\n",
+        ),
     }
 }
 
@@ -46,9 +51,10 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBo
 /// client key; a POST explains its own JSON body and MCP headers.
 async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody> {
     let snap = shared.snapshot();
-    let query_key = req.uri().query().and_then(|q| {
-        q.split('&').find_map(|kv| kv.strip_prefix("key=")).map(|v| percent_decode(v))
-    });
+    let query_key = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")).map(percent_decode));
     let (parts, body) = req.into_parts();
     let limit = snap.config.server.max_body_bytes;
     let body = match Limited::new(body, limit).collect().await {
@@ -60,7 +66,13 @@ async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyB
     } else {
         match dialect::parse_request(&body, &snap.config.routing.body_field) {
             Ok(e) => e,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, "text/plain", format!("body is not JSON: {e}\n")),
+            Err(e) => {
+                return reply(
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    format!("body is not JSON: {e}\n"),
+                )
+            }
         }
     };
     let mut keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
@@ -102,7 +114,10 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
         match (b[i], hex) {
             (b'%', Some(v)) => {
                 out.push(v);

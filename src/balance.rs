@@ -57,7 +57,11 @@ impl HashRing {
             .map(|b| (Member(b.clone()), virtual_nodes * b.weight as usize));
         let ring = RingBuilder::new(FixedSipHash).weighted_nodes_iter(weighted).build();
         let members = members.into_iter().filter(|b| b.weight > 0).collect();
-        HashRing { ring, members, load_factor }
+        HashRing {
+            ring,
+            members,
+            load_factor,
+        }
     }
 
     pub fn members(&self) -> &[Arc<Backend>] {
@@ -121,7 +125,9 @@ mod tests {
     use std::collections::HashMap;
 
     fn backends(n: usize, weight: u32) -> Vec<Arc<Backend>> {
-        (0..n).map(|i| Backend::for_test(&format!("worker-{i}"), weight)).collect()
+        (0..n)
+            .map(|i| Backend::for_test(&format!("worker-{i}"), weight))
+            .collect()
     }
 
     fn counts(ring: &HashRing, keys: impl Iterator<Item = String>) -> HashMap<String, usize> {
@@ -141,7 +147,12 @@ mod tests {
 
     /// 100k pseudo-random keys, the same on every run.
     fn random_keys(n: u64) -> impl Iterator<Item = String> {
-        (0..n).map(|i| format!("{:032x}", (i as u128 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834)))
+        (0..n).map(|i| {
+            format!(
+                "{:032x}",
+                (i as u128 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834)
+            )
+        })
     }
 
     fn peak_to_mean(n: usize, vnodes: usize) -> f64 {
@@ -182,7 +193,16 @@ mod tests {
 
     #[test]
     fn adding_a_backend_moves_few_keys() {
-        for (n, vnodes) in [(2, 160), (3, 160), (4, 160), (5, 160), (6, 160), (7, 160), (9, 640), (11, 640)] {
+        for (n, vnodes) in [
+            (2, 160),
+            (3, 160),
+            (4, 160),
+            (5, 160),
+            (6, 160),
+            (7, 160),
+            (9, 640),
+            (11, 640),
+        ] {
             let frac = moved_fraction(n, vnodes);
             assert!(frac <= 1.2 / (n + 1) as f64, "n={n}: {frac:.3} of keys moved");
         }

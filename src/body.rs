@@ -19,6 +19,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Called with the `data` of each SSE event (or a whole JSON body) before it is sent on.
 pub type MessageSink = Box<dyn FnMut(&[u8]) + Send>;
 
+/// Called once if the upstream stream fails, with the `kind` label of the error.
+pub type ErrorHook = Box<dyn FnOnce(&str) + Send>;
+
 /// Largest SSE event the router inspects; a longer one is passed through unread.
 pub const MAX_OBSERVED_EVENT: usize = 8 * 1024 * 1024;
 
@@ -41,7 +44,7 @@ struct Stream {
     idle: Pin<Box<Sleep>>,
     /// Holds the backend's in-flight count until the stream ends or the client goes away.
     _guard: Option<InflightGuard>,
-    on_error: Option<Box<dyn FnOnce(&str) + Send>>,
+    on_error: Option<ErrorHook>,
 }
 
 #[derive(Debug)]
@@ -57,7 +60,9 @@ impl std::error::Error for StreamIdle {}
 impl ProxyBody {
     pub fn full(data: impl Into<Bytes>) -> ProxyBody {
         let data: Bytes = data.into();
-        ProxyBody { kind: Kind::Full(if data.is_empty() { None } else { Some(data) }) }
+        ProxyBody {
+            kind: Kind::Full(if data.is_empty() { None } else { Some(data) }),
+        }
     }
 
     pub fn empty() -> ProxyBody {
@@ -72,7 +77,7 @@ impl ProxyBody {
         sink: Option<MessageSink>,
         idle_timeout: Duration,
         guard: Option<InflightGuard>,
-        on_error: Option<Box<dyn FnOnce(&str) + Send>>,
+        on_error: Option<ErrorHook>,
     ) -> ProxyBody {
         let stream = Stream {
             inner,
@@ -83,7 +88,9 @@ impl ProxyBody {
             _guard: guard,
             on_error,
         };
-        ProxyBody { kind: Kind::Stream(Box::new(stream)) }
+        ProxyBody {
+            kind: Kind::Stream(Box::new(stream)),
+        }
     }
 }
 
@@ -107,7 +114,9 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(data) => data.is_none(),
-            Kind::Stream(s) => s.prefix.is_none() && s.inner.is_end_stream() && s.sse.as_ref().is_none_or(|s| s.buf.is_empty()),
+            Kind::Stream(s) => {
+                s.prefix.is_none() && s.inner.is_end_stream() && s.sse.as_ref().is_none_or(|s| s.buf.is_empty())
+            }
         }
     }
 
@@ -188,7 +197,13 @@ pub struct SseSplitter {
 
 impl SseSplitter {
     pub fn new(sink: MessageSink) -> SseSplitter {
-        SseSplitter { buf: BytesMut::new(), scan: 0, line_start: 0, skipping: false, sink }
+        SseSplitter {
+            buf: BytesMut::new(),
+            scan: 0,
+            line_start: 0,
+            skipping: false,
+            sink,
+        }
     }
 
     /// Takes the next chunk; returns the bytes of every event it completed.
@@ -207,7 +222,11 @@ impl SseSplitter {
             if c == b'\r' && i + 1 == len {
                 break;
             }
-            let end = if c == b'\r' && self.buf[i + 1] == b'\n' { i + 2 } else { i + 1 };
+            let end = if c == b'\r' && self.buf[i + 1] == b'\n' {
+                i + 2
+            } else {
+                i + 1
+            };
             if i == self.line_start {
                 // An empty line ends the event.
                 if !self.skipping {
@@ -247,7 +266,9 @@ impl SseSplitter {
         let mut data: Vec<u8> = Vec::new();
         let mut lines = 0;
         for line in event.split(|&b| b == b'\n' || b == b'\r') {
-            let Some(value) = line.strip_prefix(b"data:") else { continue };
+            let Some(value) = line.strip_prefix(b"data:") else {
+                continue;
+            };
             let value = value.strip_prefix(b" ").unwrap_or(value);
             if lines > 0 {
                 data.push(b'\n');
@@ -269,7 +290,12 @@ mod tests {
     fn splitter() -> (SseSplitter, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
-        (SseSplitter::new(Box::new(move |d| s.lock().unwrap().push(String::from_utf8_lossy(d).into_owned()))), seen)
+        (
+            SseSplitter::new(Box::new(move |d| {
+                s.lock().unwrap().push(String::from_utf8_lossy(d).into_owned())
+            })),
+            seen,
+        )
     }
 
     #[test]
@@ -278,7 +304,10 @@ mod tests {
         assert_eq!(&sp.feed(b": ping\n\nevent: message\ndata: {\"a\""), &b": ping\n\n"[..]);
         assert!(seen.lock().unwrap().is_empty(), "a comment has no data");
         assert_eq!(&sp.feed(b":1}\n"), &b""[..]);
-        assert_eq!(&sp.feed(b"\nid: 2\r\ndata: x\r\ndata: y\r"), &b"event: message\ndata: {\"a\":1}\n\n"[..]);
+        assert_eq!(
+            &sp.feed(b"\nid: 2\r\ndata: x\r\ndata: y\r"),
+            &b"event: message\ndata: {\"a\":1}\n\n"[..]
+        );
         assert_eq!(&sp.feed(b"\n\r\n"), &b"id: 2\r\ndata: x\r\ndata: y\r\n\r\n"[..]);
         assert_eq!(*seen.lock().unwrap(), vec!["{\"a\":1}".to_string(), "x\ny".to_string()]);
         assert_eq!(&sp.feed(b"data: tail"), &b""[..]);

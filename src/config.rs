@@ -203,7 +203,11 @@ struct Checker<'a> {
 impl Checker<'_> {
     fn err<T>(&self, span: Option<std::ops::Range<usize>>, message: impl Into<String>) -> Result<T, ConfigError> {
         let line = span.map(|s| self.text[..s.start.min(self.text.len())].matches('\n').count() + 1);
-        Err(ConfigError { file: self.file.to_path_buf(), line, message: message.into() })
+        Err(ConfigError {
+            file: self.file.to_path_buf(),
+            line,
+            message: message.into(),
+        })
     }
 
     fn duration(&self, key: &str, v: &Option<Spanned<String>>, default: Duration) -> Result<Duration, ConfigError> {
@@ -211,7 +215,13 @@ impl Checker<'_> {
         match humantime::parse_duration(v.get_ref().trim()) {
             Ok(d) if !d.is_zero() => Ok(d),
             Ok(_) => self.err(Some(v.span()), format!("{key}: must be greater than zero")),
-            Err(e) => self.err(Some(v.span()), format!("{key}: invalid duration {:?} ({e}); use e.g. \"10s\", \"5m\", \"1h\"", v.get_ref())),
+            Err(e) => self.err(
+                Some(v.span()),
+                format!(
+                    "{key}: invalid duration {:?} ({e}); use e.g. \"10s\", \"5m\", \"1h\"",
+                    v.get_ref()
+                ),
+            ),
         }
     }
 
@@ -229,7 +239,8 @@ impl Checker<'_> {
             Some(v) => (v.get_ref().as_str(), Some(v.span())),
             None => (default, None),
         };
-        text.parse().or_else(|_| self.err(span, format!("{key}: {text:?} is not an IP:port address")))
+        text.parse()
+            .or_else(|_| self.err(span, format!("{key}: {text:?} is not an IP:port address")))
     }
 }
 
@@ -254,46 +265,124 @@ impl Config {
         let s = &raw.server;
         let server = ServerConfig {
             listen: c.addr("server.listen", &s.listen, defaults::LISTEN)?,
-            max_body_bytes: c.int("server.max_body_bytes", &s.max_body_bytes, defaults::MAX_BODY_BYTES as i64, 64, 1 << 30)? as usize,
-            header_read_timeout: c.duration("server.header_read_timeout", &s.header_read_timeout, defaults::HEADER_READ_TIMEOUT)?,
-            body_read_timeout: c.duration("server.body_read_timeout", &s.body_read_timeout, defaults::BODY_READ_TIMEOUT)?,
-            upstream_timeout: c.duration("server.upstream_timeout", &s.upstream_timeout, defaults::UPSTREAM_TIMEOUT)?,
-            stream_idle_timeout: c.duration("server.stream_idle_timeout", &s.stream_idle_timeout, defaults::STREAM_IDLE_TIMEOUT)?,
+            max_body_bytes: c.int(
+                "server.max_body_bytes",
+                &s.max_body_bytes,
+                defaults::MAX_BODY_BYTES as i64,
+                64,
+                1 << 30,
+            )? as usize,
+            header_read_timeout: c.duration(
+                "server.header_read_timeout",
+                &s.header_read_timeout,
+                defaults::HEADER_READ_TIMEOUT,
+            )?,
+            body_read_timeout: c.duration(
+                "server.body_read_timeout",
+                &s.body_read_timeout,
+                defaults::BODY_READ_TIMEOUT,
+            )?,
+            upstream_timeout: c.duration(
+                "server.upstream_timeout",
+                &s.upstream_timeout,
+                defaults::UPSTREAM_TIMEOUT,
+            )?,
+            stream_idle_timeout: c.duration(
+                "server.stream_idle_timeout",
+                &s.stream_idle_timeout,
+                defaults::STREAM_IDLE_TIMEOUT,
+            )?,
             shutdown_grace: c.duration("server.shutdown_grace", &s.shutdown_grace, defaults::SHUTDOWN_GRACE)?,
-            max_headers: c.int("server.max_headers", &s.max_headers, defaults::MAX_HEADERS as i64, 16, 10_000)? as usize,
+            max_headers: c.int(
+                "server.max_headers",
+                &s.max_headers,
+                defaults::MAX_HEADERS as i64,
+                16,
+                10_000,
+            )? as usize,
         };
         if server.stream_idle_timeout < Duration::from_secs(60) {
             let span = s.stream_idle_timeout.as_ref().map(|v| v.span());
-            return c.err(span, "server.stream_idle_timeout: must be at least 60s (MCP streams idle between events)");
+            return c.err(
+                span,
+                "server.stream_idle_timeout: must be at least 60s (MCP streams idle between events)",
+            );
         }
-        let admin = AdminConfig { listen: c.addr("admin.listen", &raw.admin.listen, defaults::ADMIN_LISTEN)? };
+        let admin = AdminConfig {
+            listen: c.addr("admin.listen", &raw.admin.listen, defaults::ADMIN_LISTEN)?,
+        };
         if admin.listen == server.listen {
-            return c.err(raw.admin.listen.as_ref().map(|v| v.span()), "admin.listen: must differ from server.listen");
+            return c.err(
+                raw.admin.listen.as_ref().map(|v| v.span()),
+                "admin.listen: must differ from server.listen",
+            );
         }
         let r = &raw.routing;
-        let header_text = r.header.as_ref().map(|v| v.get_ref().as_str()).unwrap_or(defaults::ROUTING_HEADER);
-        let header = http::HeaderName::from_bytes(header_text.as_bytes())
-            .or_else(|_| c.err(r.header.as_ref().map(|v| v.span()), format!("routing.header: {header_text:?} is not a valid header name")))?;
-        let body_field = r.body_field.as_ref().map(|v| v.get_ref().clone()).unwrap_or_else(|| defaults::BODY_FIELD.to_string());
+        let header_text = r
+            .header
+            .as_ref()
+            .map(|v| v.get_ref().as_str())
+            .unwrap_or(defaults::ROUTING_HEADER);
+        let header = http::HeaderName::from_bytes(header_text.as_bytes()).or_else(|_| {
+            c.err(
+                r.header.as_ref().map(|v| v.span()),
+                format!("routing.header: {header_text:?} is not a valid header name"),
+            )
+        })?;
+        let body_field = r
+            .body_field
+            .as_ref()
+            .map(|v| v.get_ref().clone())
+            .unwrap_or_else(|| defaults::BODY_FIELD.to_string());
         if body_field.is_empty() {
-            return c.err(r.body_field.as_ref().map(|v| v.span()), "routing.body_field: must not be empty");
+            return c.err(
+                r.body_field.as_ref().map(|v| v.span()),
+                "routing.body_field: must not be empty",
+            );
         }
-        let load_factor = r.load_factor.as_ref().map(|v| *v.get_ref()).unwrap_or(defaults::LOAD_FACTOR);
+        let load_factor = r
+            .load_factor
+            .as_ref()
+            .map(|v| *v.get_ref())
+            .unwrap_or(defaults::LOAD_FACTOR);
         if !(load_factor == 0.0 || (load_factor > 1.0 && load_factor.is_finite())) {
-            return c.err(r.load_factor.as_ref().map(|v| v.span()), "routing.load_factor: must be 0 (off) or greater than 1.0, e.g. 1.25");
+            return c.err(
+                r.load_factor.as_ref().map(|v| v.span()),
+                "routing.load_factor: must be 0 (off) or greater than 1.0, e.g. 1.25",
+            );
         }
         let routing = RoutingConfig {
             header,
             body_field,
-            virtual_nodes: c.int("routing.virtual_nodes", &r.virtual_nodes, defaults::VIRTUAL_NODES as i64, 160, 10_000)? as usize,
+            virtual_nodes: c.int(
+                "routing.virtual_nodes",
+                &r.virtual_nodes,
+                defaults::VIRTUAL_NODES as i64,
+                160,
+                10_000,
+            )? as usize,
             load_factor,
             pin_idle_ttl: c.duration("routing.pin_idle_ttl", &r.pin_idle_ttl, defaults::PIN_IDLE_TTL)?,
-            session_idle_ttl: c.duration("routing.session_idle_ttl", &r.session_idle_ttl, defaults::SESSION_IDLE_TTL)?,
+            session_idle_ttl: c.duration(
+                "routing.session_idle_ttl",
+                &r.session_idle_ttl,
+                defaults::SESSION_IDLE_TTL,
+            )?,
             task_idle_ttl: c.duration("routing.task_idle_ttl", &r.task_idle_ttl, defaults::TASK_IDLE_TTL)?,
             replay_window: c.duration("routing.replay_window", &r.replay_window, defaults::REPLAY_WINDOW)?,
-            max_rounds: c.int("routing.max_rounds", &r.max_rounds, defaults::MAX_ROUNDS as i64, 1, 1_000_000)? as u32,
+            max_rounds: c.int(
+                "routing.max_rounds",
+                &r.max_rounds,
+                defaults::MAX_ROUNDS as i64,
+                1,
+                1_000_000,
+            )? as u32,
             max_pins: c.int("routing.max_pins", &r.max_pins, defaults::MAX_PINS as i64, 1, 1 << 32)? as usize,
-            on_pin_lost: r.on_pin_lost.as_ref().map(|v| *v.get_ref()).unwrap_or(OnPinLost::Strict),
+            on_pin_lost: r
+                .on_pin_lost
+                .as_ref()
+                .map(|v| *v.get_ref())
+                .unwrap_or(OnPinLost::Strict),
             drain_timeout: c.duration("routing.drain_timeout", &r.drain_timeout, defaults::DRAIN_TIMEOUT)?,
         };
         let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backend.len());
@@ -302,15 +391,28 @@ impl Config {
             let b = b.get_ref();
             let name = b.name.get_ref().trim().to_string();
             if name.is_empty() || name.len() > 128 || name.chars().any(|ch| ch.is_control() || ch == ',') {
-                return c.err(Some(b.name.span()), "backend.name: must be 1-128 printable characters without commas");
+                return c.err(
+                    Some(b.name.span()),
+                    "backend.name: must be 1-128 printable characters without commas",
+                );
             }
             if backends.iter().any(|o| o.name == name) {
                 return c.err(Some(b.name.span()), format!("backend.name: {name:?} is defined twice"));
             }
-            let uri: http::Uri = b.url.get_ref().parse().or_else(|_| c.err(Some(b.url.span()), format!("backend.url: {:?} is not a URL", b.url.get_ref())))?;
+            let uri: http::Uri = b.url.get_ref().parse().or_else(|_| {
+                c.err(
+                    Some(b.url.span()),
+                    format!("backend.url: {:?} is not a URL", b.url.get_ref()),
+                )
+            })?;
             let scheme = match uri.scheme() {
                 Some(s) if *s == Scheme::HTTP => s.clone(),
-                Some(s) if *s == Scheme::HTTPS => return c.err(Some(b.url.span()), format!("backend.url: scheme {s} is not supported yet; use http://")),
+                Some(s) if *s == Scheme::HTTPS => {
+                    return c.err(
+                        Some(b.url.span()),
+                        format!("backend.url: scheme {s} is not supported yet; use http://"),
+                    )
+                }
                 _ => return c.err(Some(b.url.span()), "backend.url: must start with http://"),
             };
             let Some(authority) = uri.authority().cloned() else {
@@ -322,12 +424,23 @@ impl Config {
             let base_path = uri.path().trim_end_matches('/').to_string();
             let weight = c.int("backend.weight", &b.weight, defaults::WEIGHT as i64, 0, 1000)? as u32;
             let _ = span;
-            backends.push(BackendConfig { name, scheme, authority, base_path, weight });
+            backends.push(BackendConfig {
+                name,
+                scheme,
+                authority,
+                base_path,
+                weight,
+            });
         }
         if backends.is_empty() {
             return c.err(None, "no [[backend]] configured: at least one backend is required");
         }
-        Ok(Config { server, admin, routing, backends })
+        Ok(Config {
+            server,
+            admin,
+            routing,
+            backends,
+        })
     }
 
     /// The effective configuration as TOML, every default spelled out (for `check`).
@@ -344,7 +457,12 @@ impl Config {
             d(r.drain_timeout),
         );
         for b in &self.backends {
-            out.push_str(&format!("\n[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n", b.name, b.url(), b.weight));
+            out.push_str(&format!(
+                "\n[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n",
+                b.name,
+                b.url(),
+                b.weight
+            ));
         }
         out
     }

@@ -16,23 +16,34 @@ use crate::example::Worker;
 use crate::{Config, Listeners, Router};
 
 /// Runs the demo until `shutdown` resolves.
-pub async fn run(config_path: &Path, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), String> {
+pub async fn run(
+    config_path: &Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let config = Config::load(config_path).map_err(|e| e.to_string())?;
     let mut workers = Vec::new();
     for b in &config.backends {
-        let addr: SocketAddr = b
-            .authority
-            .as_str()
-            .parse()
-            .map_err(|_| format!("demo starts workers itself, so backend {} must use a local IP:port, not {}", b.name, b.authority))?;
+        let addr: SocketAddr = b.authority.as_str().parse().map_err(|_| {
+            format!(
+                "demo starts workers itself, so backend {} must use a local IP:port, not {}",
+                b.name, b.authority
+            )
+        })?;
         if !addr.ip().is_loopback() {
-            return Err(format!("demo only starts workers on loopback; backend {} is at {addr}", b.name));
+            return Err(format!(
+                "demo only starts workers on loopback; backend {} is at {addr}",
+                b.name
+            ));
         }
-        let w = Worker::bind(&b.name, addr).await.map_err(|e| format!("cannot start example worker {} on {addr}: {e}", b.name))?;
+        let w = Worker::bind(&b.name, addr)
+            .await
+            .map_err(|e| format!("cannot start example worker {} on {addr}: {e}", b.name))?;
         println!("example worker {:<10} listening on {}", b.name, w.url());
         workers.push(w);
     }
-    let listeners = Listeners::bind(&config).await.map_err(|e| format!("cannot bind router listeners: {e}"))?;
+    let listeners = Listeners::bind(&config)
+        .await
+        .map_err(|e| format!("cannot bind router listeners: {e}"))?;
     let proxy_addr = listeners.proxy.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = listeners.admin.local_addr().map_err(|e| e.to_string())?;
     let router = Router::from_file(config_path).map_err(|e| e.to_string())?;
@@ -46,18 +57,29 @@ pub async fn run(config_path: &Path, shutdown: impl std::future::Future<Output =
         let routing_id = by_header.then(|| format!("r-{i}"));
         let start = json!({"jsonrpc": "2.0", "id": 1, "messageId": call, "method": "tools/call",
             "params": {"name": "transfer-funds", "arguments": {"to": "123-456-789", "amount": 500 * i}}});
-        let confirm = json!({"jsonrpc": "2.0", "id": 2, "messageId": call, "method": "confirm", "params": {"approved": true}});
+        let confirm =
+            json!({"jsonrpc": "2.0", "id": 2, "messageId": call, "method": "confirm", "params": {"approved": true}});
         let (w1, r1) = post(&client, &url, routing_id.as_deref(), &start).await?;
         let (w2, r2) = post(&client, &url, routing_id.as_deref(), &confirm).await?;
         let key = match &routing_id {
             Some(r) => format!("Mcp-Routing-Id {r}"),
             None => format!("messageId {call}"),
         };
-        let state1 = if r1["result"]["pending"] == true { "pending" } else { "?" };
+        let state1 = if r1["result"]["pending"] == true {
+            "pending"
+        } else {
+            "?"
+        };
         let state2 = r2["result"]["content"][0]["text"].as_str().unwrap_or("?");
         println!("call {call:<11} key {key:<24} round 1 → {w1} ({state1}), round 2 → {w2} ({state2})");
     }
-    let (w, _) = post(&client, &url, None, &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "whoami"}})).await?;
+    let (w, _) = post(
+        &client,
+        &url,
+        None,
+        &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "whoami"}}),
+    )
+    .await?;
     println!("keyless whoami                                   → {w} (least outstanding requests)");
     println!("\nmetrics:  http://{admin_addr}/metrics");
     println!("explain:  http://{admin_addr}/debug/route?key=transfer-1");
@@ -70,17 +92,29 @@ pub async fn run(config_path: &Path, shutdown: impl std::future::Future<Output =
     Ok(())
 }
 
-async fn post(client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>, url: &str, routing_id: Option<&str>, body: &Value) -> Result<(String, Value), String> {
+async fn post(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    url: &str,
+    routing_id: Option<&str>,
+    body: &Value,
+) -> Result<(String, Value), String> {
     let mut req = Request::post(url).header("content-type", "application/json");
     if let Some(r) = routing_id {
         req = req.header("mcp-routing-id", r);
     }
-    let req = req.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
+    let req = req
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
     let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
         .await
         .map_err(|_| "demo request timed out".to_string())?
         .map_err(|e| format!("demo request failed: {e}"))?;
-    let worker = resp.headers().get("x-worker").and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
+    let worker = resp
+        .headers()
+        .get("x-worker")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?")
+        .to_string();
     let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
     let v = serde_json::from_slice(&bytes).map_err(|e| format!("demo answer not JSON: {e}"))?;
     Ok((worker, v))

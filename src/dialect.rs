@@ -5,8 +5,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// Header that carries a legacy session id.
@@ -76,7 +76,11 @@ impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let first = seq.next_element_seed(EnvelopeSeed { body_field: self.body_field })?.unwrap_or_default();
+        let first = seq
+            .next_element_seed(EnvelopeSeed {
+                body_field: self.body_field,
+            })?
+            .unwrap_or_default();
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(first)
     }
@@ -127,7 +131,9 @@ impl<'de> Deserialize<'de> for KeyValue<'de> {
 fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
     let raw = <&'de RawValue>::deserialize(d)?;
     match raw.get().as_bytes().first() {
-        Some(b'"') => serde_json::from_str(raw.get()).map(Some).map_err(serde::de::Error::custom),
+        Some(b'"') => serde_json::from_str(raw.get())
+            .map(Some)
+            .map_err(serde::de::Error::custom),
         _ => Ok(None),
     }
 }
@@ -190,7 +196,11 @@ pub fn parse_outcome(message: &[u8]) -> Outcome {
         return Outcome::NotAResponse;
     };
     let Some(result) = env.result else {
-        return if env.error.is_some() { Outcome::Final } else { Outcome::NotAResponse };
+        return if env.error.is_some() {
+            Outcome::Final
+        } else {
+            Outcome::NotAResponse
+        };
     };
     if matches!(result.pending, Some(serde_json::Value::Bool(true))) {
         return Outcome::Pending;
@@ -198,16 +208,23 @@ pub fn parse_outcome(message: &[u8]) -> Outcome {
     let task = result.task.unwrap_or_default();
     match result.result_type.as_deref() {
         Some("input_required") => match result.request_state {
-            Some(s) => Outcome::InputRequired { request_state: s.into_owned() },
+            Some(s) => Outcome::InputRequired {
+                request_state: s.into_owned(),
+            },
             None => Outcome::Final,
         },
         _ => {
             let task_id = result.task_id.or(task.task_id);
             let status = result.status.or(task.status);
             match (result.result_type.as_deref(), task_id) {
-                (Some("task"), Some(id)) | (_, Some(id)) if status.is_some() || result.result_type.as_deref() == Some("task") => {
+                (Some("task"), Some(id)) | (_, Some(id))
+                    if status.is_some() || result.result_type.as_deref() == Some("task") =>
+                {
                     let terminal = status.as_deref().is_some_and(is_terminal_task_status);
-                    Outcome::Task { task_id: id.into_owned(), terminal }
+                    Outcome::Task {
+                        task_id: id.into_owned(),
+                        terminal,
+                    }
                 }
                 _ => Outcome::Final,
             }
@@ -235,29 +252,52 @@ mod tests {
         assert_eq!((e.id, e.message_id.as_deref()), (Some(r#""a\"b""#), Some("42")));
         let e = parse_request(br#"[{"id":1,"messageId":"m"},{"id":2}]"#, "messageId").unwrap();
         assert_eq!(e.message_id.as_deref(), Some("m"));
-        let e = parse_request(br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#, "messageId").unwrap();
+        let e = parse_request(
+            br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#,
+            "messageId",
+        )
+        .unwrap();
         assert_eq!((e.message_id, e.task_id.as_deref()), (None, Some("t-1")));
     }
 
     #[test]
     fn outcomes() {
-        assert_eq!(parse_outcome(br#"{"id":1,"result":{"pending":true,"requested":"confirmation"}}"#), Outcome::Pending);
+        assert_eq!(
+            parse_outcome(br#"{"id":1,"result":{"pending":true,"requested":"confirmation"}}"#),
+            Outcome::Pending
+        );
         assert_eq!(parse_outcome(br#"{"id":1,"result":{"content":[]}}"#), Outcome::Final);
         assert_eq!(parse_outcome(br#"{"id":1,"result":{"pending":false}}"#), Outcome::Final);
-        assert_eq!(parse_outcome(br#"{"id":1,"error":{"code":-1,"message":"x"}}"#), Outcome::Final);
         assert_eq!(
-            parse_outcome(br#"{"id":1,"result":{"resultType":"input_required","inputRequests":{},"requestState":"abc"}}"#),
-            Outcome::InputRequired { request_state: "abc".into() }
+            parse_outcome(br#"{"id":1,"error":{"code":-1,"message":"x"}}"#),
+            Outcome::Final
+        );
+        assert_eq!(
+            parse_outcome(
+                br#"{"id":1,"result":{"resultType":"input_required","inputRequests":{},"requestState":"abc"}}"#
+            ),
+            Outcome::InputRequired {
+                request_state: "abc".into()
+            }
         );
         assert_eq!(
             parse_outcome(br#"{"id":1,"result":{"resultType":"task","task":{"taskId":"t1","status":"working"}}}"#),
-            Outcome::Task { task_id: "t1".into(), terminal: false }
+            Outcome::Task {
+                task_id: "t1".into(),
+                terminal: false
+            }
         );
         assert_eq!(
             parse_outcome(br#"{"id":1,"result":{"taskId":"t1","status":"completed"}}"#),
-            Outcome::Task { task_id: "t1".into(), terminal: true }
+            Outcome::Task {
+                task_id: "t1".into(),
+                terminal: true
+            }
         );
-        assert_eq!(parse_outcome(br#"{"method":"notifications/progress","params":{}}"#), Outcome::NotAResponse);
+        assert_eq!(
+            parse_outcome(br#"{"method":"notifications/progress","params":{}}"#),
+            Outcome::NotAResponse
+        );
         assert_eq!(parse_outcome(b"garbage"), Outcome::NotAResponse);
     }
 }

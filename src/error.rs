@@ -58,7 +58,10 @@ impl RouterError {
         let (status, code, reason) = self.parts();
         let data = match self {
             RouterError::PinnedBackendUnavailable { key, .. } | RouterError::TooManyRounds { key, .. } => {
-                format!(",\"data\":{{\"reason\":\"{reason}\",\"key\":{}}}", serde_json::Value::from(key.as_str()))
+                format!(
+                    ",\"data\":{{\"reason\":\"{reason}\",\"key\":{}}}",
+                    serde_json::Value::from(key.as_str())
+                )
             }
             _ => format!(",\"data\":{{\"reason\":\"{reason}\"}}"),
         };
@@ -86,7 +89,10 @@ mod tests {
 
     #[tokio::test]
     async fn renders_json_rpc_error_with_id() {
-        let e = RouterError::PinnedBackendUnavailable { key: "k\"1".into(), backend: "b".into() };
+        let e = RouterError::PinnedBackendUnavailable {
+            key: "k\"1".into(),
+            backend: "b".into(),
+        };
         let resp: Response<Full<Bytes>> = e.to_response(Some("7"), 2);
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()["retry-after"], "2");

@@ -59,7 +59,11 @@ impl WorkerState {
 
     /// Calls this worker holds in flight (not yet executed).
     pub fn pending_calls(&self) -> usize {
-        self.calls.lock().values().filter(|c| (c.answers.len() as u32) < c.rounds_needed).count()
+        self.calls
+            .lock()
+            .values()
+            .filter(|c| (c.answers.len() as u32) < c.rounds_needed)
+            .count()
     }
 
     /// Whether this worker holds (or finished) the call with this `messageId`.
@@ -112,7 +116,12 @@ impl Worker {
             // Stopping kills every open connection, as a crashed instance would.
             conns.abort_all();
         });
-        Worker { addr, state, stop: Some(stop), task }
+        Worker {
+            addr,
+            state,
+            stop: Some(stop),
+            task,
+        }
     }
 
     /// Binds `addr` (port 0 for any) and starts a worker there.
@@ -136,8 +145,12 @@ impl Worker {
 fn json_response(st: &WorkerState, status: StatusCode, v: &Value) -> Response<WorkerBody> {
     let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(v.to_string()))));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r.headers_mut().insert("x-worker", HeaderValue::from_str(&st.name).unwrap_or(HeaderValue::from_static("?")));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        "x-worker",
+        HeaderValue::from_str(&st.name).unwrap_or(HeaderValue::from_static("?")),
+    );
     r
 }
 
@@ -145,8 +158,17 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
     st.requests.fetch_add(1, Ordering::Relaxed);
     let path = req.uri().path().to_string();
     if path == "/echo" {
-        let headers: Vec<Value> = req.headers().iter().map(|(k, v)| json!([k.as_str(), String::from_utf8_lossy(v.as_bytes())])).collect();
-        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let headers: Vec<Value> = req
+            .headers()
+            .iter()
+            .map(|(k, v)| json!([k.as_str(), String::from_utf8_lossy(v.as_bytes())]))
+            .collect();
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
         let v = json!({"headers": headers, "body": String::from_utf8_lossy(&body), "path": path});
         return json_response(&st, StatusCode::OK, &v);
     }
@@ -164,7 +186,11 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
         Err(_) => return json_response(&st, StatusCode::BAD_REQUEST, &json!({"error": "unreadable body"})),
     };
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
-        return json_response(&st, StatusCode::BAD_REQUEST, &rpc_error(&Value::Null, None, -32700, "parse error", &st.name));
+        return json_response(
+            &st,
+            StatusCode::BAD_REQUEST,
+            &rpc_error(&Value::Null, None, -32700, "parse error", &st.name),
+        );
     };
     let id = msg.get("id").cloned().unwrap_or(Value::Null);
     let mid = msg.get("messageId").and_then(Value::as_str).map(str::to_string);
@@ -189,13 +215,21 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
         ("tools/call", "stream") => stream_answer(st.clone(), answer, &args),
         ("tools/call", _) | ("confirm", _) => {
             let Some(m) = mid.clone() else {
-                return json_response(&st, StatusCode::OK, &rpc_error(&id, None, -32602, "messageId required", &st.name));
+                return json_response(
+                    &st,
+                    StatusCode::OK,
+                    &rpc_error(&id, None, -32602, "messageId required", &st.name),
+                );
             };
             match advance(&st, &m, method == "tools/call", &args, &params) {
                 Some(result) => json_response(&st, StatusCode::OK, &answer(result)),
                 None => {
                     st.unknown_followups.fetch_add(1, Ordering::Relaxed);
-                    json_response(&st, StatusCode::OK, &rpc_error(&id, mid.as_deref(), -32602, "unknown messageId", &st.name))
+                    json_response(
+                        &st,
+                        StatusCode::OK,
+                        &rpc_error(&id, mid.as_deref(), -32602, "unknown messageId", &st.name),
+                    )
                 }
             }
         }
@@ -209,11 +243,25 @@ fn advance(st: &WorkerState, mid: &str, is_start: bool, args: &Value, params: &V
     let mut calls = st.calls.lock();
     if is_start && !calls.contains_key(mid) {
         let rounds_needed = args.get("rounds").and_then(Value::as_u64).unwrap_or(2).clamp(1, 1000) as u32;
-        calls.insert(mid.to_string(), Call { rounds_needed, answers: Vec::new() });
+        calls.insert(
+            mid.to_string(),
+            Call {
+                rounds_needed,
+                answers: Vec::new(),
+            },
+        );
     }
     let call = calls.get_mut(mid)?;
     // The round this request answers: explicit, else the next one (1 for the start).
-    let round = if is_start { 1 } else { params.get("round").and_then(Value::as_u64).map(|r| r as u32).unwrap_or(call.answers.len() as u32 + 1) };
+    let round = if is_start {
+        1
+    } else {
+        params
+            .get("round")
+            .and_then(Value::as_u64)
+            .map(|r| r as u32)
+            .unwrap_or(call.answers.len() as u32 + 1)
+    };
     if round == 0 || round > call.answers.len() as u32 + 1 {
         return Some(json!({"error": "round out of order", "worker": st.name}));
     }
@@ -235,7 +283,8 @@ fn text_result(text: &str) -> Value {
 }
 
 fn rpc_error(id: &Value, mid: Option<&str>, code: i32, message: &str, worker: &str) -> Value {
-    let mut v = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": {"worker": worker}}});
+    let mut v =
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": {"worker": worker}}});
     if let Some(m) = mid {
         v["messageId"] = json!(m);
     }
@@ -281,10 +330,17 @@ fn stream_answer(st: Arc<WorkerState>, answer: impl Fn(Value) -> Value, args: &V
         drop(tx);
         st2.streams_closed.fetch_add(1, Ordering::Relaxed);
     });
-    let mut r = Response::new(http_body_util::Either::Right(StreamBody::new(tokio_stream_shim::Receiver(rx))));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r.headers_mut().insert("x-worker", HeaderValue::from_str(&st.name).unwrap_or(HeaderValue::from_static("?")));
+    let mut r = Response::new(http_body_util::Either::Right(StreamBody::new(
+        tokio_stream_shim::Receiver(rx),
+    )));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r.headers_mut().insert(
+        "x-worker",
+        HeaderValue::from_str(&st.name).unwrap_or(HeaderValue::from_static("?")),
+    );
     r
 }
 

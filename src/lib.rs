@@ -66,12 +66,16 @@ impl Router {
     /// A router from a config file; `reload` re-reads that file.
     pub fn from_file(path: &Path) -> Result<Router, ConfigError> {
         let config = Config::load(path)?;
-        Ok(Router { shared: Shared::new(config, Some(path.to_path_buf())) })
+        Ok(Router {
+            shared: Shared::new(config, Some(path.to_path_buf())),
+        })
     }
 
     /// A router from a config value (no file to reload).
     pub fn new(config: Config) -> Router {
-        Router { shared: Shared::new(config, None) }
+        Router {
+            shared: Shared::new(config, None),
+        }
     }
 
     /// A handle on the running router's state: reload, pins, metrics.

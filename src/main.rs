@@ -38,7 +38,9 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let threads = std::env::var("MRTR_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    let threads = std::env::var("MRTR_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = threads {
         rt.worker_threads(n.max(1));
@@ -61,7 +63,8 @@ fn main() -> anyhow::Result<()> {
                 let envelope = if body.is_empty() {
                     Default::default()
                 } else {
-                    dialect::parse_request(body.as_bytes(), &snap.config.routing.body_field).context("--body is not JSON")?
+                    dialect::parse_request(body.as_bytes(), &snap.config.routing.body_field)
+                        .context("--body is not JSON")?
                 };
                 let headers = http::HeaderMap::new();
                 let mut keys = RequestKeys::new(&headers, &snap.config.routing.header, envelope);
@@ -71,7 +74,9 @@ fn main() -> anyhow::Result<()> {
                 println!("{:#}", admin::explain(&shared, &keys));
                 Ok(())
             }
-            Some(Command::Demo) => mrtr_router::demo::run(&cli.config, ctrl_c()).await.map_err(anyhow::Error::msg),
+            Some(Command::Demo) => mrtr_router::demo::run(&cli.config, ctrl_c())
+                .await
+                .map_err(anyhow::Error::msg),
         }
     })
 }

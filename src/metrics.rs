@@ -2,8 +2,8 @@
 //! one process (tests, `demo`) keep separate counts.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every metric the router exports.
@@ -44,36 +44,86 @@ impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
         let request_duration = HistogramVec::new(
-            HistogramOpts::new("mrtr_request_duration_seconds", "Time from request head to response head, by backend")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            HistogramOpts::new(
+                "mrtr_request_duration_seconds",
+                "Time from request head to response head, by backend",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
             &["backend"],
         )
         .expect("valid metric");
         r.register(Box::new(request_duration.clone())).expect("unique metric");
         let rounds_per_call = Histogram::with_opts(
-            HistogramOpts::new("mrtr_rounds_per_call", "Rounds of a multi-round call, observed when it finishes")
-                .buckets(vec![1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 16.0, 32.0, 64.0]),
+            HistogramOpts::new(
+                "mrtr_rounds_per_call",
+                "Rounds of a multi-round call, observed when it finishes",
+            )
+            .buckets(vec![1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 16.0, 32.0, 64.0]),
         )
         .expect("valid metric");
         r.register(Box::new(rounds_per_call.clone())).expect("unique metric");
-        let pins_lost = IntCounter::new("mrtr_pins_lost_total", "Follow-ups whose pinned backend was gone").expect("valid metric");
+        let pins_lost =
+            IntCounter::new("mrtr_pins_lost_total", "Follow-ups whose pinned backend was gone").expect("valid metric");
         r.register(Box::new(pins_lost.clone())).expect("unique metric");
-        let ring_members = IntGauge::new("mrtr_ring_members", "Backends on the hash ring (healthy, not draining)").expect("valid metric");
+        let ring_members = IntGauge::new("mrtr_ring_members", "Backends on the hash ring (healthy, not draining)")
+            .expect("valid metric");
         r.register(Box::new(ring_members.clone())).expect("unique metric");
         Metrics {
-            requests_total: counter(&r, "mrtr_requests_total", "Proxied requests by backend, method and status", &["backend", "method", "status"]),
-            route_decisions: counter(&r, "mrtr_route_decisions_total", "Routing decisions by source", &["source"]),
+            requests_total: counter(
+                &r,
+                "mrtr_requests_total",
+                "Proxied requests by backend, method and status",
+                &["backend", "method", "status"],
+            ),
+            route_decisions: counter(
+                &r,
+                "mrtr_route_decisions_total",
+                "Routing decisions by source",
+                &["source"],
+            ),
             pins: gauge(&r, "mrtr_pins", "Pins in the table by kind", &["kind"]),
             pins_created: counter(&r, "mrtr_pins_created_total", "Pins created by kind", &["kind"]),
-            pins_finished: counter(&r, "mrtr_pins_finished_total", "Pins finished by a final answer, by kind", &["kind"]),
-            pins_expired: counter(&r, "mrtr_pins_expired_total", "Pins expired without a follow-up, by kind", &["kind"]),
+            pins_finished: counter(
+                &r,
+                "mrtr_pins_finished_total",
+                "Pins finished by a final answer, by kind",
+                &["kind"],
+            ),
+            pins_expired: counter(
+                &r,
+                "mrtr_pins_expired_total",
+                "Pins expired without a follow-up, by kind",
+                &["kind"],
+            ),
             backend_up: gauge(&r, "mrtr_backend_up", "1 when the backend is healthy", &["backend"]),
-            backend_inflight: gauge(&r, "mrtr_backend_inflight", "Requests in flight to the backend", &["backend"]),
+            backend_inflight: gauge(
+                &r,
+                "mrtr_backend_inflight",
+                "Requests in flight to the backend",
+                &["backend"],
+            ),
             backend_draining: gauge(&r, "mrtr_backend_draining", "1 while the backend drains", &["backend"]),
-            upstream_errors: counter(&r, "mrtr_upstream_errors_total", "Errors talking to backends by kind", &["backend", "kind"]),
-            router_errors: counter(&r, "mrtr_router_errors_total", "Errors the router answered itself, by reason", &["reason"]),
+            upstream_errors: counter(
+                &r,
+                "mrtr_upstream_errors_total",
+                "Errors talking to backends by kind",
+                &["backend", "kind"],
+            ),
+            router_errors: counter(
+                &r,
+                "mrtr_router_errors_total",
+                "Errors the router answered itself, by reason",
+                &["reason"],
+            ),
             config_reloads: counter(&r, "mrtr_config_reloads_total", "Config reloads by result", &["result"]),
-            tokens_rejected: counter(&r, "mrtr_tokens_rejected_total", "Routing tokens rejected by reason", &["reason"]),
+            tokens_rejected: counter(
+                &r,
+                "mrtr_tokens_rejected_total",
+                "Routing tokens rejected by reason",
+                &["reason"],
+            ),
             request_duration,
             rounds_per_call,
             pins_lost,
@@ -85,7 +135,9 @@ impl Metrics {
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
         let mut buf = Vec::with_capacity(8192);
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
         String::from_utf8(buf).unwrap_or_default()
     }
 }

@@ -188,7 +188,12 @@ impl PinTable {
         if !e.finished {
             e.deadline_ms = now + ttls.idle(e.kind).as_millis() as u64;
         }
-        Some(Pin { backend: e.backend, kind: e.kind, rounds: e.rounds, finished: e.finished })
+        Some(Pin {
+            backend: e.backend,
+            kind: e.kind,
+            rounds: e.rounds,
+            finished: e.finished,
+        })
     }
 
     /// Reads a pin without refreshing it (for `route` and debug output).
@@ -196,14 +201,25 @@ impl PinTable {
         let now = self.now_ms();
         let shard = self.shard(key).lock();
         let e = shard.get(&key.0).filter(|e| e.deadline_ms > now)?;
-        Some(Pin { backend: e.backend, kind: e.kind, rounds: e.rounds, finished: e.finished })
+        Some(Pin {
+            backend: e.backend,
+            kind: e.kind,
+            rounds: e.rounds,
+            finished: e.finished,
+        })
     }
 
     /// Pins `key` to `backend` as an active call that has had `rounds` rounds. Returns true
     /// when the key was not pinned before (a new pin).
     pub fn pin(&self, key: PinKey, kind: PinKind, backend: BackendKey, rounds: u32, ttls: &PinTtls) -> bool {
         let deadline_ms = self.now_ms() + ttls.idle(kind).as_millis() as u64;
-        let entry = Entry { backend, deadline_ms, rounds, kind, finished: false };
+        let entry = Entry {
+            backend,
+            deadline_ms,
+            rounds,
+            kind,
+            finished: false,
+        };
         let old = self.shard(key).lock().insert(key.0, entry);
         match old {
             None => {
@@ -231,7 +247,12 @@ impl PinTable {
         }
         e.finished = true;
         e.deadline_ms = now + ttls.replay_window.as_millis() as u64;
-        Some(Pin { backend: e.backend, kind: e.kind, rounds: e.rounds, finished: false })
+        Some(Pin {
+            backend: e.backend,
+            kind: e.kind,
+            rounds: e.rounds,
+            finished: false,
+        })
     }
 
     /// Removes a pin at once (e.g. its session was deleted and the replay window is zero).
@@ -280,7 +301,13 @@ mod tests {
 
     fn ttls(idle_ms: u64, replay_ms: u64) -> PinTtls {
         let d = Duration::from_millis(idle_ms);
-        PinTtls { client: d, request_state: d, task: d, session: d, replay_window: Duration::from_millis(replay_ms) }
+        PinTtls {
+            client: d,
+            request_state: d,
+            task: d,
+            session: d,
+            replay_window: Duration::from_millis(replay_ms),
+        }
     }
 
     const B1: BackendKey = BackendKey(1);
@@ -294,7 +321,10 @@ mod tests {
         assert_ne!(k, PinKey::new(PinKind::Session, b"transfer-1"), "kinds never collide");
         assert!(t.lookup(k, &long).is_none());
         assert!(t.pin(k, PinKind::Client, B1, 1, &long));
-        assert!(!t.pin(k, PinKind::Client, B1, 2, &long), "re-pin of an active call is not new");
+        assert!(
+            !t.pin(k, PinKind::Client, B1, 2, &long),
+            "re-pin of an active call is not new"
+        );
         let p = t.lookup(k, &long).unwrap();
         assert_eq!((p.backend, p.rounds, p.finished), (B1, 2, false));
         assert_eq!(t.finish(k, &long).unwrap().rounds, 2);
@@ -338,7 +368,13 @@ mod tests {
             assert!(Instant::now() < deadline, "finished pin outlived its replay window");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(t.sweep(), Swept { expired: [0; 4], retired: 1 });
+        assert_eq!(
+            t.sweep(),
+            Swept {
+                expired: [0; 4],
+                retired: 1
+            }
+        );
         assert!(t.is_empty());
     }
 
@@ -347,9 +383,18 @@ mod tests {
         let t = PinTable::new();
         let l = ttls(60_000, 60_000);
         for i in 0..100u32 {
-            t.pin(PinKey::new(PinKind::Session, &i.to_le_bytes()), PinKind::Session, B1, 1, &l);
+            t.pin(
+                PinKey::new(PinKind::Session, &i.to_le_bytes()),
+                PinKind::Session,
+                B1,
+                1,
+                &l,
+            );
         }
         t.pin(PinKey::new(PinKind::Task, b"x"), PinKind::Task, B1, 1, &l);
-        assert_eq!((t.count(PinKind::Session), t.count(PinKind::Task), t.len()), (100, 1, 101));
+        assert_eq!(
+            (t.count(PinKind::Session), t.count(PinKind::Task), t.len()),
+            (100, 1, 101)
+        );
     }
 }

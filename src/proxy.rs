@@ -12,7 +12,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 
-use crate::body::{MessageSink, ProxyBody, MAX_OBSERVED_EVENT};
+use crate::body::{ErrorHook, MessageSink, ProxyBody, MAX_OBSERVED_EVENT};
 use crate::dialect::{self, Outcome, RequestEnvelope, SESSION_HEADER};
 use crate::error::RouterError;
 use crate::pins::{PinKey, PinKind};
@@ -66,7 +66,11 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         Ok(d) => d,
         Err(e) => return router_error(&shared, &snap, e, keys.id),
     };
-    shared.metrics.route_decisions.with_label_values(&[decision.source.label()]).inc();
+    shared
+        .metrics
+        .route_decisions
+        .with_label_values(&[decision.source.label()])
+        .inc();
     if decision.pin_lost {
         shared.metrics.pins_lost.inc();
     }
@@ -79,7 +83,16 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     };
     let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls) {
         Ok(r) => r,
-        Err(_) => return router_error(&shared, &snap, RouterError::UpstreamUnavailable { backend: backend.name.to_string() }, keys.id),
+        Err(_) => {
+            return router_error(
+                &shared,
+                &snap,
+                RouterError::UpstreamUnavailable {
+                    backend: backend.name.to_string(),
+                },
+                keys.id,
+            )
+        }
     };
     let call = CallContext::new(&shared, &keys, &decision, &parts.method);
     let method_label = method_label(&parts.method, keys.method.as_deref());
@@ -93,56 +106,114 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         Ok(Err(e)) => {
             let kind = if e.is_connect() { "connect" } else { "reset" };
             tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
-            shared.metrics.upstream_errors.with_label_values(&[&backend.name, kind]).inc();
-            let err = RouterError::UpstreamUnavailable { backend: backend.name.to_string() };
+            shared
+                .metrics
+                .upstream_errors
+                .with_label_values(&[&backend.name, kind])
+                .inc();
+            let err = RouterError::UpstreamUnavailable {
+                backend: backend.name.to_string(),
+            };
             return router_error(&shared, &snap, err, error_id.as_deref());
         }
         Err(_) => {
-            shared.metrics.upstream_errors.with_label_values(&[&backend.name, "timeout"]).inc();
-            let err = RouterError::UpstreamTimeout { backend: backend.name.to_string() };
+            shared
+                .metrics
+                .upstream_errors
+                .with_label_values(&[&backend.name, "timeout"])
+                .inc();
+            let err = RouterError::UpstreamTimeout {
+                backend: backend.name.to_string(),
+            };
             return router_error(&shared, &snap, err, error_id.as_deref());
         }
     };
 
     // Phase 4: observe the answer; pins are in place before the client can read it.
     let status = resp.status();
-    shared.metrics.requests_total.with_label_values(&[&backend.name, method_label, status.as_str()]).inc();
-    shared.metrics.request_duration.with_label_values(&[&backend.name]).observe(started.elapsed().as_secs_f64());
+    shared
+        .metrics
+        .requests_total
+        .with_label_values(&[&backend.name, method_label, status.as_str()])
+        .inc();
+    shared
+        .metrics
+        .request_duration
+        .with_label_values(&[&backend.name])
+        .observe(started.elapsed().as_secs_f64());
     let (mut resp_parts, resp_body) = resp.into_parts();
     call.observe_head(status, &resp_parts.headers);
     strip_hop_by_hop(&mut resp_parts.headers);
-    let content_type = resp_parts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes().to_ascii_lowercase());
-    let is_sse = content_type.as_deref().is_some_and(|ct| ct.starts_with(b"text/event-stream"));
-    let is_json = content_type.as_deref().is_some_and(|ct| ct.starts_with(b"application/json"));
+    let content_type = resp_parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.as_bytes().to_ascii_lowercase());
+    let is_sse = content_type
+        .as_deref()
+        .is_some_and(|ct| ct.starts_with(b"text/event-stream"));
+    let is_json = content_type
+        .as_deref()
+        .is_some_and(|ct| ct.starts_with(b"application/json"));
     let idle = snap.config.server.stream_idle_timeout;
     let body = if is_sse {
         let call = call.clone();
         let sink: MessageSink = Box::new(move |msg: &[u8]| call.observe_message(msg));
-        ProxyBody::stream(resp_body, None, Some(sink), idle, Some(guard), Some(upstream_error_hook(&shared, &backend)))
+        ProxyBody::stream(
+            resp_body,
+            None,
+            Some(sink),
+            idle,
+            Some(guard),
+            Some(upstream_error_hook(&shared, &backend)),
+        )
     } else if is_json && call.observes_body() {
         match collect_json(resp_body, deadline).await {
             Ok(Collected::Whole(bytes)) => {
                 call.observe_message(&bytes);
                 ProxyBody::full(bytes)
             }
-            Ok(Collected::Prefix(prefix, rest)) => {
-                ProxyBody::stream(rest, Some(prefix), None, idle, Some(guard), Some(upstream_error_hook(&shared, &backend)))
-            }
+            Ok(Collected::Prefix(prefix, rest)) => ProxyBody::stream(
+                rest,
+                Some(prefix),
+                None,
+                idle,
+                Some(guard),
+                Some(upstream_error_hook(&shared, &backend)),
+            ),
             Err(CollectError::Timeout) => {
-                shared.metrics.upstream_errors.with_label_values(&[&backend.name, "timeout"]).inc();
-                let err = RouterError::UpstreamTimeout { backend: backend.name.to_string() };
+                shared
+                    .metrics
+                    .upstream_errors
+                    .with_label_values(&[&backend.name, "timeout"])
+                    .inc();
+                let err = RouterError::UpstreamTimeout {
+                    backend: backend.name.to_string(),
+                };
                 return router_error(&shared, &snap, err, error_id.as_deref());
             }
             Err(CollectError::Upstream) => {
-                shared.metrics.upstream_errors.with_label_values(&[&backend.name, "reset"]).inc();
-                let err = RouterError::UpstreamUnavailable { backend: backend.name.to_string() };
+                shared
+                    .metrics
+                    .upstream_errors
+                    .with_label_values(&[&backend.name, "reset"])
+                    .inc();
+                let err = RouterError::UpstreamUnavailable {
+                    backend: backend.name.to_string(),
+                };
                 return router_error(&shared, &snap, err, error_id.as_deref());
             }
         }
     } else if resp_body.is_end_stream() {
         ProxyBody::empty()
     } else {
-        ProxyBody::stream(resp_body, None, None, idle, Some(guard), Some(upstream_error_hook(&shared, &backend)))
+        ProxyBody::stream(
+            resp_body,
+            None,
+            None,
+            idle,
+            Some(guard),
+            Some(upstream_error_hook(&shared, &backend)),
+        )
     };
     Response::from_parts(resp_parts, body)
 }
@@ -153,20 +224,44 @@ fn router_error(shared: &Shared, _snap: &Snapshot, e: RouterError, id: Option<&s
     e.to_response(id, crate::config::defaults::RETRY_AFTER_SECS)
 }
 
-fn upstream_error_hook(shared: &Arc<Shared>, backend: &Arc<Backend>) -> Box<dyn FnOnce(&str) + Send> {
+fn upstream_error_hook(shared: &Arc<Shared>, backend: &Arc<Backend>) -> ErrorHook {
     let shared = shared.clone();
     let backend = backend.clone();
-    Box::new(move |kind| shared.metrics.upstream_errors.with_label_values(&[&backend.name, kind]).inc())
+    Box::new(move |kind| {
+        shared
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&backend.name, kind])
+            .inc()
+    })
 }
 
 /// The `method` label: the JSON-RPC method if it is a known MCP one (so clients cannot grow
 /// the label set), else `other`; the HTTP method for requests without a body.
 fn method_label(http: &Method, rpc: Option<&str>) -> &'static str {
     const KNOWN: [&str; 22] = [
-        "initialize", "ping", "tools/call", "tools/list", "prompts/get", "prompts/list", "resources/read",
-        "resources/list", "resources/templates/list", "resources/subscribe", "resources/unsubscribe",
-        "completion/complete", "logging/setLevel", "tasks/get", "tasks/list", "tasks/result", "tasks/cancel",
-        "tasks/update", "notifications/initialized", "notifications/cancelled", "notifications/progress", "confirm",
+        "initialize",
+        "ping",
+        "tools/call",
+        "tools/list",
+        "prompts/get",
+        "prompts/list",
+        "resources/read",
+        "resources/list",
+        "resources/templates/list",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+        "logging/setLevel",
+        "tasks/get",
+        "tasks/list",
+        "tasks/result",
+        "tasks/cancel",
+        "tasks/update",
+        "notifications/initialized",
+        "notifications/cancelled",
+        "notifications/progress",
+        "confirm",
     ];
     match rpc {
         Some(m) => KNOWN.iter().find(|k| **k == m).copied().unwrap_or("other"),
@@ -180,7 +275,10 @@ fn method_label(http: &Method, rpc: Option<&str>) -> &'static str {
 /// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
 async fn read_body(body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
     let limit = snap.config.server.max_body_bytes;
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(RouterError::BodyTooLarge { limit });
     }
@@ -231,7 +329,9 @@ async fn collect_json(mut body: Incoming, deadline: tokio::time::Instant) -> Res
         let mut single: Option<Bytes> = None;
         loop {
             let Some(frame) = body.frame().await else { break };
-            let Ok(data) = frame.map_err(|_| CollectError::Upstream)?.into_data() else { continue };
+            let Ok(data) = frame.map_err(|_| CollectError::Upstream)?.into_data() else {
+                continue;
+            };
             match single.take() {
                 None if buf.is_empty() => single = Some(data),
                 prev => {
@@ -247,7 +347,9 @@ async fn collect_json(mut body: Incoming, deadline: tokio::time::Instant) -> Res
         }
         Ok(Collected::Whole(single.unwrap_or_else(|| buf.freeze())))
     };
-    tokio::time::timeout_at(deadline, read).await.map_err(|_| CollectError::Timeout)?
+    tokio::time::timeout_at(deadline, read)
+        .await
+        .map_err(|_| CollectError::Timeout)?
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -276,7 +378,12 @@ fn build_upstream_request(
     let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
     // hyper sets Host from the backend URI, as a proxy to that backend should.
-    let host = headers.remove(header::HOST).or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    let host = headers.remove(header::HOST).or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
     if let Some(host) = host {
         headers.insert(X_FORWARDED_HOST, host);
     }
@@ -285,8 +392,14 @@ fn build_upstream_request(
         Some(prev) => format!("{prev}, {ip}"),
         None => ip,
     };
-    headers.insert(X_FORWARDED_FOR, HeaderValue::from_str(&xff).unwrap_or(HeaderValue::from_static("unknown")));
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if tls { "https" } else { "http" }));
+    headers.insert(
+        X_FORWARDED_FOR,
+        HeaderValue::from_str(&xff).unwrap_or(HeaderValue::from_static("unknown")),
+    );
+    headers.insert(
+        X_FORWARDED_PROTO,
+        HeaderValue::from_static(if tls { "https" } else { "http" }),
+    );
     let body = match body {
         Either::Left(bytes) => {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
@@ -294,7 +407,11 @@ fn build_upstream_request(
         }
         Either::Right(incoming) => Either::Right(incoming),
     };
-    let mut req = Request::builder().method(parts.method.clone()).uri(uri).version(Version::HTTP_11).body(body)?;
+    let mut req = Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .version(Version::HTTP_11)
+        .body(body)?;
     *req.headers_mut() = headers;
     Ok(req)
 }
@@ -345,7 +462,11 @@ impl CallContext {
     fn finish(&self, key: PinKey) -> Option<u32> {
         let c = &self.0;
         let pin = c.shared.pins.finish(key, &c.snap.ttls)?;
-        c.shared.metrics.pins_finished.with_label_values(&[pin.kind.label()]).inc();
+        c.shared
+            .metrics
+            .pins_finished
+            .with_label_values(&[pin.kind.label()])
+            .inc();
         Some(pin.rounds)
     }
 
@@ -384,7 +505,11 @@ impl CallContext {
                 }
             }
             Outcome::InputRequired { request_state } => {
-                self.pin(PinKey::new(PinKind::RequestState, request_state.as_bytes()), PinKind::RequestState, rounds);
+                self.pin(
+                    PinKey::new(PinKind::RequestState, request_state.as_bytes()),
+                    PinKind::RequestState,
+                    rounds,
+                );
                 if let Some(m) = prior.filter(|m| m.pin.kind == PinKind::RequestState) {
                     self.finish(m.key);
                 }

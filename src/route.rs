@@ -33,8 +33,11 @@ pub struct RequestKeys<'a> {
     pub session_id: Option<&'a str>,
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: impl http::header::AsHeaderName) -> Option<&'a str> {
-    headers.get(name).and_then(|v| std::str::from_utf8(v.as_bytes()).ok()).filter(|s| !s.is_empty())
+fn header_str(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Option<&str> {
+    headers
+        .get(name)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .filter(|s| !s.is_empty())
 }
 
 impl<'a> RequestKeys<'a> {
@@ -67,20 +70,33 @@ impl<'a> RequestKeys<'a> {
             self.task_id.as_deref().map(|s| (PinKind::Task, s)),
             self.session_id.map(|s| (PinKind::Session, s)),
         ];
-        let client = [self.header_key.map(|s| (PinKind::Client, s)), self.message_id.as_deref().map(|s| (PinKind::Client, s))];
-        learned.into_iter().chain(client).flatten().map(|(kind, s)| (PinKey::new(kind, s.as_bytes()), s))
+        let client = [
+            self.header_key.map(|s| (PinKind::Client, s)),
+            self.message_id.as_deref().map(|s| (PinKind::Client, s)),
+        ];
+        learned
+            .into_iter()
+            .chain(client)
+            .flatten()
+            .map(|(kind, s)| (PinKey::new(kind, s.as_bytes()), s))
     }
 
     /// Client pin keys a `pending` answer is recorded under (routing id and messageId).
     pub fn client_pin_keys(&self) -> impl Iterator<Item = PinKey> + '_ {
         let mid = self.message_id.as_deref().filter(|m| Some(*m) != self.header_key);
-        self.header_key.into_iter().chain(mid).map(|s| PinKey::new(PinKind::Client, s.as_bytes()))
+        self.header_key
+            .into_iter()
+            .chain(mid)
+            .map(|s| PinKey::new(PinKind::Client, s.as_bytes()))
     }
 
     /// Whether this request may start a call that needs a pin (refused when the table is full).
     pub fn may_create_pin(&self) -> bool {
         self.client_key().is_some()
-            || matches!(self.method.as_deref(), Some("tools/call" | "prompts/get" | "resources/read" | "initialize"))
+            || matches!(
+                self.method.as_deref(),
+                Some("tools/call" | "prompts/get" | "resources/read" | "initialize")
+            )
     }
 }
 
@@ -125,7 +141,13 @@ impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} via {}", self.backend.name, self.source.label())?;
         if let Some(m) = &self.matched {
-            write!(f, " ({} pin, {} rounds{})", m.pin.kind.label(), m.pin.rounds, if m.pin.finished { ", finished" } else { "" })?;
+            write!(
+                f,
+                " ({} pin, {} rounds{})",
+                m.pin.kind.label(),
+                m.pin.rounds,
+                if m.pin.finished { ", finished" } else { "" }
+            )?;
         }
         if self.pin_lost {
             write!(f, " (pinned backend lost; rehashed)")?;
@@ -140,20 +162,35 @@ pub fn decide(snap: &Snapshot, pins: &PinTable, keys: &RequestKeys, refresh: boo
     let routing = &snap.config.routing;
     let mut lost = None;
     for (key, handle) in keys.pin_candidates() {
-        let found = if refresh { pins.lookup(key, &snap.ttls) } else { pins.peek(key) };
+        let found = if refresh {
+            pins.lookup(key, &snap.ttls)
+        } else {
+            pins.peek(key)
+        };
         let Some(pin) = found else { continue };
         let matched = Matched { key, pin };
         match snap.backend(pin.backend) {
             Some(backend) => {
                 let counts_rounds = matches!(pin.kind, PinKind::Client | PinKind::RequestState);
                 if counts_rounds && !pin.finished && pin.rounds >= routing.max_rounds {
-                    return Err(RouterError::TooManyRounds { key: handle.to_string(), max: routing.max_rounds });
+                    return Err(RouterError::TooManyRounds {
+                        key: handle.to_string(),
+                        max: routing.max_rounds,
+                    });
                 }
-                return Ok(Decision { backend: backend.clone(), source: Source::Pin, matched: Some(matched), pin_lost: false });
+                return Ok(Decision {
+                    backend: backend.clone(),
+                    source: Source::Pin,
+                    matched: Some(matched),
+                    pin_lost: false,
+                });
             }
             None => {
                 if routing.on_pin_lost == OnPinLost::Strict {
-                    return Err(RouterError::PinnedBackendUnavailable { key: handle.to_string(), backend: snap.backend_name(pin.backend) });
+                    return Err(RouterError::PinnedBackendUnavailable {
+                        key: handle.to_string(),
+                        backend: snap.backend_name(pin.backend),
+                    });
                 }
                 lost.get_or_insert(matched);
             }
@@ -167,5 +204,10 @@ pub fn decide(snap: &Snapshot, pins: &PinTable, keys: &RequestKeys, refresh: boo
         None => (snap.ring.pick_keyless(), Source::Keyless),
     };
     let backend = backend.ok_or(RouterError::NoBackend)?.clone();
-    Ok(Decision { backend, source, matched: lost, pin_lost: lost.is_some() })
+    Ok(Decision {
+        backend,
+        source,
+        matched: lost,
+        pin_lost: lost.is_some(),
+    })
 }

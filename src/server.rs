@@ -27,7 +27,11 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         .header_read_timeout(cfg.header_read_timeout)
         .max_headers(cfg.max_headers)
         .max_buf_size(64 * 1024);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024).max_header_list_size(64 * 1024);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(1024)
+        .max_header_list_size(64 * 1024);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

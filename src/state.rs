@@ -71,7 +71,10 @@ impl Shared {
     /// Copies the pin table's per-kind counts into the `mrtr_pins` gauge.
     pub fn update_pin_gauges(&self) {
         for kind in PinKind::ALL {
-            self.metrics.pins.with_label_values(&[kind.label()]).set(self.pins.count(kind));
+            self.metrics
+                .pins
+                .with_label_values(&[kind.label()])
+                .set(self.pins.count(kind));
         }
     }
 
@@ -150,5 +153,10 @@ fn build_snapshot(config: Config, registry: &Mutex<HashMap<String, Arc<Backend>>
         session: r.session_idle_ttl,
         replay_window: r.replay_window,
     };
-    Snapshot { config, backends, ring, ttls }
+    Snapshot {
+        config,
+        backends,
+        ring,
+        ttls,
+    }
 }

@@ -65,7 +65,11 @@ impl Backend {
 
     /// Whether this backend object still matches `cfg` (else a reload replaces it).
     pub fn matches(&self, cfg: &BackendConfig) -> bool {
-        *self.name == *cfg.name && self.scheme == cfg.scheme && self.authority == cfg.authority && self.base_path == cfg.base_path && self.weight == cfg.weight
+        *self.name == *cfg.name
+            && self.scheme == cfg.scheme
+            && self.authority == cfg.authority
+            && self.base_path == cfg.base_path
+            && self.weight == cfg.weight
     }
 
     #[cfg(test)]
@@ -108,7 +112,11 @@ impl Backend {
         } else {
             format!("{}{}", self.base_path, pq).parse()?
         };
-        Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone()).path_and_query(pq).build()
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
     }
 }
 

@@ -30,8 +30,15 @@ async fn body_not_json_is_a_parse_error() {
         assert_router_error(&a, 400, -32700, "parse_error", json!(null));
     }
     let m = fleet.metrics().await;
-    assert_eq!(metric(&m, "mrtr_router_errors_total{reason=\"parse_error\"}"), Some(4.0));
-    let served: u64 = fleet.workers.iter().map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst)).sum();
+    assert_eq!(
+        metric(&m, "mrtr_router_errors_total{reason=\"parse_error\"}"),
+        Some(4.0)
+    );
+    let served: u64 = fleet
+        .workers
+        .iter()
+        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
+        .sum();
     assert_eq!(served, 0, "nothing unparseable is forwarded");
 }
 
@@ -53,22 +60,50 @@ async fn no_healthy_backend_is_503() {
     let mut spec = fleet.specs();
     spec[0].weight = 0;
     fleet.reconfigure(&spec);
-    let a = fleet.post(&[], &json!({"jsonrpc":"2.0","id":"abc","method":"tools/call","params":{"name":"whoami"}})).await;
+    let a = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc":"2.0","id":"abc","method":"tools/call","params":{"name":"whoami"}}),
+        )
+        .await;
     assert_router_error(&a, 503, -32002, "no_backend", json!("abc"));
-    let r = send(&fleet.client, Method::GET, &format!("http://{}/readyz", fleet.admin), &[], Bytes::new()).await;
+    let r = send(
+        &fleet.client,
+        Method::GET,
+        &format!("http://{}/readyz", fleet.admin),
+        &[],
+        Bytes::new(),
+    )
+    .await;
     assert_eq!(r.status, 503, "not ready without a backend to route to");
 }
 
 #[tokio::test]
 async fn connect_failure_is_502() {
     // A port that was just free: nothing listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let fleet = Fleet::start(1, "").await;
-    fleet.reconfigure(&[BackendSpec { name: "dead".into(), url: format!("http://127.0.0.1:{port}"), weight: 1 }]);
-    let a = fleet.post(&[], &json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami"}})).await;
+    fleet.reconfigure(&[BackendSpec {
+        name: "dead".into(),
+        url: format!("http://127.0.0.1:{port}"),
+        weight: 1,
+    }]);
+    let a = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami"}}),
+        )
+        .await;
     assert_router_error(&a, 502, -32003, "upstream_unavailable", json!(3));
     let m = fleet.metrics().await;
-    assert_eq!(metric(&m, "mrtr_upstream_errors_total{backend=\"dead\",kind=\"connect\"}"), Some(1.0));
+    assert_eq!(
+        metric(&m, "mrtr_upstream_errors_total{backend=\"dead\",kind=\"connect\"}"),
+        Some(1.0)
+    );
 }
 
 #[tokio::test]
@@ -82,14 +117,23 @@ async fn slow_backend_is_504() {
 #[tokio::test]
 async fn too_many_rounds_is_429() {
     let fleet = Fleet::start(2, "[routing]\nmax_rounds = 2").await;
-    assert_eq!(fleet.post(&[], &start_call("long", 5)).await.json()["result"]["pending"], true);
-    assert_eq!(fleet.post(&[], &confirm("long", 2)).await.json()["result"]["pending"], true);
+    assert_eq!(
+        fleet.post(&[], &start_call("long", 5)).await.json()["result"]["pending"],
+        true
+    );
+    assert_eq!(
+        fleet.post(&[], &confirm("long", 2)).await.json()["result"]["pending"],
+        true
+    );
     let a = fleet.post(&[], &confirm("long", 3)).await;
     assert_router_error(&a, 429, -32000, "too_many_rounds", json!(4));
     assert_eq!(a.json()["error"]["data"]["key"], "long");
     // A call within the limit is unaffected.
     fleet.post(&[], &start_call("short", 2)).await;
-    assert_eq!(fleet.post(&[], &confirm("short", 2)).await.json()["result"]["content"][0]["text"], "done");
+    assert_eq!(
+        fleet.post(&[], &confirm("short", 2)).await.json()["result"]["content"][0]["text"],
+        "done"
+    );
 }
 
 #[tokio::test]
@@ -101,9 +145,14 @@ async fn full_pin_table_refuses_new_calls_but_serves_pinned_ones() {
     let a = fleet.post(&[], &start_call("c3", 2)).await;
     assert_router_error(&a, 429, -32000, "pin_capacity", json!(1));
     // Follow-ups of pinned calls still go through, and finishing them frees room.
-    assert_eq!(fleet.post(&[], &confirm("c0", 2)).await.json()["result"]["content"][0]["text"], "done");
+    assert_eq!(
+        fleet.post(&[], &confirm("c0", 2)).await.json()["result"]["content"][0]["text"],
+        "done"
+    );
     // Requests that cannot start a call are never refused.
-    let list = fleet.post(&[], &json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})).await;
+    let list = fleet
+        .post(&[], &json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+        .await;
     assert_eq!(list.status, 200);
     assert_eq!(fleet.total_unknown_followups(), 0);
 }

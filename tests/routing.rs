@@ -10,7 +10,12 @@ use serde_json::json;
 use support::*;
 
 /// One two-round call: start, then confirm. Returns (worker of round 1, worker of round 2).
-async fn two_round_call(fleet: &Fleet, mid: &str, start_hdr: Option<&str>, confirm_hdr: Option<&str>) -> (String, String) {
+async fn two_round_call(
+    fleet: &Fleet,
+    mid: &str,
+    start_hdr: Option<&str>,
+    confirm_hdr: Option<&str>,
+) -> (String, String) {
     let h1: Vec<(&str, &str)> = start_hdr.map(|h| ("mcp-routing-id", h)).into_iter().collect();
     let a = fleet.post(&h1, &start_call(mid, 2)).await;
     assert_eq!(a.status, 200, "{a:?}");
@@ -20,7 +25,10 @@ async fn two_round_call(fleet: &Fleet, mid: &str, start_hdr: Option<&str>, confi
     let b = fleet.post(&h2, &confirm(mid, 2)).await;
     let v2 = b.json();
     assert_eq!(v2["result"]["content"][0]["text"], "done", "call {mid}: {v2}");
-    (v["result"]["worker"].as_str().unwrap().to_string(), v2["result"]["worker"].as_str().unwrap().to_string())
+    (
+        v["result"]["worker"].as_str().unwrap().to_string(),
+        v2["result"]["worker"].as_str().unwrap().to_string(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,9 +61,15 @@ async fn five_hundred_concurrent_two_round_calls_never_misroute() {
     assert_eq!(per_worker.len(), 4, "calls spread over every worker: {per_worker:?}");
     let m = fleet.metrics().await;
     // Header-keyed starts pin under both the routing id and the messageId; body-keyed under one.
-    let (header_starts, body_starts) = ((0..500).filter(|i| i % 3 != 1).count(), (0..500).filter(|i| i % 3 == 1).count());
+    let (header_starts, body_starts) = (
+        (0..500).filter(|i| i % 3 != 1).count(),
+        (0..500).filter(|i| i % 3 == 1).count(),
+    );
     let expected = 2 * header_starts + body_starts;
-    assert_eq!(metric(&m, "mrtr_pins_created_total{kind=\"client\"}"), Some(expected as f64));
+    assert_eq!(
+        metric(&m, "mrtr_pins_created_total{kind=\"client\"}"),
+        Some(expected as f64)
+    );
     assert!(metric(&m, "mrtr_route_decisions_total{source=\"pin\"}").unwrap() >= 500.0);
 }
 
@@ -83,13 +97,21 @@ async fn duplicate_follow_ups_reach_the_same_worker() {
     let first = fleet.post(&[], &start_call("dup-1", 2)).await;
     let again = fleet.post(&[], &start_call("dup-1", 2)).await;
     assert_eq!(first.worker(), again.worker());
-    assert_eq!(first.json()["result"], again.json()["result"], "a retried start is answered idempotently");
+    assert_eq!(
+        first.json()["result"],
+        again.json()["result"],
+        "a retried start is answered idempotently"
+    );
     let done = fleet.post(&[], &confirm("dup-1", 2)).await;
     // The call is finished; duplicates within the replay window still reach its worker.
     for _ in 0..3 {
         let dup = fleet.post(&[], &confirm("dup-1", 2)).await;
         assert_eq!(dup.worker(), done.worker());
-        assert_eq!(dup.json()["result"], done.json()["result"], "same answer, no second execution");
+        assert_eq!(
+            dup.json()["result"],
+            done.json()["result"],
+            "same answer, no second execution"
+        );
     }
     assert_eq!(fleet.total_executions(), 1);
     assert_eq!(fleet.total_unknown_followups(), 0);
@@ -136,8 +158,14 @@ async fn pending_calls_survive_backends_added_and_reweighted() {
     changed[1].weight = 2;
     fleet.reconfigure(&changed);
     let snap = fleet.shared.snapshot();
-    let moved = started.keys().filter(|k| snap.ring.owner(k).unwrap().name.as_ref() != started[*k]).count();
-    assert!(moved > 50, "the ring change must move many keys for this test to mean anything ({moved})");
+    let moved = started
+        .keys()
+        .filter(|k| snap.ring.owner(k).unwrap().name.as_ref() != started[*k])
+        .count();
+    assert!(
+        moved > 50,
+        "the ring change must move many keys for this test to mean anything ({moved})"
+    );
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_config_reloads_total{result=\"ok\"}"), Some(2.0));
     assert_eq!(metric(&m, "mrtr_ring_members"), Some(5.0));
@@ -168,7 +196,15 @@ async fn sequential_ids_spread_over_all_workers() {
     // Keyless requests spread too (least outstanding of two random choices).
     let mut keyless = HashSet::new();
     for i in 0..30 {
-        keyless.insert(fleet.post(&[], &json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"whoami"}})).await.worker());
+        keyless.insert(
+            fleet
+                .post(
+                    &[],
+                    &json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"whoami"}}),
+                )
+                .await
+                .worker(),
+        );
     }
     assert_eq!(keyless.len(), 3);
     // Single-round traffic creates no pins.

@@ -27,14 +27,19 @@ async fn open(fleet: &Fleet, body: &Value) -> http::Response<Incoming> {
         .header("accept", "application/json, text/event-stream")
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
-    tokio::time::timeout(REQUEST_DEADLINE, fleet.client.request(req)).await.unwrap().unwrap()
+    tokio::time::timeout(REQUEST_DEADLINE, fleet.client.request(req))
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 /// Reads body frames until `needle` has been seen; returns everything read.
 async fn read_until(body: &mut Incoming, needle: &str) -> String {
     let mut seen = String::new();
     while !seen.contains(needle) {
-        let frame = tokio::time::timeout(REQUEST_DEADLINE, body.frame()).await.expect("next frame in time");
+        let frame = tokio::time::timeout(REQUEST_DEADLINE, body.frame())
+            .await
+            .expect("next frame in time");
         let frame = frame.expect("stream still open").expect("no stream error");
         if let Ok(data) = frame.into_data() {
             seen.push_str(&String::from_utf8_lossy(&data));
@@ -58,7 +63,13 @@ async fn sse_first_event_arrives_before_the_backend_finishes() {
     fleet.workers[0].state.release();
     let rest = read_until(&mut body, "\"result\"").await;
     assert!(rest.contains("\"progress\":3"));
-    assert!(tokio::time::timeout(REQUEST_DEADLINE, body.frame()).await.unwrap().is_none(), "stream ends");
+    assert!(
+        tokio::time::timeout(REQUEST_DEADLINE, body.frame())
+            .await
+            .unwrap()
+            .is_none(),
+        "stream ends"
+    );
 }
 
 #[tokio::test]
@@ -71,10 +82,21 @@ async fn sse_pending_answer_is_pinned_before_the_client_reads_it() {
         let text = read_until(&mut body, "\"pending\":true").await;
         // The moment the client holds the pending event, the pin is there.
         let key = mrtr_router::pins::PinKey::new(mrtr_router::pins::PinKind::Client, mid.as_bytes());
-        assert!(fleet.shared.pins.peek(key).is_some(), "pin missing after the client read: {text}");
-        let worker = serde_json::from_str::<Value>(text.lines().rev().find(|l| l.starts_with("data:")).unwrap()[5..].trim()).unwrap()["result"]["worker"].clone();
+        assert!(
+            fleet.shared.pins.peek(key).is_some(),
+            "pin missing after the client read: {text}"
+        );
+        let worker =
+            serde_json::from_str::<Value>(text.lines().rev().find(|l| l.starts_with("data:")).unwrap()[5..].trim())
+                .unwrap()["result"]["worker"]
+                .clone();
         drop(body);
-        let b = fleet.post(&[], &json!({"jsonrpc":"2.0","id":2,"messageId":mid,"method":"tools/call","params":{"name":"whoami"}})).await;
+        let b = fleet
+            .post(
+                &[],
+                &json!({"jsonrpc":"2.0","id":2,"messageId":mid,"method":"tools/call","params":{"name":"whoami"}}),
+            )
+            .await;
         assert_eq!(json!(b.worker()), worker, "the follow-up reaches the pinned worker");
     }
 }
@@ -96,17 +118,37 @@ async fn mcp_headers_pass_verbatim_once_and_hop_by_hop_ones_do_not() {
         ("Proxy-Authorization", "Basic eA=="),
         ("x-forwarded-for", "10.0.0.9"),
     ];
-    let a = send(&fleet.client, Method::POST, &url, &headers, Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}")).await;
+    let a = send(
+        &fleet.client,
+        Method::POST,
+        &url,
+        &headers,
+        Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}"),
+    )
+    .await;
     let v = a.json();
-    let got: Vec<(String, String)> = v["headers"].as_array().unwrap().iter().map(|h| (h[0].as_str().unwrap().to_string(), h[1].as_str().unwrap().to_string())).collect();
-    let all = |name: &str| got.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
+    let got: Vec<(String, String)> = v["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h[0].as_str().unwrap().to_string(), h[1].as_str().unwrap().to_string()))
+        .collect();
+    let all = |name: &str| {
+        got.iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(all("mcp-method"), ["tools/call"]);
     assert_eq!(all("mcp-name"), ["Transfer Funds"]);
     assert_eq!(all("mcp-protocol-version"), ["2026-07-28"]);
     assert_eq!(all("mcp-param-amount"), ["500000"]);
     assert_eq!(all("mcp-param-tag"), ["a", "b"]);
     assert_eq!(all("mcp-session-id"), ["s-1"]);
-    assert!(all("x-hop").is_empty() && all("proxy-authorization").is_empty(), "{got:?}");
+    assert!(
+        all("x-hop").is_empty() && all("proxy-authorization").is_empty(),
+        "{got:?}"
+    );
     assert_eq!(all("x-forwarded-for"), ["10.0.0.9, 127.0.0.1"]);
     assert_eq!(all("x-forwarded-proto"), ["http"]);
     assert_eq!(all("host"), [fleet.workers[0].addr.to_string().as_str()]);
@@ -117,15 +159,36 @@ async fn mcp_headers_pass_verbatim_once_and_hop_by_hop_ones_do_not() {
 async fn status_codes_and_bodies_pass_unchanged() {
     let fleet = Fleet::start(1, "").await;
     for code in [400u16, 404, 405, 500] {
-        let a = send(&fleet.client, Method::POST, &format!("http://{}/status/{code}", fleet.router), &[], Bytes::from_static(b"{}")).await;
+        let a = send(
+            &fleet.client,
+            Method::POST,
+            &format!("http://{}/status/{code}", fleet.router),
+            &[],
+            Bytes::from_static(b"{}"),
+        )
+        .await;
         assert_eq!(a.status, code);
         assert_eq!(a.router_error(), None);
         assert_eq!(a.json(), json!({"status": code, "from": "worker-0"}));
     }
-    let a = send(&fleet.client, Method::POST, &format!("http://{}/status/202", fleet.router), &[], Bytes::from_static(b"{}")).await;
+    let a = send(
+        &fleet.client,
+        Method::POST,
+        &format!("http://{}/status/202", fleet.router),
+        &[],
+        Bytes::from_static(b"{}"),
+    )
+    .await;
     assert_eq!(a.status, 202);
     assert!(a.body.is_empty(), "202 has no body");
-    let a = send(&fleet.client, Method::DELETE, &format!("http://{}/status/405", fleet.router), &[], Bytes::new()).await;
+    let a = send(
+        &fleet.client,
+        Method::DELETE,
+        &format!("http://{}/status/405", fleet.router),
+        &[],
+        Bytes::new(),
+    )
+    .await;
     assert_eq!(a.status, 405);
 }
 
@@ -141,7 +204,10 @@ async fn client_disconnect_closes_the_upstream_stream() {
     // The worker notices its stream closed without ever being released.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while state.streams_closed.load(Ordering::SeqCst) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "backend never saw the client leave");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "backend never saw the client leave"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -154,10 +220,26 @@ async fn client_disconnect_closes_the_upstream_stream() {
 #[tokio::test]
 async fn http2_clients_are_served() {
     let fleet = Fleet::start(2, "").await;
-    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).http2_only(true).build_http::<Full<Bytes>>();
-    let a = send(&h2, Method::POST, &fleet.url(), &[], Bytes::from(start_call("h2-call", 2).to_string())).await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let a = send(
+        &h2,
+        Method::POST,
+        &fleet.url(),
+        &[],
+        Bytes::from(start_call("h2-call", 2).to_string()),
+    )
+    .await;
     assert_eq!(a.json()["result"]["pending"], true);
-    let b = send(&h2, Method::POST, &fleet.url(), &[("mcp-name", "x")], Bytes::from(confirm("h2-call", 2).to_string())).await;
+    let b = send(
+        &h2,
+        Method::POST,
+        &fleet.url(),
+        &[("mcp-name", "x")],
+        Bytes::from(confirm("h2-call", 2).to_string()),
+    )
+    .await;
     assert_eq!(b.json()["result"]["content"][0]["text"], "done");
     assert_eq!(a.worker(), b.worker());
 }

@@ -66,7 +66,10 @@ pub fn render_config(extra: &str, backends: &[BackendSpec]) -> String {
     };
     text.push_str("\n[admin]\nlisten = \"127.0.0.1:1\"\n");
     for b in backends {
-        text.push_str(&format!("[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n", b.name, b.url, b.weight));
+        text.push_str(&format!(
+            "[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n",
+            b.name, b.url, b.weight
+        ));
     }
     text
 }
@@ -84,7 +87,14 @@ impl Fleet {
     pub async fn start_with(workers: Vec<Worker>, extra: &str) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("config.toml");
-        let specs: Vec<BackendSpec> = workers.iter().map(|w| BackendSpec { name: w.state.name.clone(), url: w.url(), weight: 1 }).collect();
+        let specs: Vec<BackendSpec> = workers
+            .iter()
+            .map(|w| BackendSpec {
+                name: w.state.name.clone(),
+                url: w.url(),
+                weight: 1,
+            })
+            .collect();
         std::fs::write(&config_path, render_config(extra, &specs)).unwrap();
         let router = Router::from_file(&config_path).expect("valid test config");
         let shared = router.handle();
@@ -120,27 +130,57 @@ impl Fleet {
     }
 
     pub fn specs(&self) -> Vec<BackendSpec> {
-        self.workers.iter().map(|w| BackendSpec { name: w.state.name.clone(), url: w.url(), weight: 1 }).collect()
+        self.workers
+            .iter()
+            .map(|w| BackendSpec {
+                name: w.state.name.clone(),
+                url: w.url(),
+                weight: 1,
+            })
+            .collect()
     }
 
     pub fn worker(&self, name: &str) -> &Worker {
-        self.workers.iter().find(|w| w.state.name == name).expect("known worker")
+        self.workers
+            .iter()
+            .find(|w| w.state.name == name)
+            .expect("known worker")
     }
 
     pub fn total_unknown_followups(&self) -> u64 {
-        self.workers.iter().map(|w| w.state.unknown_followups.load(std::sync::atomic::Ordering::SeqCst)).sum()
+        self.workers
+            .iter()
+            .map(|w| w.state.unknown_followups.load(std::sync::atomic::Ordering::SeqCst))
+            .sum()
     }
 
     pub fn total_executions(&self) -> u64 {
-        self.workers.iter().map(|w| w.state.executions.load(std::sync::atomic::Ordering::SeqCst)).sum()
+        self.workers
+            .iter()
+            .map(|w| w.state.executions.load(std::sync::atomic::Ordering::SeqCst))
+            .sum()
     }
 
     pub async fn post(&self, headers: &[(&str, &str)], body: &Value) -> Answer {
-        send(&self.client, Method::POST, &self.url(), headers, Bytes::from(body.to_string())).await
+        send(
+            &self.client,
+            Method::POST,
+            &self.url(),
+            headers,
+            Bytes::from(body.to_string()),
+        )
+        .await
     }
 
     pub async fn metrics(&self) -> String {
-        let a = send(&self.client, Method::GET, &format!("http://{}/metrics", self.admin), &[], Bytes::new()).await;
+        let a = send(
+            &self.client,
+            Method::GET,
+            &format!("http://{}/metrics", self.admin),
+            &[],
+            Bytes::new(),
+        )
+        .await;
         String::from_utf8(a.body.to_vec()).unwrap()
     }
 
@@ -150,7 +190,10 @@ impl Fleet {
             let _ = s.send(());
         }
         if let Some(t) = self.served.take() {
-            tokio::time::timeout(Duration::from_secs(30), t).await.expect("router stops").unwrap();
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .expect("router stops")
+                .unwrap();
         }
     }
 }
@@ -165,10 +208,14 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
     pub fn worker(&self) -> String {
-        self.headers.get("x-worker").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default()
+        self.headers
+            .get("x-worker")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
     }
     pub fn router_error(&self) -> Option<&str> {
         self.headers.get("mcp-router-error").map(|v| v.to_str().unwrap())
@@ -188,9 +235,15 @@ pub async fn send(client: &HttpClient, method: Method, url: &str, headers: &[(&s
         let resp = client.request(req).await.expect("request reaches the router");
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("whole answer").to_bytes();
-        Answer { status: parts.status, headers: parts.headers, body }
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
     };
-    tokio::time::timeout(REQUEST_DEADLINE, fut).await.expect("answer within the test deadline")
+    tokio::time::timeout(REQUEST_DEADLINE, fut)
+        .await
+        .expect("answer within the test deadline")
 }
 
 /// Body of a `tools/call` starting call `mid` (2a) that needs `rounds` rounds.
@@ -206,5 +259,9 @@ pub fn confirm(mid: &str, round: u32) -> Value {
 
 /// Reads a metric sample's value from Prometheus text, e.g. `mrtr_pins{kind="client"}`.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }

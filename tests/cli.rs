@@ -1,0 +1,192 @@
+//! The binary: `check`, `route`, and a served router reloaded by SIGHUP and stopped by SIGTERM.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Method;
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_mrtr-router");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn check_prints_the_effective_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("virtual_nodes = 160") && text.contains("on_pin_lost = \"strict\""),
+        "{text}"
+    );
+
+    std::fs::write(
+        &path,
+        "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\nweight = -1\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("c.toml:4") && err.contains("backend.weight"), "{err}");
+}
+
+#[test]
+fn route_explains_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n[[backend]]\nname = \"b\"\nurl = \"http://127.0.0.1:9002\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["route", "--config"])
+        .arg(&path)
+        .arg("transfer-1")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["source"], "ring");
+    assert!(v["backend"] == "a" || v["backend"] == "b");
+    // The same key always maps the same way, in every process.
+    let again = Command::new(BIN)
+        .args(["route", "--config"])
+        .arg(&path)
+        .arg("transfer-1")
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, again.stdout);
+    let body = Command::new(BIN)
+        .args(["route", "--config"])
+        .arg(&path)
+        .args([
+            "--body",
+            r#"{"jsonrpc":"2.0","id":1,"messageId":"transfer-1","method":"tools/call"}"#,
+        ])
+        .output()
+        .unwrap();
+    let vb: serde_json::Value = serde_json::from_slice(&body.stdout).unwrap();
+    assert_eq!(vb["backend"], v["backend"], "header key and body key hash alike");
+    assert_eq!(vb["keys"]["method"], "tools/call");
+}
+
+#[tokio::test]
+async fn sighup_reloads_and_sigterm_stops() {
+    let w1 = start_worker("w1").await;
+    let w2 = start_worker("w2").await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let (port, admin) = (free_port(), free_port());
+    let head = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n");
+    std::fs::write(
+        &path,
+        format!("{head}[[backend]]\nname = \"w1\"\nurl = \"{}\"\n", w1.url()),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let c = client();
+    let ready = format!("http://127.0.0.1:{admin}/readyz");
+    let mut up = false;
+    for _ in 0..200 {
+        let req = http::Request::get(&ready)
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), c.request(req)).await {
+            if r.status() == 200 {
+                up = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "router never became ready");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let a = send(
+        &c,
+        Method::POST,
+        &url,
+        &[],
+        Bytes::from(start_call("hup-1", 2).to_string()),
+    )
+    .await;
+    assert_eq!(a.worker(), "w1");
+
+    std::fs::write(
+        &path,
+        format!(
+            "{head}[[backend]]\nname = \"w1\"\nurl = \"{}\"\n[[backend]]\nname = \"w2\"\nurl = \"{}\"\n",
+            w1.url(),
+            w2.url()
+        ),
+    )
+    .unwrap();
+    assert!(Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let metrics_url = format!("http://127.0.0.1:{admin}/metrics");
+    let mut reloaded = false;
+    for _ in 0..200 {
+        let m = send(&c, Method::GET, &metrics_url, &[], Bytes::new()).await;
+        if metric(&String::from_utf8_lossy(&m.body), "mrtr_ring_members") == Some(2.0) {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(reloaded, "SIGHUP did not reload the config");
+    let b = send(
+        &c,
+        Method::POST,
+        &url,
+        &[],
+        Bytes::from(confirm("hup-1", 2).to_string()),
+    )
+    .await;
+    assert_eq!(b.worker(), "w1", "the pin survived the reload");
+    assert_eq!(b.json()["result"]["content"][0]["text"], "done");
+
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let mut status = None;
+    for _ in 0..200 {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let status = status.unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("router did not stop on SIGTERM")
+    });
+    assert!(status.success(), "{status:?}");
+}
