@@ -430,6 +430,8 @@ struct CallInner {
     matched: Option<Matched>,
     session: Option<PinKey>,
     is_delete: bool,
+    /// `tasks/cancel`: a successful answer ends the task.
+    is_task_cancel: bool,
     /// Whether the body may carry an outcome (a POST of a JSON-RPC request).
     observes_body: bool,
 }
@@ -444,6 +446,7 @@ impl CallContext {
             matched: decision.matched.filter(|_| !decision.pin_lost),
             session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
             is_delete: *method == Method::DELETE,
+            is_task_cancel: keys.method.as_deref() == Some("tasks/cancel"),
             observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
         }))
     }
@@ -473,17 +476,19 @@ impl CallContext {
     /// Session pins come from response headers: in place before any body byte is sent.
     fn observe_head(&self, status: StatusCode, headers: &HeaderMap) {
         let c = &self.0;
-        if let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()) {
-            let key = PinKey::new(PinKind::Session, id.as_bytes());
-            if Some(key) != c.session || !c.is_delete {
-                self.pin(key, PinKind::Session, 0);
+        match c.session {
+            // A backend issues a session only in a successful answer to a request without one
+            // (the SDK attaches a fresh id even to its 4xx answers: those create nothing).
+            None if status.is_success() => {
+                if let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()) {
+                    self.pin(PinKey::new(PinKind::Session, id.as_bytes()), PinKind::Session, 0);
+                }
             }
-        }
-        if let Some(session) = c.session {
-            let gone = status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success());
-            if gone {
+            // "Session not found", or the session was deleted: the session is over.
+            Some(session) if status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success()) => {
                 self.finish(session);
             }
+            _ => {}
         }
     }
 
@@ -523,7 +528,13 @@ impl CallContext {
                 }
                 self.finish_call(prior, &c.client_keys, None);
             }
-            Outcome::Final => self.finish_call(prior, &c.client_keys, Some(rounds)),
+            Outcome::Final => {
+                if let Some(m) = c.matched.filter(|m| m.pin.kind == PinKind::Task && c.is_task_cancel) {
+                    self.finish(m.key);
+                }
+                self.finish_call(prior, &c.client_keys, Some(rounds))
+            }
+            Outcome::Error => self.finish_call(prior, &c.client_keys, Some(rounds)),
         }
     }
 

@@ -85,17 +85,16 @@ impl Fleet {
     }
 
     pub async fn start_with(workers: Vec<Worker>, extra: &str) -> Fleet {
+        let specs: Vec<BackendSpec> =
+            workers.iter().map(|w| BackendSpec { name: w.state.name.clone(), url: w.url(), weight: 1 }).collect();
+        Fleet::start_backends(workers, &specs, extra).await
+    }
+
+    /// A router in front of `specs` (which may name servers other than `workers`).
+    pub async fn start_backends(workers: Vec<Worker>, specs: &[BackendSpec], extra: &str) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("config.toml");
-        let specs: Vec<BackendSpec> = workers
-            .iter()
-            .map(|w| BackendSpec {
-                name: w.state.name.clone(),
-                url: w.url(),
-                weight: 1,
-            })
-            .collect();
-        std::fs::write(&config_path, render_config(extra, &specs)).unwrap();
+        std::fs::write(&config_path, render_config(extra, specs)).unwrap();
         let router = Router::from_file(&config_path).expect("valid test config");
         let shared = router.handle();
         let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();

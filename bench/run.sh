@@ -1,0 +1,780 @@
+#!/usr/bin/env bash
+# Whole-proxy benchmark: mrtr-router side by side with HAProxy and nginx, in one run on loopback.
+#
+#   bench/run.sh                      # full run (~2.5 min), table + bench/results/latest.json
+#   BENCH_SMOKE=1 bench/run.sh        # 1 s per row, no warm-up, 8 connections: proves it still runs
+#
+# Layout of a run (every address is 127.0.0.1):
+#   - one backend nginx (1 worker, pinned to the load cores with wrk) listens on 19001-19003 and
+#     answers POST /mcp with a fixed small JSON-RPC result, or with {"pending":true} when the
+#     request says `X-Bench-Phase: pending` (bench/mix.lua), and logs `$connection` per request;
+#   - each proxy in turn, pinned to ONE core (`taskset -c 1`), in front of the three backends;
+#   - wrk (1 thread, 64 connections, Lua script bench/mcp.lua or bench/mix.lua) on the load core.
+# See bench/README.md for the rows, the columns, how each number is measured, and the env vars.
+# Exit status: 0 only if every selected row ran with no error, no non-2xx and no misrouted call.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$BENCH_DIR/.." && pwd)
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+SMOKE=${BENCH_SMOKE:-0}
+if [[ $SMOKE == 1 ]]; then
+  DURATION=1
+  WARMUP=0
+  CONNS=8
+  RESULTS=${BENCH_RESULTS:-$BENCH_DIR/results/smoke.json}
+else
+  DURATION=${BENCH_DURATION:-10}
+  WARMUP=${BENCH_WARMUP:-3}
+  CONNS=${BENCH_CONNECTIONS:-64}
+  RESULTS=${BENCH_RESULTS:-$BENCH_DIR/results/latest.json}
+fi
+PENDING_PCT=${BENCH_PENDING_PCT:-20}
+LOAD_CPUS=${BENCH_LOAD_CPUS:-0}
+PROXY_CPUS=${BENCH_PROXY_CPUS:-1}
+PROXY_CPUS_2W=${BENCH_PROXY_CPUS_2W:-$PROXY_CPUS}
+ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
+READY_TIMEOUT=${BENCH_READY_TIMEOUT:-20}
+# nginx keeps idle upstream connections in ONE cache per worker shared by all servers of the
+# upstream; with `keepalive 64` and 64 clients spread over 3 backends the cache fills with idle
+# connections to the "wrong" backends and nginx opens (and closes) ~1000 connections/s. One slot
+# per client connection per backend means it opens none during the run.
+NGINX_KEEPALIVE=${BENCH_NGINX_KEEPALIVE:-$((CONNS * 3))}
+BASELINE=haproxy-header
+
+ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-header-2w
+           haproxy-header haproxy-body haproxy-mix nginx-header)
+read -r -a PEERS <<<"${BENCH_PEERS:-${ALL_PEERS[*]}}"
+
+declare -A DESC=(
+  [direct]="wrk straight to one backend (ceiling of wrk + backend)"
+  [mrtr-header]="mrtr-router, 1 worker thread, key in Mcp-Routing-Id header (+ messageId)"
+  [mrtr-body]="mrtr-router, 1 worker thread, key only in body messageId"
+  [mrtr-mix]="mrtr-router, 1 worker thread, ${PENDING_PCT}% two-round calls (pending, then confirm), body-keyed"
+  [mrtr-header-2w]="mrtr-router, MRTR_WORKER_THREADS=2, header-keyed"
+  [haproxy-header]="HAProxy: balance hdr(Mcp-Routing-Id), hash-type consistent"
+  [haproxy-body]="HAProxy: http-buffer-request + json_query('\$.messageId'), balance hash var(txn.rk)"
+  [haproxy-mix]="HAProxy body-keyed config, same two-round mix as mrtr-mix"
+  [nginx-header]="nginx: hash \$http_mcp_routing_id consistent, upstream keepalive $NGINX_KEEPALIVE"
+)
+
+BACKEND_PORTS=(19001 19002 19003)
+ROUTER_PORT=18080
+ROUTER_ADMIN_PORT=18090
+HAPROXY_PORT=18081
+NGINX_PORT=18082
+HOST=127.0.0.1
+
+die() { echo "bench: error: $*" >&2; exit 2; }
+log() { echo "bench: $*" >&2; }
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+is_uint "$DURATION" && ((DURATION > 0)) || die "BENCH_DURATION must be a positive integer (seconds)"
+is_uint "$WARMUP" || die "BENCH_WARMUP must be an integer (seconds)"
+is_uint "$CONNS" && ((CONNS > 0)) || die "BENCH_CONNECTIONS must be a positive integer"
+is_uint "$PENDING_PCT" && ((PENDING_PCT <= 100)) || die "BENCH_PENDING_PCT must be 0..100"
+is_uint "$READY_TIMEOUT" && ((READY_TIMEOUT > 0)) || die "BENCH_READY_TIMEOUT must be a positive integer"
+is_uint "$NGINX_KEEPALIVE" && ((NGINX_KEEPALIVE > 0)) || die "BENCH_NGINX_KEEPALIVE must be a positive integer"
+for p in "${PEERS[@]}"; do
+  [[ -n ${DESC[$p]+x} ]] || die "unknown peer '$p' in BENCH_PEERS (known: ${ALL_PEERS[*]})"
+done
+((${#PEERS[@]} > 0)) || die "BENCH_PEERS selects no peer"
+
+# ---------------------------------------------------------------------------------------------
+# Tools: install the Debian packages that are missing (we are root on Debian), else refuse.
+# ---------------------------------------------------------------------------------------------
+ensure_tools() {
+  local -A pkg_of=([wrk]=wrk [haproxy]=haproxy [nginx]=nginx [curl]=curl [ss]=iproute2
+                   [taskset]=util-linux [getconf]=libc-bin [timeout]=coreutils [pgrep]=procps)
+  local missing=() cmd
+  for cmd in "${!pkg_of[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || command -v "/usr/sbin/$cmd" >/dev/null 2>&1 \
+      || missing+=("${pkg_of[$cmd]}")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  [[ ${BENCH_NO_INSTALL:-0} == 1 ]] && die "missing packages: ${missing[*]} (BENCH_NO_INSTALL=1)"
+  [[ $(id -u) == 0 ]] || die "missing packages: ${missing[*]}; run as root or install them"
+  command -v apt-get >/dev/null || die "missing packages: ${missing[*]} and no apt-get"
+  log "installing ${missing[*]} ..."
+  # Keep apt from starting the distribution's nginx/haproxy services (policy-rc.d exit 101).
+  local policy=/usr/sbin/policy-rc.d added_policy=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added_policy=1
+  fi
+  local rc=0
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 || rc=$?
+  ((added_policy)) && rm -f "$policy"
+  ((rc == 0)) || die "apt-get install ${missing[*]} failed"
+}
+ensure_tools
+export PATH="$PATH:/usr/sbin:/sbin"
+CLK_TCK=$(getconf CLK_TCK)
+
+NPROC=$(nproc)
+check_cpus() {  # every cpu named in a taskset list must exist
+  local list=$1 part a b
+  [[ $list =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] || die "bad cpu list '$list'"
+  IFS=, read -r -a parts <<<"$list"
+  for part in "${parts[@]}"; do
+    a=${part%-*} b=${part#*-}
+    ((a < NPROC && b < NPROC)) || die "cpu list '$list' names a cpu this machine lacks (nproc=$NPROC)"
+  done
+}
+if ((NPROC < 2)) && [[ -z ${BENCH_LOAD_CPUS:-} && -z ${BENCH_PROXY_CPUS:-} ]]; then
+  log "warning: only $NPROC cpu; wrk, backends and proxy all share cpu 0 (numbers are not comparable)"
+  LOAD_CPUS=0 PROXY_CPUS=0 PROXY_CPUS_2W=0
+fi
+check_cpus "$LOAD_CPUS"; check_cpus "$PROXY_CPUS"; check_cpus "$PROXY_CPUS_2W"
+
+expand_cpus() {  # "0-2,5" -> "0 1 2 5"
+  local out=() part a b i
+  IFS=, read -r -a parts <<<"$1"
+  for part in "${parts[@]}"; do
+    a=${part%-*} b=${part#*-}
+    for ((i = a; i <= b; i++)); do out+=("$i"); done
+  done
+  echo "${out[*]}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Processes: every process started here is recorded and stopped on exit (trap).
+# ---------------------------------------------------------------------------------------------
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/mrtr-bench.XXXXXX")
+STARTED=()
+
+alive() {  # running and not a zombie
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [[ ${st:0:1} != Z ]]
+}
+
+stop_pid() {  # TERM, wait up to 5 s, then KILL the process and any children it left
+  local pid=$1 kids i
+  kids=$(pgrep -P "$pid" 2>/dev/null || true)
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do alive "$pid" || break; sleep 0.1; done
+  if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  for k in $kids; do
+    for ((i = 0; i < 20; i++)); do alive "$k" || break; sleep 0.1; done
+    if alive "$k"; then kill -KILL "$k" 2>/dev/null || true; fi
+  done
+  wait "$pid" 2>/dev/null || true
+  local keep=() p
+  for p in ${STARTED[@]+"${STARTED[@]}"}; do [[ $p == "$pid" ]] || keep+=("$p"); done
+  STARTED=(${keep[@]+"${keep[@]}"})
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local p
+  for p in ${STARTED[@]+"${STARTED[@]}"}; do stop_pid "$p"; done
+  if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then log "kept work dir $TMP"; else rm -rf "$TMP"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+
+wait_port_free() {  # after stopping a peer, its port must be free again before the next one
+  local i
+  for ((i = 0; i < 50; i++)); do port_busy "$1" || return 0; sleep 0.1; done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Measurement helpers
+# ---------------------------------------------------------------------------------------------
+proc_ticks() {  # utime+stime (all threads) of a process and its direct children, in clock ticks
+  local total=0 p st f
+  for p in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
+    st=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+    st=${st##*) }
+    read -r -a f <<<"$st"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+
+cpu_sample() {  # "total idle" jiffies summed over a cpu list, from /proc/stat
+  local cpus
+  cpus=$(expand_cpus "$1")
+  awk -v list="$cpus" 'BEGIN { n = split(list, c, " "); for (i = 1; i <= n; i++) want["cpu" c[i]] = 1 }
+    ($1 in want) { for (i = 2; i <= 9; i++) tot += $i; idle += $5 + $6 }
+    END { printf "%d %d\n", tot, idle }' /proc/stat
+}
+
+busy_pct() {  # busy_pct "tot0 idle0" "tot1 idle1"
+  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); dt = y[1] - x[1];
+    if (dt <= 0) { print "null"; exit } printf "%.1f\n", 100 * (dt - (y[2] - x[2])) / dt }'
+}
+
+metrics_delta() {  # metrics_delta <before> <after>: JSON of router counter deltas (Prometheus text)
+  awk '
+    function key(line) { return substr(line, 1, length(line) - length($NF) - 1) }
+    /^#/ || NF < 2 { next }
+    FNR == NR { before[key($0)] = $NF; next }
+    { k = key($0); d = $NF - ((k in before) ? before[k] : 0) }
+    k ~ /^mrtr_route_decisions_total\{/ { src = k; sub(/.*source="/, "", src); sub(/".*/, "", src); dec[src] += d; seen = 1 }
+    k ~ /^mrtr_pins_created_total/ { pins += d; seen = 1 }
+    k ~ /^mrtr_upstream_errors_total/ { uerr += d; seen = 1 }
+    k ~ /^mrtr_router_errors_total/ { rerr += d; seen = 1 }
+    END {
+      if (!seen) { print "null"; exit }
+      out = ""; for (s in dec) out = out (out == "" ? "" : ",") sprintf("\"%s\":%d", s, dec[s])
+      printf "{\"route_decisions\":{%s},\"pins_created\":%d,\"upstream_errors\":%d,\"router_errors\":%d}\n", out, pins, uerr, rerr
+    }' "$1" "$2"
+}
+
+BACKEND_DIR=$TMP/backend
+BACKEND_LOG=$BACKEND_DIR/access.log
+BACKEND_PID=
+
+probe_conn() {  # ask the backend nginx for a fresh connection's serial number; tag marks the log
+  curl -s --max-time 3 "http://$HOST:${BACKEND_PORTS[0]}/probe?tag=$1"
+}
+
+wait_log_tag() {  # the access log is buffered (flush=250ms): wait until a probe line is on disk
+  local i
+  for ((i = 0; i < 60; i++)); do
+    grep -q "tag=$1\$" "$BACKEND_LOG" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Backends: one nginx, one worker, three ports.
+# ---------------------------------------------------------------------------------------------
+nginx_common() {  # $1 = prefix dir
+  local user_line=""
+  [[ $(id -u) == 0 ]] && user_line="user root;"
+  cat <<EOF
+$user_line
+worker_processes 1;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 8192; }
+EOF
+}
+
+nginx_http_common() {  # $1 = prefix dir
+  cat <<EOF
+  access_log off;
+  server_tokens off;
+  client_body_temp_path $1/tmp/body;
+  proxy_temp_path $1/tmp/proxy;
+  fastcgi_temp_path $1/tmp/fastcgi;
+  uwsgi_temp_path $1/tmp/uwsgi;
+  scgi_temp_path $1/tmp/scgi;
+  keepalive_requests 100000000;
+  keepalive_timeout 600s;
+EOF
+}
+
+start_backends() {
+  mkdir -p "$BACKEND_DIR/tmp"
+  {
+    nginx_common "$BACKEND_DIR"
+    echo "http {"
+    nginx_http_common "$BACKEND_DIR"
+    cat <<EOF
+  default_type application/json;
+  log_format bench '\$connection \$server_port \$request_uri';
+  # JSON-RPC id of the answer: the request's, when bench/mix.lua sends it in X-Bench-Rpc-Id.
+  map \$http_x_bench_rpc_id \$bench_rpc_id { "~^[0-9]{1,18}\$" \$http_x_bench_rpc_id; default 1; }
+  server {
+    listen $HOST:${BACKEND_PORTS[0]};
+    listen $HOST:${BACKEND_PORTS[1]};
+    listen $HOST:${BACKEND_PORTS[2]};
+    access_log $BACKEND_LOG bench buffer=256k flush=250ms;
+    location = /mcp {
+      add_header X-Bench-Backend \$server_port always;
+      add_header X-Bench-Phase \$http_x_bench_phase always;
+      add_header X-Bench-Message-Id \$http_x_bench_message_id always;
+      if (\$http_x_bench_phase = "pending") {
+        return 200 '{"jsonrpc":"2.0","id":\$bench_rpc_id,"messageId":"\$http_x_bench_message_id","result":{"pending":true}}';
+      }
+      return 200 '{"jsonrpc":"2.0","id":\$bench_rpc_id,"result":{"content":[{"type":"text","text":"ok"}]}}';
+    }
+    location = /probe { return 200 '\$connection'; }
+    location / { return 404; }
+  }
+}
+EOF
+  } >"$BACKEND_DIR/nginx.conf"
+  nginx -t -q -p "$BACKEND_DIR" -e "$BACKEND_DIR/error.log" -c "$BACKEND_DIR/nginx.conf" \
+    >"$BACKEND_DIR/check.log" 2>&1 || { cat "$BACKEND_DIR/check.log" >&2; die "backend nginx config invalid"; }
+  taskset -c "$LOAD_CPUS" nginx -p "$BACKEND_DIR" -e "$BACKEND_DIR/error.log" \
+    -c "$BACKEND_DIR/nginx.conf" >"$BACKEND_DIR/stdout.log" 2>&1 &
+  BACKEND_PID=$!
+  STARTED+=("$BACKEND_PID")
+  local i port ok
+  for ((i = 0; i < 100; i++)); do
+    ok=1
+    for port in "${BACKEND_PORTS[@]}"; do
+      [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 -X POST \
+        -H 'Content-Type: application/json' --data '{}' "http://$HOST:$port/mcp") == 200 ]] || ok=0
+    done
+    ((ok)) && return 0
+    alive "$BACKEND_PID" || break
+    sleep 0.1
+  done
+  cat "$BACKEND_DIR/error.log" "$BACKEND_DIR/stdout.log" >&2 2>/dev/null || true
+  die "backend nginx did not come up on ports ${BACKEND_PORTS[*]}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Peers: each start_* starts one proxy pinned to its core, sets PEER_PID/PEER_URL/PEER_PORT,
+# and returns non-zero with PEER_ERR set when it cannot.
+# ---------------------------------------------------------------------------------------------
+PEER_PID= PEER_URL= PEER_PORT= PEER_ERR= PEER_LOG=
+
+wait_post_ok() {  # a POST through the proxy answers 200 (bounded)
+  local url=$1 pid=$2 i code=000
+  for ((i = 0; i < 10 * READY_TIMEOUT; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 -X POST \
+      -H 'Content-Type: application/json' -H 'Mcp-Routing-Id: bench-ready' \
+      --data '{"jsonrpc":"2.0","id":0,"messageId":"bench-ready","method":"tools/call","params":{"name":"x"}}' \
+      "$url" || true)
+    [[ $code == 200 ]] && return 0
+    if ! alive "$pid"; then
+      local rc=0
+      wait "$pid" 2>/dev/null || rc=$?
+      PEER_ERR="process exited (status $rc) during start-up"
+      [[ -s $PEER_LOG ]] && PEER_ERR+=": $(grep -v NOTICE "$PEER_LOG" | tail -n 2 | tr '\n' ' ' | cut -c1-300)"
+      return 1
+    fi
+    sleep 0.1
+  done
+  PEER_ERR="POST $url did not answer 200 within ${READY_TIMEOUT}s (last status $code)"
+  return 1
+}
+
+launch() {  # launch <cpus> <log> <cmd...>; sets PEER_PID
+  local cpus=$1 logf=$2
+  shift 2
+  taskset -c "$cpus" "$@" >"$logf" 2>&1 &
+  PEER_PID=$!
+  STARTED+=("$PEER_PID")
+}
+
+start_haproxy() {  # $1 = header|body
+  local dir=$TMP/haproxy-$1 mode=$1
+  mkdir -p "$dir"
+  PEER_PORT=$HAPROXY_PORT
+  PEER_URL="http://$HOST:$HAPROXY_PORT/mcp"
+  PEER_LOG=$dir/haproxy.log
+  {
+    cat <<EOF
+global
+  nbthread 1
+  maxconn 4096
+
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 600s
+  timeout server 600s
+  timeout http-keep-alive 600s
+  http-reuse always
+
+frontend fe
+  bind $HOST:$HAPROXY_PORT
+  default_backend mcp
+
+backend mcp
+  hash-type consistent
+EOF
+    if [[ $mode == header ]]; then
+      echo "  balance hdr(Mcp-Routing-Id)"
+    else
+      echo "  option http-buffer-request"
+      echo "  http-request set-var(txn.rk) req.body,json_query('\$.messageId')"
+      echo "  balance hash var(txn.rk)"
+    fi
+    local i
+    for i in 0 1 2; do echo "  server b$((i + 1)) $HOST:${BACKEND_PORTS[$i]}"; done
+  } >"$dir/haproxy.cfg"
+  if ! haproxy -q -c -f "$dir/haproxy.cfg" >"$dir/check.log" 2>&1; then
+    PEER_ERR="haproxy config check failed: $(tr '\n' ' ' <"$dir/check.log" | cut -c1-300)"
+    return 1
+  fi
+  launch "$PROXY_CPUS" "$PEER_LOG" haproxy -db -f "$dir/haproxy.cfg"
+  wait_post_ok "$PEER_URL" "$PEER_PID"
+}
+
+start_nginx_proxy() {
+  local dir=$TMP/nginx-proxy
+  mkdir -p "$dir/tmp"
+  PEER_PORT=$NGINX_PORT
+  PEER_URL="http://$HOST:$NGINX_PORT/mcp"
+  PEER_LOG=$dir/error.log
+  {
+    nginx_common "$dir"
+    echo "http {"
+    nginx_http_common "$dir"
+    cat <<EOF
+  upstream mcp {
+    hash \$http_mcp_routing_id consistent;
+    server $HOST:${BACKEND_PORTS[0]};
+    server $HOST:${BACKEND_PORTS[1]};
+    server $HOST:${BACKEND_PORTS[2]};
+    keepalive $NGINX_KEEPALIVE;
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+  }
+  server {
+    listen $HOST:$NGINX_PORT;
+    location / {
+      proxy_pass http://mcp;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }
+  }
+}
+EOF
+  } >"$dir/nginx.conf"
+  if ! nginx -t -q -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" >"$dir/check.log" 2>&1; then
+    PEER_ERR="nginx config check failed: $(tr '\n' ' ' <"$dir/check.log" | cut -c1-300)"
+    return 1
+  fi
+  launch "$PROXY_CPUS" "$dir/stdout.log" nginx -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf"
+  wait_post_ok "$PEER_URL" "$PEER_PID"
+}
+
+BUILD_ERR=
+start_router() {  # $1 = worker threads, $2 = cpus
+  local threads=$1 cpus=$2 dir=$TMP/router-$1w
+  mkdir -p "$dir"
+  PEER_PORT=$ROUTER_PORT
+  PEER_URL="http://$HOST:$ROUTER_PORT/mcp"
+  PEER_LOG=$dir/router.log
+  if [[ -n $BUILD_ERR ]]; then PEER_ERR=$BUILD_ERR; return 1; fi
+  if [[ ! -x $ROUTER_BIN ]]; then
+    PEER_ERR="router binary $ROUTER_BIN not found (cargo build --release, or set BENCH_ROUTER_BIN)"
+    return 1
+  fi
+  port_busy "$ROUTER_ADMIN_PORT" && { PEER_ERR="admin port $ROUTER_ADMIN_PORT is in use"; return 1; }
+  cat >"$dir/config.toml" <<EOF
+[server]
+listen = "$HOST:$ROUTER_PORT"
+
+[admin]
+listen = "$HOST:$ROUTER_ADMIN_PORT"
+
+[[backend]]
+name = "b1"
+url = "http://$HOST:${BACKEND_PORTS[0]}"
+
+[[backend]]
+name = "b2"
+url = "http://$HOST:${BACKEND_PORTS[1]}"
+
+[[backend]]
+name = "b3"
+url = "http://$HOST:${BACKEND_PORTS[2]}"
+EOF
+  PEER_PID=
+  MRTR_WORKER_THREADS=$threads RUST_LOG=${RUST_LOG:-warn} \
+    launch "$cpus" "$PEER_LOG" "$ROUTER_BIN" --config "$dir/config.toml"
+  local i code=000
+  for ((i = 0; i < 10 * READY_TIMEOUT; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 \
+      "http://$HOST:$ROUTER_ADMIN_PORT/readyz" || true)
+    [[ $code == 200 ]] && break
+    if ! alive "$PEER_PID"; then
+      local rc=0
+      wait "$PEER_PID" 2>/dev/null || rc=$?
+      PEER_ERR="mrtr-router exited (status $rc) during start-up, before /readyz answered 200"
+      [[ -s $PEER_LOG ]] && PEER_ERR+=": $(tail -n 3 "$PEER_LOG" | tr '\n' ' ' | cut -c1-300)"
+      return 1
+    fi
+    sleep 0.1
+  done
+  if [[ $code != 200 ]]; then
+    PEER_ERR="GET http://$HOST:$ROUTER_ADMIN_PORT/readyz did not answer 200 within ${READY_TIMEOUT}s (last $code)"
+    return 1
+  fi
+  wait_post_ok "$PEER_URL" "$PEER_PID"
+}
+
+# ---------------------------------------------------------------------------------------------
+# One row
+# ---------------------------------------------------------------------------------------------
+declare -A R_STATUS R_ERR R_REQ R_DUR R_RPS R_P50 R_P99 R_MAX R_ERRS R_ERRJSON R_CPU R_CORE \
+  R_BCPU R_LCORE R_NEWC R_ACC R_SHARE R_PEND R_CONF R_MIS R_METRICS
+
+row_fail() {  # row_fail <peer> <message>
+  R_STATUS[$1]=failed
+  R_ERR[$1]=$2
+  log "$1: FAILED: $2"
+}
+
+run_wrk() {  # run_wrk <out> <duration> <script> <url> <args...>
+  local out=$1 dur=$2 script=$3 url=$4
+  shift 4
+  # In the background so that a signal to this script interrupts `wait` and the trap stops wrk.
+  timeout --foreground --kill-after=5 $((dur + 30)) taskset -c "$LOAD_CPUS" \
+    wrk -t1 -c"$CONNS" -d"${dur}s" --timeout 5s --latency -s "$script" "$url" -- "$@" \
+    >"$out" 2>&1 &
+  local wpid=$! rc=0
+  STARTED+=("$wpid")
+  wait "$wpid" || rc=$?
+  local keep=() p
+  for p in "${STARTED[@]}"; do [[ $p == "$wpid" ]] || keep+=("$p"); done
+  STARTED=(${keep[@]+"${keep[@]}"})
+  return "$rc"
+}
+
+measure() {  # measure <peer> <url> <script> <wrk args...>; PEER_PID is the proxy (empty: direct)
+  local peer=$1 url=$2 script=$3
+  shift 3
+  local dir=$TMP/rows/$peer
+  mkdir -p "$dir"
+
+  if ((WARMUP > 0)); then
+    run_wrk "$dir/warmup.out" "$WARMUP" "$script" "$url" "$@" \
+      || { row_fail "$peer" "warm-up wrk failed: $(tail -n 3 "$dir/warmup.out" | tr '\n' ' ')"; return 1; }
+  fi
+
+  local t0=$peer-start-$RANDOM t1=$peer-end-$RANDOM c0 c1 log_off
+  log_off=$(stat -c %s "$BACKEND_LOG" 2>/dev/null || echo 0)
+  c0=$(probe_conn "$t0") && is_uint "$c0" || { row_fail "$peer" "backend probe failed"; return 1; }
+
+  local pt0=0 pt1=0 bt0 bt1 cs0 cs1 ls0 ls1 metrics=0
+  if [[ $peer == mrtr-* ]]; then  # router counters, when its /metrics answers (optional)
+    curl -sf --max-time 2 "http://$HOST:$ROUTER_ADMIN_PORT/metrics" >"$dir/metrics.before" 2>/dev/null \
+      && metrics=1
+  fi
+  [[ -n $PEER_PID ]] && pt0=$(proc_ticks "$PEER_PID")
+  bt0=$(proc_ticks "$BACKEND_PID")
+  cs0=$(cpu_sample "$PROXY_CPUS_ROW")
+  ls0=$(cpu_sample "$LOAD_CPUS")
+  local wrk_rc=0
+  run_wrk "$dir/wrk.out" "$DURATION" "$script" "$url" "$@" || wrk_rc=$?
+  [[ -n $PEER_PID ]] && pt1=$(proc_ticks "$PEER_PID")
+  bt1=$(proc_ticks "$BACKEND_PID")
+  cs1=$(cpu_sample "$PROXY_CPUS_ROW")
+  ls1=$(cpu_sample "$LOAD_CPUS")
+
+  R_METRICS[$peer]=null
+  if ((metrics)) && curl -sf --max-time 2 "http://$HOST:$ROUTER_ADMIN_PORT/metrics" \
+    >"$dir/metrics.after" 2>/dev/null; then
+    R_METRICS[$peer]=$(metrics_delta "$dir/metrics.before" "$dir/metrics.after")
+  fi
+  c1=$(probe_conn "$t1") && is_uint "$c1" || { row_fail "$peer" "backend probe failed"; return 1; }
+  wait_log_tag "$t1" || { row_fail "$peer" "backend access log not flushed"; return 1; }
+
+  if ((wrk_rc != 0)); then
+    row_fail "$peer" "wrk exited $wrk_rc: $(tail -n 3 "$dir/wrk.out" | tr '\n' ' ' | cut -c1-300)"
+    return 1
+  fi
+  local line
+  line=$(grep -m1 '^BENCH_RESULT ' "$dir/wrk.out" || true)
+  [[ -n $line ]] || { row_fail "$peer" "no BENCH_RESULT line from wrk"; return 1; }
+  local -A v=()
+  local kv
+  for kv in ${line#BENCH_RESULT }; do v[${kv%%=*}]=${kv#*=}; done
+
+  local req=${v[requests]} dur_us=${v[duration_us]}
+  R_REQ[$peer]=$req
+  R_DUR[$peer]=$(awk -v d="$dur_us" 'BEGIN { printf "%.3f", d / 1e6 }')
+  R_RPS[$peer]=$(awk -v r="$req" -v d="$dur_us" 'BEGIN { printf "%.0f", (d > 0) ? r / (d / 1e6) : 0 }')
+  R_P50[$peer]=$(awk -v x="${v[p50_us]}" 'BEGIN { printf "%.3f", x / 1000 }')
+  R_P99[$peer]=$(awk -v x="${v[p99_us]}" 'BEGIN { printf "%.3f", x / 1000 }')
+  R_MAX[$peer]=$(awk -v x="${v[max_us]}" 'BEGIN { printf "%.3f", x / 1000 }')
+  local nerr=$((v[connect] + v[read] + v[write] + v[status] + v[timeout] + v[misrouted]))
+  R_ERRS[$peer]=$nerr
+  R_ERRJSON[$peer]="{\"connect\":${v[connect]},\"read\":${v[read]},\"write\":${v[write]},\"status\":${v[status]},\"timeout\":${v[timeout]},\"misrouted\":${v[misrouted]}}"
+  R_PEND[$peer]=${v[pending]}
+  R_CONF[$peer]=${v[confirmed]}
+  R_MIS[$peer]=${v[misrouted]}
+  if [[ -n $PEER_PID ]] && ((req > 0)); then
+    R_CPU[$peer]=$(awk -v t=$((pt1 - pt0)) -v hz="$CLK_TCK" -v r="$req" \
+      'BEGIN { printf "%.2f", t * 1e6 / hz / r }')
+    R_CORE[$peer]=$(busy_pct "$cs0" "$cs1")
+  else
+    R_CPU[$peer]=null
+    R_CORE[$peer]=null
+  fi
+  R_BCPU[$peer]=$( ((req > 0)) && awk -v t=$((bt1 - bt0)) -v hz="$CLK_TCK" -v r="$req" \
+    'BEGIN { printf "%.2f", t * 1e6 / hz / r }' || echo null)
+  R_LCORE[$peer]=$(busy_pct "$ls0" "$ls1")
+
+  # Upstream connections: backend nginx numbers every accepted connection ($connection, one
+  # worker => strictly increasing). c0/c1 are probe connections made just before/after the run.
+  # new conns = distinct $connection in (c0, c1) that carried a request; accepts = c1 - c0 - 1.
+  local stats
+  stats=$(tail -c +"$((log_off + 1))" "$BACKEND_LOG" | awk -v t0="/probe?tag=$t0" -v t1="/probe?tag=$t1" \
+    -v c0="$c0" -v c1="$c1" -v p1="${BACKEND_PORTS[0]}" -v p2="${BACKEND_PORTS[1]}" -v p3="${BACKEND_PORTS[2]}" '
+    $3 == t0 { on = 1; next }
+    $3 == t1 { on = 0; exit }
+    on && $3 !~ /^\/probe/ { n[$2]++; if ($1 > c0 && $1 < c1 && !($1 in seen)) { seen[$1] = 1; newc++ } }
+    END { printf "%d {\"%s\":%d,\"%s\":%d,\"%s\":%d}\n", newc, p1, n[p1], p2, n[p2], p3, n[p3] }')
+  R_NEWC[$peer]=${stats%% *}
+  R_SHARE[$peer]=${stats#* }
+  R_ACC[$peer]=$((c1 - c0 - 1))
+
+  if ((req == 0)); then
+    row_fail "$peer" "no request completed"
+    return 1
+  fi
+  if ((nerr > 0)); then
+    row_fail "$peer" "$nerr errors (connect ${v[connect]}, read ${v[read]}, write ${v[write]}, non-2xx ${v[status]}, timeout ${v[timeout]}, misrouted ${v[misrouted]})"
+    return 1
+  fi
+  R_STATUS[$peer]=ok
+  log "$peer: ${R_RPS[$peer]} req/s, p50 ${R_P50[$peer]} ms, p99 ${R_P99[$peer]} ms, cpu ${R_CPU[$peer]} us/req, new upstream conns ${R_NEWC[$peer]}"
+  [[ ${R_METRICS[$peer]:-null} != null ]] && log "$peer: router counters during the run: ${R_METRICS[$peer]}"
+  return 0
+}
+
+run_peer() {  # run_peer <peer>; always returns 0, the outcome is in R_STATUS
+  local peer=$1 started=0
+  PEER_PID= PEER_URL= PEER_PORT= PEER_ERR= PEER_LOG=
+  PROXY_CPUS_ROW=$PROXY_CPUS
+  log "$peer: ${DESC[$peer]}"
+  case $peer in
+    direct) PEER_URL="http://$HOST:${BACKEND_PORTS[0]}/mcp" ;;
+    mrtr-header | mrtr-body | mrtr-mix) start_router 1 "$PROXY_CPUS" && started=1 ;;
+    mrtr-header-2w) PROXY_CPUS_ROW=$PROXY_CPUS_2W; start_router 2 "$PROXY_CPUS_2W" && started=1 ;;
+    haproxy-header) start_haproxy header && started=1 ;;
+    haproxy-body | haproxy-mix) start_haproxy body && started=1 ;;
+    nginx-header) start_nginx_proxy && started=1 ;;
+  esac
+  if [[ $peer != direct ]] && ((!started)); then
+    row_fail "$peer" "${PEER_ERR:-could not start}"
+    [[ -n $PEER_LOG && -s $PEER_LOG ]] && { log "last lines of $PEER_LOG:"; tail -n 5 "$PEER_LOG" >&2; }
+  else
+    case $peer in
+      direct | mrtr-header | mrtr-header-2w | haproxy-header | nginx-header)
+        measure "$peer" "$PEER_URL" "$BENCH_DIR/mcp.lua" header || true ;;
+      mrtr-body | haproxy-body)
+        measure "$peer" "$PEER_URL" "$BENCH_DIR/mcp.lua" body || true ;;
+      mrtr-mix | haproxy-mix)
+        measure "$peer" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" || true ;;
+    esac
+    if [[ -n $PEER_PID ]] && ! alive "$PEER_PID"; then
+      [[ ${R_STATUS[$peer]:-} == ok ]] && row_fail "$peer" "proxy process died during the run"
+    fi
+  fi
+  if [[ -n $PEER_PID ]]; then
+    stop_pid "$PEER_PID"
+    wait_port_free "$PEER_PORT" || die "port $PEER_PORT still busy after stopping $peer"
+    [[ $peer == mrtr-* ]] && { wait_port_free "$ROUTER_ADMIN_PORT" || die "port $ROUTER_ADMIN_PORT still busy"; }
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+for port in "${BACKEND_PORTS[@]}" "$ROUTER_PORT" "$ROUTER_ADMIN_PORT" "$HAPROXY_PORT" "$NGINX_PORT"; do
+  port_busy "$port" && die "port $port on $HOST is already in use; stop whatever listens there"
+done
+
+want_router=0
+for p in "${PEERS[@]}"; do [[ $p == mrtr-* ]] && want_router=1; done
+if ((want_router)) && [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
+  if ! command -v cargo >/dev/null 2>&1; then
+    BUILD_ERR="cargo not found; cannot build the router (set BENCH_SKIP_BUILD=1 and BENCH_ROUTER_BIN)"
+  else
+    log "cargo build --release ..."
+    if ! (cd "$REPO_DIR" && cargo build --release) >"$TMP/build.log" 2>&1; then
+      tail -n 20 "$TMP/build.log" >&2
+      BUILD_ERR="cargo build --release failed"
+    fi
+  fi
+  [[ -n $BUILD_ERR ]] && log "router rows will fail: $BUILD_ERR"
+fi
+
+# Numbers are only comparable on an otherwise idle machine: measure how busy it is first.
+all_cpus="0-$((NPROC - 1))"
+s0=$(cpu_sample "$all_cpus"); sleep 1; s1=$(cpu_sample "$all_cpus")
+IDLE_CHECK=$(busy_pct "$s0" "$s1")
+if awk -v b="$IDLE_CHECK" 'BEGIN { exit !(b != "null" && b > 10) }'; then
+  log "WARNING: the machine was ${IDLE_CHECK}% busy before the run (other processes): req/s and latency will be noisy"
+fi
+log "duration ${DURATION}s, warm-up ${WARMUP}s, $CONNS connections, wrk+backends on cpu $LOAD_CPUS, proxy on cpu $PROXY_CPUS"
+start_backends
+for p in "${PEERS[@]}"; do run_peer "$p"; done
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+ratio() {  # ratio <a> <b>
+  awk -v a="$1" -v b="$2" 'BEGIN { if (a == "null" || b == "null" || a == "" || b == "" || b + 0 == 0) print "null"; else printf "%.2f\n", a / b }'
+}
+nz() { [[ -n ${1:-} ]] && echo "$1" || echo null; }
+show() { [[ ${1:-null} == null ]] && echo "-" || echo "$1"; }
+
+base_ok=0
+[[ ${R_STATUS[$BASELINE]:-} == ok ]] && base_ok=1
+overall=0
+printf '\n%-15s %9s %8s %8s %7s %9s %6s %6s %8s %8s  %s\n' \
+  peer 'req/s' 'p50 ms' 'p99 ms' errors 'CPU us/r' 'core%' 'new-up' 'rps/hap' 'cpu/hap' status
+rows_json=()
+for p in "${PEERS[@]}"; do
+  st=${R_STATUS[$p]:-failed}
+  [[ $st == ok ]] || overall=1
+  rr=null cr=null
+  if ((base_ok)) && [[ -n ${R_RPS[$p]:-} ]]; then
+    rr=$(ratio "${R_RPS[$p]}" "${R_RPS[$BASELINE]}")
+    cr=$(ratio "${R_CPU[$p]:-null}" "${R_CPU[$BASELINE]}")
+  fi
+  printf '%-15s %9s %8s %8s %7s %9s %6s %6s %8s %8s  %s\n' "$p" \
+    "$(show "${R_RPS[$p]:-}")" "$(show "${R_P50[$p]:-}")" "$(show "${R_P99[$p]:-}")" \
+    "$(show "${R_ERRS[$p]:-}")" "$(show "${R_CPU[$p]:-}")" "$(show "${R_CORE[$p]:-}")" \
+    "$(show "${R_NEWC[$p]:-}")" "$(show "$rr")" "$(show "$cr")" \
+    "$st${R_ERR[$p]:+: ${R_ERR[$p]}}"
+  err_json=null
+  if [[ -n ${R_ERR[$p]:-} ]]; then
+    err_json="\"$(printf '%s' "${R_ERR[$p]}" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\000-\037')\""
+  fi
+  desc_json=$(printf '%s' "${DESC[$p]}" | sed 's/\\/\\\\/g; s/"/\\"/g')
+  rows_json+=("    {\"peer\":\"$p\",\"description\":\"$desc_json\",\"status\":\"$st\",\"error\":$err_json,\
+\"requests\":$(nz "${R_REQ[$p]:-}"),\"duration_s\":$(nz "${R_DUR[$p]:-}"),\"rps\":$(nz "${R_RPS[$p]:-}"),\
+\"p50_ms\":$(nz "${R_P50[$p]:-}"),\"p99_ms\":$(nz "${R_P99[$p]:-}"),\"max_ms\":$(nz "${R_MAX[$p]:-}"),\
+\"errors_total\":$(nz "${R_ERRS[$p]:-}"),\"errors\":$(nz "${R_ERRJSON[$p]:-}"),\
+\"proxy_cpu_us_per_req\":$(nz "${R_CPU[$p]:-}"),\"proxy_core_busy_pct\":$(nz "${R_CORE[$p]:-}"),\
+\"backend_cpu_us_per_req\":$(nz "${R_BCPU[$p]:-}"),\"load_core_busy_pct\":$(nz "${R_LCORE[$p]:-}"),\
+\"new_upstream_conns\":$(nz "${R_NEWC[$p]:-}"),\"backend_accepts\":$(nz "${R_ACC[$p]:-}"),\
+\"backend_requests\":$(nz "${R_SHARE[$p]:-}"),\"pending_calls\":$(nz "${R_PEND[$p]:-}"),\
+\"confirmed_calls\":$(nz "${R_CONF[$p]:-}"),\"router_metrics\":$(nz "${R_METRICS[$p]:-}"),\"rps_vs_baseline\":$rr,\"cpu_vs_baseline\":$cr}")
+done
+echo
+echo "req/s, p50/p99: wrk (1 thread, $CONNS conns, ${DURATION}s after ${WARMUP}s warm-up). CPU us/r: proxy utime+stime per request."
+echo "core%: busy share of the proxy's core. new-up: upstream connections opened during the run that carried requests."
+echo "rps/hap, cpu/hap: ratio to $BASELINE. direct has no proxy: its new-up are wrk's own connections."
+
+mkdir -p "$(dirname "$RESULTS")"
+{
+  echo "{"
+  echo "  \"generated_at\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+  echo "  \"ok\": $( ((overall == 0)) && echo true || echo false),"
+  echo "  \"baseline\": \"$BASELINE\","
+  echo "  \"settings\": {\"smoke\": $( [[ $SMOKE == 1 ]] && echo true || echo false), \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"connections\": $CONNS, \"wrk_threads\": 1, \"pending_pct\": $PENDING_PCT, \"load_cpus\": \"$LOAD_CPUS\", \"proxy_cpus\": \"$PROXY_CPUS\", \"proxy_cpus_2w\": \"$PROXY_CPUS_2W\", \"clk_tck\": $CLK_TCK, \"nproc\": $NPROC, \"nginx_keepalive\": $NGINX_KEEPALIVE, \"busy_pct_before_run\": $IDLE_CHECK},"
+  echo "  \"versions\": {\"wrk\": \"$(wrk -v 2>&1 | head -n1 | awk '{print $2}')\", \"haproxy\": \"$(haproxy -v 2>&1 | head -n1 | awk '{print $3}')\", \"nginx\": \"$(nginx -v 2>&1 | sed 's|.*/||')\", \"kernel\": \"$(uname -r)\", \"repo_commit\": \"$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo none)\"},"
+  echo "  \"rows\": ["
+  n=${#rows_json[@]}
+  for ((i = 0; i < n; i++)); do
+    if ((i + 1 < n)); then echo "${rows_json[$i]},"; else echo "${rows_json[$i]}"; fi
+  done
+  echo "  ]"
+  echo "}"
+} >"$RESULTS"
+echo "results: $RESULTS"
+if ((overall != 0)); then
+  echo "bench: FAILED: at least one row failed (see status column)" >&2
+  exit 1
+fi

@@ -1,0 +1,135 @@
+//! Interop with the official MCP Python SDK (`mcp==2.3.0`, pinned in tests/interop/requirements.txt):
+//! three SDK server processes behind the router, each sealing `requestState` with its own
+//! per-process key, driven by the SDK client. The test script installs the venv first; without
+//! it these tests fail (they never skip).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python() -> PathBuf {
+    let py = std::env::var_os("MRTR_INTEROP_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo().join(".venv-interop/bin/python"));
+    assert!(
+        py.exists(),
+        "{} is missing: run `bash tests/interop/setup_venv.sh` (the README's test command does) to install the MCP SDK",
+        py.display()
+    );
+    py
+}
+
+/// SDK server processes, killed on drop.
+struct SdkServers(Vec<(Child, String, u16)>);
+
+impl Drop for SdkServers {
+    fn drop(&mut self) {
+        for (child, _, _) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn start_sdk_servers(n: usize) -> SdkServers {
+    let py = python();
+    let mut servers = SdkServers(Vec::new());
+    for i in 0..n {
+        let name = format!("sdk-{i}");
+        let mut child = Command::new(&py)
+            .arg("-u")
+            .arg(repo().join("tests/interop/server.py"))
+            .args(["--port", "0", "--name", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start server.py");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(port) = line.strip_prefix("READY ") {
+                    let _ = tx.send(port.trim().parse::<u16>().unwrap());
+                }
+            }
+        });
+        let port = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(p) => p,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("SDK server {name} did not print READY within 60 s");
+            }
+        };
+        servers.0.push((child, name, port));
+    }
+    servers
+}
+
+async fn fleet_of_sdk_servers(servers: &SdkServers) -> Fleet {
+    let specs: Vec<BackendSpec> = servers
+        .0
+        .iter()
+        .map(|(_, name, port)| BackendSpec { name: name.clone(), url: format!("http://127.0.0.1:{port}"), weight: 1 })
+        .collect();
+    Fleet::start_backends(Vec::new(), &specs, "").await
+}
+
+/// Runs one client.py scenario against `url`; returns its JSON summary. Fails on a non-zero exit.
+async fn scenario(url: &str, args: &[&str]) -> Value {
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(repo().join("tests/interop/client.py")).arg(url).args(args).args(["--timeout", "90"]);
+    cmd.kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output()).await.expect("client.py finished").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no summary from client.py {args:?}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "client.py {args:?} failed: {summary}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(summary["failed"], 0, "{summary}");
+    summary
+}
+
+fn instances(summary: &Value) -> usize {
+    summary["instances"].as_object().map_or(0, |m| m.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_traffic_through_the_router() {
+    let servers = start_sdk_servers(3);
+    let fleet = fleet_of_sdk_servers(&servers).await;
+    let url = fleet.url();
+
+    // Naive spreading breaks these (WIRE.md); through the router every one must pass.
+    let multi = scenario(&url, &["multiround", "--calls", "30"]).await;
+    assert!(multi["ok"].as_u64().unwrap() >= 30, "{multi}");
+    assert!(instances(&multi) >= 2, "multi-round calls spread over instances: {multi}");
+
+    let sessions = scenario(&url, &["sessions", "--sessions", "20", "--calls", "10"]).await;
+    assert!(sessions["ok"].as_u64().unwrap() >= 20, "{sessions}");
+    assert!(instances(&sessions) >= 2, "sessions spread over instances: {sessions}");
+
+    scenario(&url, &["elicitation"]).await;
+    scenario(&url, &["progress"]).await;
+    scenario(&url, &["progress", "--legacy"]).await;
+    scenario(&url, &["task"]).await;
+
+    let m = fleet.metrics().await;
+    for kind in ["request_state", "session", "task"] {
+        let created = metric(&m, &format!("mrtr_pins_created_total{{kind=\"{kind}\"}}")).unwrap_or(0.0);
+        assert!(created > 0.0, "no {kind} pins were learned:\n{m}");
+    }
+    let finished = metric(&m, "mrtr_pins_finished_total{kind=\"request_state\"}").unwrap_or(0.0);
+    assert!(finished >= 60.0, "each round's state is finished when the next round or the result arrives: {finished}");
+    assert!(metric(&m, "mrtr_rounds_per_call_count").unwrap_or(0.0) >= 30.0);
+    assert_eq!(metric(&m, "mrtr_router_errors_total{reason=\"pinned_backend_unavailable\"}"), None);
+}
