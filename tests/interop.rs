@@ -18,7 +18,9 @@ fn repo() -> PathBuf {
 }
 
 fn python() -> PathBuf {
-    let py = std::env::var_os("MRTR_INTEROP_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo().join(".venv-interop/bin/python"));
+    let py = std::env::var_os("MRTR_INTEROP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".venv-interop/bin/python"));
     assert!(
         py.exists(),
         "{} is missing: run `bash tests/interop/setup_venv.sh` (the README's test command does) to install the MCP SDK",
@@ -77,7 +79,11 @@ async fn fleet_of_sdk_servers(servers: &SdkServers) -> Fleet {
     let specs: Vec<BackendSpec> = servers
         .0
         .iter()
-        .map(|(_, name, port)| BackendSpec { name: name.clone(), url: format!("http://127.0.0.1:{port}"), weight: 1 })
+        .map(|(_, name, port)| BackendSpec {
+            name: name.clone(),
+            url: format!("http://127.0.0.1:{port}"),
+            weight: 1,
+        })
         .collect();
     Fleet::start_backends(Vec::new(), &specs, "").await
 }
@@ -85,16 +91,31 @@ async fn fleet_of_sdk_servers(servers: &SdkServers) -> Fleet {
 /// Runs one client.py scenario against `url`; returns its JSON summary. Fails on a non-zero exit.
 async fn scenario(url: &str, args: &[&str]) -> Value {
     let mut cmd = tokio::process::Command::new(python());
-    cmd.arg(repo().join("tests/interop/client.py")).arg(url).args(args).args(["--timeout", "90"]);
+    cmd.arg(repo().join("tests/interop/client.py"))
+        .arg(url)
+        .args(args)
+        .args(["--timeout", "90"]);
     cmd.kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output()).await.expect("client.py finished").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("client.py finished")
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary: Value = stdout
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no summary from client.py {args:?}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
-    assert!(out.status.success(), "client.py {args:?} failed: {summary}\n{}", String::from_utf8_lossy(&out.stderr));
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary from client.py {args:?}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert!(
+        out.status.success(),
+        "client.py {args:?} failed: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(summary["failed"], 0, "{summary}");
     summary
 }
@@ -112,7 +133,10 @@ async fn sdk_traffic_through_the_router() {
     // Naive spreading breaks these (WIRE.md); through the router every one must pass.
     let multi = scenario(&url, &["multiround", "--calls", "30"]).await;
     assert!(multi["ok"].as_u64().unwrap() >= 30, "{multi}");
-    assert!(instances(&multi) >= 2, "multi-round calls spread over instances: {multi}");
+    assert!(
+        instances(&multi) >= 2,
+        "multi-round calls spread over instances: {multi}"
+    );
 
     let sessions = scenario(&url, &["sessions", "--sessions", "20", "--calls", "10"]).await;
     assert!(sessions["ok"].as_u64().unwrap() >= 20, "{sessions}");
@@ -129,7 +153,13 @@ async fn sdk_traffic_through_the_router() {
         assert!(created > 0.0, "no {kind} pins were learned:\n{m}");
     }
     let finished = metric(&m, "mrtr_pins_finished_total{kind=\"request_state\"}").unwrap_or(0.0);
-    assert!(finished >= 60.0, "each round's state is finished when the next round or the result arrives: {finished}");
+    assert!(
+        finished >= 60.0,
+        "each round's state is finished when the next round or the result arrives: {finished}"
+    );
     assert!(metric(&m, "mrtr_rounds_per_call_count").unwrap_or(0.0) >= 30.0);
-    assert_eq!(metric(&m, "mrtr_router_errors_total{reason=\"pinned_backend_unavailable\"}"), None);
+    assert_eq!(
+        metric(&m, "mrtr_router_errors_total{reason=\"pinned_backend_unavailable\"}"),
+        None
+    );
 }

@@ -85,8 +85,14 @@ impl Fleet {
     }
 
     pub async fn start_with(workers: Vec<Worker>, extra: &str) -> Fleet {
-        let specs: Vec<BackendSpec> =
-            workers.iter().map(|w| BackendSpec { name: w.state.name.clone(), url: w.url(), weight: 1 }).collect();
+        let specs: Vec<BackendSpec> = workers
+            .iter()
+            .map(|w| BackendSpec {
+                name: w.state.name.clone(),
+                url: w.url(),
+                weight: 1,
+            })
+            .collect();
         Fleet::start_backends(workers, &specs, extra).await
     }
 
