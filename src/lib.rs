@@ -11,6 +11,7 @@
 //! - [`upstream`] backends, in-flight accounting, the pooled client
 //! - [`body`]     response bodies: buffered, streamed, SSE split into events
 //! - [`state`]    the hot snapshot (config + backends + ring) swapped as one on reload
+//! - [`token`]    sealed routing tokens (DESIGN §5): any replica routes any follow-up
 //! - [`config`]   TOML → validated [`config::Config`]; every default in [`config::defaults`]
 //! - [`error`]    the router's own errors, rendered in one place (DESIGN §6)
 //! - [`metrics`], [`admin`]  Prometheus metrics and the admin endpoints
@@ -30,6 +31,7 @@ pub mod proxy;
 pub mod route;
 pub mod server;
 pub mod state;
+pub mod token;
 pub mod upstream;
 
 use std::future::Future;

@@ -1,0 +1,1 @@
+//! Sealed routing tokens (DESIGN §5). Work in progress.
