@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Method;
 use serde_json::Value;
 use support::*;
 
@@ -161,5 +163,78 @@ async fn sdk_traffic_through_the_router() {
     assert_eq!(
         metric(&m, "mrtr_router_errors_total{reason=\"pinned_backend_unavailable\"}"),
         None
+    );
+
+    bad_handles_reach_a_backend_and_its_error_comes_back(&fleet).await;
+}
+
+const META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"0"},"io.modelcontextprotocol/clientCapabilities":{"elicitation":{"form":{}}}}"#;
+
+/// Handles no pin knows are routed as if keyless; the SDK's own error reaches the client unchanged.
+async fn bad_handles_reach_a_backend_and_its_error_comes_back(fleet: &Fleet) {
+    let v2026 = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "confirm_transfer"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let retry = |state: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"confirm_transfer","arguments":{{"amount":1000}},"requestState":{},"inputResponses":{{"approve":{{"action":"accept","content":{{"approved":true}}}}}},"_meta":{META}}}}}"#,
+            serde_json::Value::from(state)
+        )
+    };
+    let a = send(
+        &fleet.client,
+        Method::POST,
+        &fleet.url(),
+        &v2026,
+        Bytes::from(retry("v1.not-a-state-anyone-issued")),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(a.router_error(), None, "the backend's answer, not the router's");
+    assert_eq!(a.json()["error"]["message"], "Invalid or expired requestState");
+
+    // A megabyte-sized requestState is bounded by max_body_bytes before any backend sees it.
+    let huge = "A".repeat(2 << 20);
+    let a = send(
+        &fleet.client,
+        Method::POST,
+        &fleet.url(),
+        &v2026,
+        Bytes::from(retry(&huge)),
+    )
+    .await;
+    assert_eq!((a.status.as_u16(), a.router_error()), (413, Some("body_too_large")));
+
+    // An unknown legacy session: the SDK's 404 passes through.
+    let ping = Bytes::from_static(br#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#);
+    let headers = [
+        ("mcp-session-id", "0123456789abcdef0123456789abcdef"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let a = send(&fleet.client, Method::POST, &fleet.url(), &headers, ping).await;
+    assert_eq!(a.status, 404, "{a:?}");
+    assert_eq!(a.router_error(), None);
+
+    // An unknown task id.
+    let get = format!(
+        r#"{{"jsonrpc":"2.0","id":6,"method":"tasks/get","params":{{"taskId":"no-such-task","_meta":{META}}}}}"#
+    );
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tasks/get"),
+        ("mcp-name", "no-such-task"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let a = send(&fleet.client, Method::POST, &fleet.url(), &headers, Bytes::from(get)).await;
+    assert!(a.status.is_client_error(), "{a:?}");
+    assert_eq!(a.router_error(), None);
+    // None of these created a pin.
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_router_errors_total{reason=\"body_too_large\"}"),
+        Some(1.0)
     );
 }

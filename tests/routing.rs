@@ -258,3 +258,52 @@ async fn rehash_policy_routes_a_lost_call_by_the_ring() {
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_pins_lost_total"), Some(1.0));
 }
+
+#[tokio::test]
+async fn debug_route_explains_keys_and_bodies_without_touching_pins() {
+    use bytes::Bytes;
+    use http::Method;
+    let fleet = Fleet::start(3, "").await;
+    let a = fleet.post(&[], &start_call("explain-1", 2)).await;
+    let admin = format!("http://{}/debug/route", fleet.admin);
+    let v = send(
+        &fleet.client,
+        Method::GET,
+        &format!("{admin}?key=explain-1"),
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .json();
+    assert_eq!(v["source"], "pin");
+    assert_eq!(v["backend"], a.worker());
+    assert_eq!(v["pin"]["kind"], "client");
+    let fresh = send(
+        &fleet.client,
+        Method::GET,
+        &format!("{admin}?key=never%20seen"),
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .json();
+    assert_eq!(
+        (fresh["source"].as_str(), fresh["keys"]["client_key"].as_str()),
+        (Some("ring"), Some("never seen"))
+    );
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState":"unknown"}});
+    let v = send(
+        &fleet.client,
+        Method::POST,
+        &admin,
+        &[("mcp-session-id", "s-9")],
+        Bytes::from(body.to_string()),
+    )
+    .await
+    .json();
+    assert_eq!(v["source"], "keyless", "{v}");
+    assert_eq!(v["keys"]["session_id"], "s-9");
+    assert_eq!(v["keys"]["method"], "tools/call");
+    // Explaining never created, refreshed or finished anything.
+    assert_eq!(fleet.shared.pins.len(), 1);
+}
