@@ -39,12 +39,64 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBo
             }
         }
         (&Method::GET | &Method::POST, "/debug/route") => debug_route(shared, req).await,
+        (&Method::GET, "/backends") => backends(shared),
+        (&Method::POST, path) if path.starts_with("/backends/") => {
+            let rest = &path["/backends/".len()..];
+            let (name, drained) = match rest.rsplit_once('/') {
+                Some((name, "drain")) => (name, true),
+                Some((name, "undrain")) => (name, false),
+                _ => {
+                    return reply(
+                        StatusCode::NOT_FOUND,
+                        "text/plain",
+                        "use POST /backends/<name>/drain or /undrain\n",
+                    )
+                }
+            };
+            let name = percent_decode(name);
+            if shared.set_admin_drained(&name, drained) {
+                backends(shared)
+            } else {
+                reply(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    format!("no serving backend named {name:?}\n"),
+                )
+            }
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /metrics /healthz /readyz /debug/route?key=\n",
+            "not found: try /metrics /healthz /readyz /backends /debug/route?key=\n",
         ),
     }
+}
+
+/// Every backend with its state, for operators (and deploy scripts waiting for a drain).
+fn backends(shared: &Shared) -> Response<ProxyBody> {
+    let snap = shared.snapshot();
+    let list: Vec<_> = shared
+        .backend_states()
+        .into_iter()
+        .map(|(b, removed)| {
+            json!({
+                "name": &*b.name,
+                "url": b.url(),
+                "weight": b.weight(),
+                "healthy": b.is_healthy(),
+                "draining": removed || b.admin_drained.load(Ordering::Relaxed),
+                "removed": removed,
+                "on_ring": snap.ring.members().iter().any(|m| m.key == b.key),
+                "inflight": b.inflight(),
+                "pins": b.pins.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    reply(
+        StatusCode::OK,
+        "application/json",
+        format!("{:#}\n", json!({ "backends": list })),
+    )
 }
 
 /// Explains how a request would be routed, without changing any pin. `?key=K` explains a

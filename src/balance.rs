@@ -7,7 +7,7 @@ use std::sync::Arc;
 use consistent_hash_ring::{Ring, RingBuilder};
 use siphasher::sip::SipHasher13;
 
-use crate::upstream::Backend;
+use crate::upstream::{Backend, BackendKey};
 
 /// Fixed SipHash key: every router replica must place every key on the same backend.
 const RING_KEY: (u64, u64) = (0x6d72_7472_2d72_696e, 0x672d_7631_2d6b_6579);
@@ -53,10 +53,10 @@ impl HashRing {
     pub fn new(members: Vec<Arc<Backend>>, virtual_nodes: usize, load_factor: f64) -> HashRing {
         let weighted = members
             .iter()
-            .filter(|b| b.weight > 0)
-            .map(|b| (Member(b.clone()), virtual_nodes * b.weight as usize));
+            .filter(|b| b.weight() > 0)
+            .map(|b| (Member(b.clone()), virtual_nodes * b.weight() as usize));
         let ring = RingBuilder::new(FixedSipHash).weighted_nodes_iter(weighted).build();
-        let members = members.into_iter().filter(|b| b.weight > 0).collect();
+        let members = members.into_iter().filter(|b| b.weight() > 0).collect();
         HashRing {
             ring,
             members,
@@ -98,6 +98,18 @@ impl HashRing {
             }
         }
         first
+    }
+
+    /// Another backend for a request whose first choice could not be reached: the next one in
+    /// ring order for `key`, or a keyless choice among the others.
+    pub fn fallback(&self, key: Option<&str>, exclude: BackendKey) -> Option<&Arc<Backend>> {
+        match key {
+            Some(k) => self.ring.replicas(k).map(|m| &m.0).find(|b| b.key != exclude),
+            None => {
+                let others = self.members.iter().filter(|b| b.key != exclude);
+                others.min_by_key(|b| b.inflight())
+            }
+        }
     }
 
     /// Least outstanding requests between two random members (power of two choices).

@@ -36,6 +36,14 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
     pub const RETRY_AFTER_SECS: u64 = 1;
     pub const WEIGHT: u32 = 1;
+    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+    pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+    pub const UNHEALTHY_AFTER: u32 = 3;
+    pub const HEALTHY_AFTER: u32 = 2;
+    pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(5);
+    pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
+    /// Shortest token key accepted, in bytes.
+    pub const MIN_TOKEN_KEY_BYTES: usize = 32;
 }
 
 /// A configuration problem, with the file and line where it was found when known.
@@ -63,7 +71,53 @@ pub struct Config {
     pub server: ServerConfig,
     pub admin: AdminConfig,
     pub routing: RoutingConfig,
+    pub health: HealthConfig,
+    /// `[tokens]`: present when sealed routing tokens are on (DESIGN §5).
+    pub tokens: Option<TokensConfig>,
+    /// `[discovery]`: backends from DNS, merged with the static ones.
+    pub discovery: Option<DiscoveryConfig>,
+    /// Static backends; may be empty when discovery is configured.
     pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    /// Time between active checks of each backend.
+    pub interval: Duration,
+    /// Deadline of one active check.
+    pub timeout: Duration,
+    /// `""`: a TCP connect is the check; else an HTTP GET of this path expecting 2xx.
+    pub path: String,
+    /// Consecutive failures (active or passive) that eject a backend.
+    pub unhealthy_after: u32,
+    /// Consecutive active successes that re-admit it.
+    pub healthy_after: u32,
+}
+
+#[derive(Clone, PartialEq)]
+pub struct TokensConfig {
+    /// HMAC keys: the first signs, all verify.
+    pub keys: Vec<Vec<u8>>,
+    pub token_ttl: Duration,
+}
+
+impl fmt::Debug for TokensConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "TokensConfig {{ keys: <{} redacted>, token_ttl: {:?} }}",
+            self.keys.len(),
+            self.token_ttl
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoveryConfig {
+    /// DNS name to resolve (A/AAAA records).
+    pub host: String,
+    pub port: u16,
+    pub interval: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -145,7 +199,35 @@ struct RawFile {
     #[serde(default)]
     routing: RawRouting,
     #[serde(default)]
+    health: RawHealth,
+    tokens: Option<Spanned<RawTokens>>,
+    discovery: Option<Spanned<RawDiscovery>>,
+    #[serde(default)]
     backend: Vec<Spanned<RawBackend>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    interval: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    unhealthy_after: Option<Spanned<i64>>,
+    healthy_after: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTokens {
+    keys: Spanned<Vec<Spanned<String>>>,
+    token_ttl: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    dns: Spanned<String>,
+    interval: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -247,12 +329,16 @@ impl Checker<'_> {
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        Config::parse(path, &Config::read_text(path)?)
+    }
+
+    /// Reads a config file's text, with an error naming the file.
+    pub fn read_text(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: path.to_path_buf(),
             line: None,
             message: format!("cannot read: {e}"),
-        })?;
-        Config::parse(path, &text)
+        })
     }
 
     /// Validates config text; `path` is only used in error messages.
@@ -432,13 +518,105 @@ impl Config {
                 weight,
             });
         }
-        if backends.is_empty() {
-            return c.err(None, "no [[backend]] configured: at least one backend is required");
+        let h = &raw.health;
+        let health = HealthConfig {
+            interval: c.duration("health.interval", &h.interval, defaults::HEALTH_INTERVAL)?,
+            timeout: c.duration("health.timeout", &h.timeout, defaults::HEALTH_TIMEOUT)?,
+            path: h.path.as_ref().map(|p| p.get_ref().clone()).unwrap_or_default(),
+            unhealthy_after: c.int(
+                "health.unhealthy_after",
+                &h.unhealthy_after,
+                defaults::UNHEALTHY_AFTER as i64,
+                1,
+                1000,
+            )? as u32,
+            healthy_after: c.int(
+                "health.healthy_after",
+                &h.healthy_after,
+                defaults::HEALTHY_AFTER as i64,
+                1,
+                1000,
+            )? as u32,
+        };
+        if let Some(p) = &h.path {
+            if !(p.get_ref().is_empty()
+                || p.get_ref().starts_with('/') && p.get_ref().parse::<http::uri::PathAndQuery>().is_ok())
+            {
+                return c.err(
+                    Some(p.span()),
+                    "health.path: must be \"\" (TCP connect) or an absolute path like \"/healthz\"",
+                );
+            }
+        }
+        let tokens = match &raw.tokens {
+            None => None,
+            Some(t) => {
+                let t = t.get_ref();
+                let mut keys = Vec::new();
+                for (i, k) in t.keys.get_ref().iter().enumerate() {
+                    let value =
+                        expand_env(k.get_ref()).or_else(|e| c.err(Some(k.span()), format!("tokens.keys[{i}]: {e}")))?;
+                    if value.len() < defaults::MIN_TOKEN_KEY_BYTES {
+                        return c.err(
+                            Some(k.span()),
+                            format!(
+                                "tokens.keys[{i}]: a key needs at least {} bytes (has {})",
+                                defaults::MIN_TOKEN_KEY_BYTES,
+                                value.len()
+                            ),
+                        );
+                    }
+                    keys.push(value.into_bytes());
+                }
+                if keys.is_empty() {
+                    return c.err(Some(t.keys.span()), "tokens.keys: at least one key is required");
+                }
+                Some(TokensConfig {
+                    keys,
+                    token_ttl: c.duration("tokens.token_ttl", &t.token_ttl, defaults::TOKEN_TTL)?,
+                })
+            }
+        };
+        let discovery = match &raw.discovery {
+            None => None,
+            Some(d) => {
+                let d = d.get_ref();
+                let text = d.dns.get_ref().trim();
+                let Some((host, port)) = text
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                else {
+                    return c.err(
+                        Some(d.dns.span()),
+                        format!("discovery.dns: {text:?} must be \"name:port\""),
+                    );
+                };
+                if host.is_empty() || port == 0 {
+                    return c.err(
+                        Some(d.dns.span()),
+                        format!("discovery.dns: {text:?} must be \"name:port\""),
+                    );
+                }
+                Some(DiscoveryConfig {
+                    host: host.trim_matches(['[', ']']).to_string(),
+                    port,
+                    interval: c.duration("discovery.interval", &d.interval, defaults::DISCOVERY_INTERVAL)?,
+                })
+            }
+        };
+        if backends.is_empty() && discovery.is_none() {
+            return c.err(
+                None,
+                "no [[backend]] configured: at least one backend (or [discovery]) is required",
+            );
         }
         Ok(Config {
             server,
             admin,
             routing,
+            health,
+            tokens,
+            discovery,
             backends,
         })
     }
@@ -456,6 +634,26 @@ impl Config {
             match r.on_pin_lost { OnPinLost::Strict => "strict", OnPinLost::Rehash => "rehash" },
             d(r.drain_timeout),
         );
+        let h = &self.health;
+        out.push_str(&format!(
+            "\n[health]\ninterval = \"{}\"\ntimeout = \"{}\"\npath = \"{}\"\nunhealthy_after = {}\nhealthy_after = {}\n",
+            d(h.interval), d(h.timeout), h.path, h.unhealthy_after, h.healthy_after
+        ));
+        if let Some(t) = &self.tokens {
+            out.push_str(&format!(
+                "\n[tokens]\nkeys = [{}]   # values hidden\ntoken_ttl = \"{}\"\n",
+                vec!["\"<redacted>\""; t.keys.len()].join(", "),
+                d(t.token_ttl)
+            ));
+        }
+        if let Some(disc) = &self.discovery {
+            out.push_str(&format!(
+                "\n[discovery]\ndns = \"{}:{}\"\ninterval = \"{}\"\n",
+                disc.host,
+                disc.port,
+                d(disc.interval)
+            ));
+        }
         for b in &self.backends {
             out.push_str(&format!(
                 "\n[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n",
@@ -466,6 +664,23 @@ impl Config {
         }
         out
     }
+}
+
+/// Replaces `${NAME}` with the environment variable NAME (which must be set).
+fn expand_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(len) = rest[start + 2..].find('}') else {
+            return Err("unterminated ${".into());
+        };
+        let name = &rest[start + 2..start + 2 + len];
+        out.push_str(&std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))?);
+        rest = &rest[start + 3 + len..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -490,6 +705,30 @@ mod tests {
     }
 
     #[test]
+    fn tokens_discovery_and_health_sections() {
+        std::env::set_var("MRTR_TEST_TOKEN_KEY", "k".repeat(40));
+        let c = parse(&format!(
+            "{ONE}[tokens]\nkeys = [\"${{MRTR_TEST_TOKEN_KEY}}\", \"{}\"]\ntoken_ttl = \"5m\"\n[discovery]\ndns = \"mcp.svc:8000\"\n[health]\npath = \"/healthz\"\n",
+            "o".repeat(32)
+        ))
+        .unwrap();
+        let t = c.tokens.as_ref().unwrap();
+        assert_eq!(
+            (t.keys[0].len(), t.keys.len(), t.token_ttl),
+            (40, 2, Duration::from_secs(300))
+        );
+        let d = c.discovery.as_ref().unwrap();
+        assert_eq!((d.host.as_str(), d.port), ("mcp.svc", 8000));
+        assert_eq!(c.health.path, "/healthz");
+        assert!(!format!("{t:?}").contains("kkkk"), "keys never printed");
+        // Discovery alone is enough; no static backend needed.
+        assert!(parse("[discovery]\ndns = \"mcp.svc:8000\"\n")
+            .unwrap()
+            .backends
+            .is_empty());
+    }
+
+    #[test]
     fn errors_name_key_and_line() {
         let e = parse(&format!("{ONE}[routing]\npin_idle_ttl = \"ten\"\n")).unwrap_err();
         assert_eq!(e.line, Some(5), "{e}");
@@ -504,5 +743,13 @@ mod tests {
         assert!(parse("").unwrap_err().to_string().contains("no [[backend]]"));
         let e = parse(&format!("{ONE}[routing]\nvirtual_nodes = 10\n")).unwrap_err();
         assert!(e.to_string().contains("virtual_nodes"), "{e}");
+        let e = parse(&format!("{ONE}[tokens]\nkeys = [\"short\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("tokens.keys[0]") && e.line == Some(5), "{e}");
+        let e = parse(&format!("{ONE}[tokens]\nkeys = [\"${{MRTR_SURELY_UNSET_VAR}}\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("MRTR_SURELY_UNSET_VAR"), "{e}");
+        let e = parse(&format!("{ONE}[discovery]\ndns = \"workers\"\n")).unwrap_err();
+        assert!(e.to_string().contains("name:port"), "{e}");
+        let e = parse(&format!("{ONE}[health]\npath = \"healthz\"\n")).unwrap_err();
+        assert!(e.to_string().contains("health.path"), "{e}");
     }
 }

@@ -8,7 +8,8 @@
 //! - [`route`]    the routing decision (DESIGN §3), shared with `route` and `/debug/route`
 //! - [`pins`]     the pin table of in-flight calls (DESIGN §4)
 //! - [`balance`]  consistent-hash ring, bounded load, keyless least-outstanding choice
-//! - [`upstream`] backends, in-flight accounting, the pooled client
+//! - [`upstream`] backends, in-flight accounting, health state, the pooled client
+//! - [`fleet`]    background upkeep: pin expiry, health checks, discovery, config watch, draining
 //! - [`body`]     response bodies: buffered, streamed, SSE split into events
 //! - [`state`]    the hot snapshot (config + backends + ring) swapped as one on reload
 //! - [`token`]    sealed routing tokens (DESIGN §5): any replica routes any follow-up
@@ -25,6 +26,7 @@ pub mod demo;
 pub mod dialect;
 pub mod error;
 pub mod example;
+pub mod fleet;
 pub mod metrics;
 pub mod pins;
 pub mod proxy;
@@ -67,17 +69,19 @@ pub struct Router {
 impl Router {
     /// A router from a config file; `reload` re-reads that file.
     pub fn from_file(path: &Path) -> Result<Router, ConfigError> {
-        let config = Config::load(path)?;
+        let text = Config::read_text(path)?;
+        let config = Config::parse(path, &text)?;
+        let digest = state::config_digest(text.as_bytes());
         Ok(Router {
-            shared: Shared::new(config, Some(path.to_path_buf())),
+            shared: Shared::new(config, Some((path.to_path_buf(), digest)))?,
         })
     }
 
     /// A router from a config value (no file to reload).
-    pub fn new(config: Config) -> Router {
-        Router {
-            shared: Shared::new(config, None),
-        }
+    pub fn new(config: Config) -> Result<Router, ConfigError> {
+        Ok(Router {
+            shared: Shared::new(config, None)?,
+        })
     }
 
     /// A handle on the running router's state: reload, pins, metrics.
@@ -96,10 +100,17 @@ impl Router {
             }
         };
         let admin = tokio::spawn(server::serve_admin(shared.clone(), listeners.admin, admin_stop));
-        let upkeep = tokio::spawn(server::upkeep(shared.clone()));
+        let upkeep = [
+            tokio::spawn(fleet::upkeep(shared.clone())),
+            tokio::spawn(fleet::health_checks(shared.clone())),
+            tokio::spawn(fleet::discovery(shared.clone())),
+            tokio::spawn(fleet::watch_config(shared.clone())),
+        ];
         server::serve_proxy(shared.clone(), listeners.proxy, shutdown).await;
         let _ = stop_tx.send(true);
-        upkeep.abort();
+        for task in upkeep {
+            task.abort();
+        }
         let _ = admin.await;
     }
 }

@@ -26,6 +26,7 @@ pub struct Metrics {
     pub router_errors: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
+    pub discovery_resolutions: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -118,6 +119,12 @@ impl Metrics {
                 &["reason"],
             ),
             config_reloads: counter(&r, "mrtr_config_reloads_total", "Config reloads by result", &["result"]),
+            discovery_resolutions: counter(
+                &r,
+                "mrtr_discovery_resolutions_total",
+                "DNS discovery lookups by result",
+                &["result"],
+            ),
             tokens_rejected: counter(
                 &r,
                 "mrtr_tokens_rejected_total",

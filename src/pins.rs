@@ -80,6 +80,8 @@ impl PinTtls {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     backend: BackendKey,
+    /// The backend's epoch when pinned: a pin never follows a backend through an ejection.
+    epoch: u32,
     /// Milliseconds since the table's epoch after which the entry is gone.
     deadline_ms: u64,
     /// Rounds the call has had so far (answers that continued it).
@@ -89,22 +91,37 @@ struct Entry {
     finished: bool,
 }
 
+impl Entry {
+    fn view(&self) -> Pin {
+        Pin {
+            backend: self.backend,
+            epoch: self.epoch,
+            kind: self.kind,
+            rounds: self.rounds,
+            finished: self.finished,
+        }
+    }
+}
+
 /// What a lookup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pin {
     pub backend: BackendKey,
+    pub epoch: u32,
     pub kind: PinKind,
     pub rounds: u32,
     pub finished: bool,
 }
 
 /// Counts of what a sweep removed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Swept {
     /// Active pins that idled out, per kind (indexed by `PinKind as usize`).
     pub expired: [u64; 4],
     /// Finished pins whose replay window ended.
     pub retired: u64,
+    /// Pins left per backend.
+    pub per_backend: HashMap<BackendKey, usize>,
 }
 
 #[derive(Default)]
@@ -188,12 +205,7 @@ impl PinTable {
         if !e.finished {
             e.deadline_ms = now + ttls.idle(e.kind).as_millis() as u64;
         }
-        Some(Pin {
-            backend: e.backend,
-            kind: e.kind,
-            rounds: e.rounds,
-            finished: e.finished,
-        })
+        Some(e.view())
     }
 
     /// Reads a pin without refreshing it (for `route` and debug output).
@@ -201,20 +213,24 @@ impl PinTable {
         let now = self.now_ms();
         let shard = self.shard(key).lock();
         let e = shard.get(&key.0).filter(|e| e.deadline_ms > now)?;
-        Some(Pin {
-            backend: e.backend,
-            kind: e.kind,
-            rounds: e.rounds,
-            finished: e.finished,
-        })
+        Some(e.view())
     }
 
     /// Pins `key` to `backend` as an active call that has had `rounds` rounds. Returns true
     /// when the key was not pinned before (a new pin).
-    pub fn pin(&self, key: PinKey, kind: PinKind, backend: BackendKey, rounds: u32, ttls: &PinTtls) -> bool {
+    pub fn pin(
+        &self,
+        key: PinKey,
+        kind: PinKind,
+        backend: BackendKey,
+        epoch: u32,
+        rounds: u32,
+        ttls: &PinTtls,
+    ) -> bool {
         let deadline_ms = self.now_ms() + ttls.idle(kind).as_millis() as u64;
         let entry = Entry {
             backend,
+            epoch,
             deadline_ms,
             rounds,
             kind,
@@ -248,10 +264,8 @@ impl PinTable {
         e.finished = true;
         e.deadline_ms = now + ttls.replay_window.as_millis() as u64;
         Some(Pin {
-            backend: e.backend,
-            kind: e.kind,
-            rounds: e.rounds,
             finished: false,
+            ..e.view()
         })
     }
 
@@ -277,6 +291,7 @@ impl PinTable {
             let mut shard = shard.lock();
             shard.retain(|_, e| {
                 if e.deadline_ms > now {
+                    *swept.per_backend.entry(e.backend).or_default() += 1;
                     return true;
                 }
                 if e.finished {
@@ -320,9 +335,9 @@ mod tests {
         let k = PinKey::new(PinKind::Client, b"transfer-1");
         assert_ne!(k, PinKey::new(PinKind::Session, b"transfer-1"), "kinds never collide");
         assert!(t.lookup(k, &long).is_none());
-        assert!(t.pin(k, PinKind::Client, B1, 1, &long));
+        assert!(t.pin(k, PinKind::Client, B1, 7, 1, &long));
         assert!(
-            !t.pin(k, PinKind::Client, B1, 2, &long),
+            !t.pin(k, PinKind::Client, B1, 7, 2, &long),
             "re-pin of an active call is not new"
         );
         let p = t.lookup(k, &long).unwrap();
@@ -342,8 +357,8 @@ mod tests {
         let short = ttls(80, 10);
         let a = PinKey::new(PinKind::Client, b"a");
         let b = PinKey::new(PinKind::Client, b"b");
-        t.pin(a, PinKind::Client, B1, 1, &short);
-        t.pin(b, PinKind::Client, B2, 1, &short);
+        t.pin(a, PinKind::Client, B1, 7, 1, &short);
+        t.pin(b, PinKind::Client, B2, 7, 1, &short);
         // Keep `a` alive with follow-ups for longer than its TTL; `b` gets none.
         let until = Instant::now() + Duration::from_millis(200);
         while Instant::now() < until {
@@ -361,20 +376,15 @@ mod tests {
     fn replay_window_ends() {
         let t = PinTable::new();
         let k = PinKey::new(PinKind::Task, b"t");
-        t.pin(k, PinKind::Task, B1, 1, &ttls(60_000, 30));
+        t.pin(k, PinKind::Task, B1, 7, 1, &ttls(60_000, 30));
         t.finish(k, &ttls(60_000, 30));
         let deadline = Instant::now() + Duration::from_secs(2);
         while t.peek(k).is_some() {
             assert!(Instant::now() < deadline, "finished pin outlived its replay window");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(
-            t.sweep(),
-            Swept {
-                expired: [0; 4],
-                retired: 1
-            }
-        );
+        let swept = t.sweep();
+        assert_eq!((swept.expired, swept.retired, swept.per_backend.len()), ([0; 4], 1, 0));
         assert!(t.is_empty());
     }
 
@@ -387,11 +397,12 @@ mod tests {
                 PinKey::new(PinKind::Session, &i.to_le_bytes()),
                 PinKind::Session,
                 B1,
+                7,
                 1,
                 &l,
             );
         }
-        t.pin(PinKey::new(PinKind::Task, b"x"), PinKind::Task, B1, 1, &l);
+        t.pin(PinKey::new(PinKind::Task, b"x"), PinKind::Task, B1, 7, 1, &l);
         assert_eq!(
             (t.count(PinKind::Session), t.count(PinKind::Task), t.len()),
             (100, 1, 101)

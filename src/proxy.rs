@@ -46,7 +46,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     let (bytes, stream) = if parts.method == Method::POST {
         match read_body(body, &parts.headers, &snap).await {
             Ok(bytes) => (bytes, None),
-            Err(e) => return router_error(&shared, &snap, e, None),
+            Err(e) => return router_error(&shared, e, None),
         }
     } else {
         (Bytes::new(), Some(body))
@@ -54,7 +54,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     let envelope = if stream.is_none() {
         match dialect::parse_request(&bytes, &snap.config.routing.body_field) {
             Ok(env) => env,
-            Err(_) => return router_error(&shared, &snap, RouterError::Parse, None),
+            Err(_) => return router_error(&shared, RouterError::Parse, None),
         }
     } else {
         RequestEnvelope::default()
@@ -64,7 +64,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     // Phase 2: choose the backend.
     let decision = match route::decide(&snap, &shared.pins, &keys, true) {
         Ok(d) => d,
-        Err(e) => return router_error(&shared, &snap, e, keys.id),
+        Err(e) => return router_error(&shared, e, keys.id),
     };
     shared
         .metrics
@@ -75,59 +75,82 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         shared.metrics.pins_lost.inc();
     }
 
-    // Phase 3: forward.
-    let backend = decision.backend.clone();
-    let body = match stream {
+    // Phase 3: forward. A backend that refuses the connection never saw the request, so an
+    // unpinned request moves once to the next candidate.
+    let unpinned = decision.matched.is_none() || decision.pin_lost;
+    let mut body = match stream {
+        Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => Either::Right(incoming),
         None => Either::Left(bytes.clone()),
     };
-    let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls) {
-        Ok(r) => r,
-        Err(_) => {
-            return router_error(
-                &shared,
-                &snap,
-                RouterError::UpstreamUnavailable {
-                    backend: backend.name.to_string(),
-                },
-                keys.id,
-            )
+    let mut backend = decision.backend.clone();
+    let mut retried = false;
+    let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
+    let (resp, guard) = loop {
+        let resend = match &body {
+            Either::Left(b) if unpinned && !retried => Some(b.clone()),
+            _ => None,
+        };
+        let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls) {
+            Ok(r) => r,
+            Err(_) => {
+                return router_error(
+                    &shared,
+                    RouterError::UpstreamUnavailable {
+                        backend: backend.name.to_string(),
+                    },
+                    keys.id,
+                )
+            }
+        };
+        let guard = backend.start_request();
+        match tokio::time::timeout_at(deadline, shared.client.request(upstream_req)).await {
+            Ok(Ok(resp)) => {
+                backend.record_request_success();
+                break (resp, guard);
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
+                let connect = e.is_connect();
+                passive_failure(&shared, &snap, &backend, if connect { "connect" } else { "reset" });
+                let next = match resend {
+                    Some(b) if connect => shared
+                        .snapshot()
+                        .ring
+                        .fallback(keys.client_key(), backend.key)
+                        .cloned()
+                        .map(|n| (b, n)),
+                    _ => None,
+                };
+                let Some((b, next)) = next else {
+                    return router_error(
+                        &shared,
+                        RouterError::UpstreamUnavailable {
+                            backend: backend.name.to_string(),
+                        },
+                        keys.id,
+                    );
+                };
+                body = Either::Left(b);
+                backend = next;
+                retried = true;
+            }
+            Err(_) => {
+                passive_failure(&shared, &snap, &backend, "timeout");
+                return router_error(
+                    &shared,
+                    RouterError::UpstreamTimeout {
+                        backend: backend.name.to_string(),
+                    },
+                    keys.id,
+                );
+            }
         }
     };
-    let call = CallContext::new(&shared, &keys, &decision, &parts.method);
+    let call = CallContext::new(&shared, &snap, &keys, &decision, &backend, &parts.method);
     let method_label = method_label(&parts.method, keys.method.as_deref());
     let error_id = keys.id.map(str::to_owned);
     drop(keys);
-    let guard = backend.start_request();
-    let timeout = snap.config.server.upstream_timeout;
-    let deadline = tokio::time::Instant::now() + timeout;
-    let resp = match tokio::time::timeout_at(deadline, shared.client.request(upstream_req)).await {
-        Ok(Ok(resp)) => resp,
-        Ok(Err(e)) => {
-            let kind = if e.is_connect() { "connect" } else { "reset" };
-            tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
-            shared
-                .metrics
-                .upstream_errors
-                .with_label_values(&[&backend.name, kind])
-                .inc();
-            let err = RouterError::UpstreamUnavailable {
-                backend: backend.name.to_string(),
-            };
-            return router_error(&shared, &snap, err, error_id.as_deref());
-        }
-        Err(_) => {
-            shared
-                .metrics
-                .upstream_errors
-                .with_label_values(&[&backend.name, "timeout"])
-                .inc();
-            let err = RouterError::UpstreamTimeout {
-                backend: backend.name.to_string(),
-            };
-            return router_error(&shared, &snap, err, error_id.as_deref());
-        }
-    };
 
     // Phase 4: observe the answer; pins are in place before the client can read it.
     let status = resp.status();
@@ -189,7 +212,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
                 let err = RouterError::UpstreamTimeout {
                     backend: backend.name.to_string(),
                 };
-                return router_error(&shared, &snap, err, error_id.as_deref());
+                return router_error(&shared, err, error_id.as_deref());
             }
             Err(CollectError::Upstream) => {
                 shared
@@ -200,7 +223,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
                 let err = RouterError::UpstreamUnavailable {
                     backend: backend.name.to_string(),
                 };
-                return router_error(&shared, &snap, err, error_id.as_deref());
+                return router_error(&shared, err, error_id.as_deref());
             }
         }
     } else if resp_body.is_end_stream() {
@@ -219,9 +242,22 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
 }
 
 /// Answers a request with a router error, counted by reason.
-fn router_error(shared: &Shared, _snap: &Snapshot, e: RouterError, id: Option<&str>) -> Response<ProxyBody> {
+fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<ProxyBody> {
     shared.metrics.router_errors.with_label_values(&[e.reason()]).inc();
     e.to_response(id, crate::config::defaults::RETRY_AFTER_SECS)
+}
+
+/// Counts a failed request against the backend's health; ejects it after `unhealthy_after`.
+fn passive_failure(shared: &Shared, snap: &Snapshot, backend: &Backend, kind: &str) {
+    shared
+        .metrics
+        .upstream_errors
+        .with_label_values(&[&backend.name, kind])
+        .inc();
+    if backend.record_failure(snap.config.health.unhealthy_after).is_some() {
+        tracing::warn!(backend = %backend.name, kind, "backend ejected after failed requests");
+        shared.rebuild();
+    }
 }
 
 fn upstream_error_hook(shared: &Arc<Shared>, backend: &Arc<Backend>) -> ErrorHook {
@@ -402,7 +438,9 @@ fn build_upstream_request(
     );
     let body = match body {
         Either::Left(bytes) => {
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+            if !bytes.is_empty() || parts.method == Method::POST {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+            }
             Either::Left(Full::new(bytes))
         }
         Either::Right(incoming) => Either::Right(incoming),
@@ -424,6 +462,7 @@ struct CallInner {
     shared: Arc<Shared>,
     snap: Arc<Snapshot>,
     backend: crate::upstream::BackendKey,
+    epoch: u32,
     /// Client keys the request carried (routing id, messageId).
     client_keys: Vec<PinKey>,
     /// The pin that routed this request, if any.
@@ -437,11 +476,19 @@ struct CallInner {
 }
 
 impl CallContext {
-    fn new(shared: &Arc<Shared>, keys: &RequestKeys, decision: &Decision, method: &Method) -> CallContext {
+    fn new(
+        shared: &Arc<Shared>,
+        snap: &Arc<Snapshot>,
+        keys: &RequestKeys,
+        decision: &Decision,
+        backend: &Backend,
+        method: &Method,
+    ) -> CallContext {
         CallContext(Arc::new(CallInner {
             shared: shared.clone(),
-            snap: shared.snapshot(),
-            backend: decision.backend.key,
+            snap: snap.clone(),
+            backend: backend.key,
+            epoch: backend.epoch(),
             client_keys: keys.client_pin_keys().collect(),
             matched: decision.matched.filter(|_| !decision.pin_lost),
             session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
@@ -457,7 +504,7 @@ impl CallContext {
 
     fn pin(&self, key: PinKey, kind: PinKind, rounds: u32) {
         let c = &self.0;
-        if c.shared.pins.pin(key, kind, c.backend, rounds, &c.snap.ttls) {
+        if c.shared.pins.pin(key, kind, c.backend, c.epoch, rounds, &c.snap.ttls) {
             c.shared.metrics.pins_created.with_label_values(&[kind.label()]).inc();
         }
     }

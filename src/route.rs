@@ -169,7 +169,11 @@ pub fn decide(snap: &Snapshot, pins: &PinTable, keys: &RequestKeys, refresh: boo
         };
         let Some(pin) = found else { continue };
         let matched = Matched { key, pin };
-        match snap.backend(pin.backend) {
+        // A pin holds while its backend is known, healthy, and the same incarnation.
+        match snap
+            .backend(pin.backend)
+            .filter(|b| b.is_healthy() && b.epoch() == pin.epoch)
+        {
             Some(backend) => {
                 let counts_rounds = matches!(pin.kind, PinKind::Client | PinKind::RequestState);
                 if counts_rounds && !pin.finished && pin.rounds >= routing.max_rounds {

@@ -93,20 +93,3 @@ pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         });
     }
 }
-
-/// Sweeps expired pins once a second and keeps the pin gauges current.
-pub async fn upkeep(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let swept = shared.pins.sweep();
-        for kind in crate::pins::PinKind::ALL {
-            let n = swept.expired[kind as usize];
-            if n > 0 {
-                shared.metrics.pins_expired.with_label_values(&[kind.label()]).inc_by(n);
-            }
-        }
-        shared.update_pin_gauges();
-    }
-}

@@ -1,28 +1,35 @@
 //! The router's hot state: one immutable [`Snapshot`] (config, backends, ring) swapped
-//! atomically on reload, beside the long-lived parts (pin table, metrics, client pool).
+//! atomically whenever anything that routing depends on changes (reload, health, discovery,
+//! draining), beside the long-lived parts (pin table, metrics, client pool).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use http::uri::{Authority, Scheme};
 use parking_lot::Mutex;
 
 use crate::balance::HashRing;
-use crate::config::{Config, ConfigError};
+use crate::config::{BackendConfig, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
+use crate::token::TokenKeys;
 use crate::upstream::{self, Backend, BackendKey, UpstreamClient};
 
 /// Everything a request needs that changes only on reload, read as one consistent unit.
 pub struct Snapshot {
     pub config: Config,
-    /// Every backend a pin may name, by key.
+    /// Every backend a pin may name (serving and draining), by key.
     pub backends: HashMap<BackendKey, Arc<Backend>>,
-    /// Backends that take new keys.
+    /// Backends that take new keys: configured or discovered, healthy, not draining.
     pub ring: HashRing,
     pub ttls: PinTtls,
+    /// Sealing keys when `[tokens]` is configured.
+    pub tokens: Option<Arc<TokenKeys>>,
 }
 
 impl Snapshot {
@@ -38,6 +45,23 @@ impl Snapshot {
     }
 }
 
+/// Which backends exist, beyond what the config file lists.
+#[derive(Default)]
+struct Membership {
+    /// Serving backends (configured or discovered) by name; reused across rebuilds so
+    /// in-flight counts, health and pins carry over.
+    serving: HashMap<String, Arc<Backend>>,
+    /// Removed backends that keep serving their pins until the deadline or their last pin.
+    draining: HashMap<String, (Arc<Backend>, Instant)>,
+    /// Backends found by `[discovery]` at the last successful resolution.
+    discovered: Vec<BackendConfig>,
+}
+
+/// Looks up `[discovery].dns`; replaceable for tests (default: the system resolver).
+pub type Resolver = Arc<
+    dyn Fn(String, u16) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<SocketAddr>>> + Send + Sync,
+>;
+
 /// State shared by every connection of one router.
 pub struct Shared {
     /// The file reloads re-read; `None` when built from a `Config` value.
@@ -46,26 +70,66 @@ pub struct Shared {
     pub pins: PinTable,
     pub metrics: Metrics,
     pub client: UpstreamClient,
-    /// Backend objects by name, reused across reloads so in-flight counts carry over.
-    registry: Mutex<HashMap<String, Arc<Backend>>>,
+    membership: Mutex<Membership>,
     /// Set once shutdown begins: `/readyz` answers 503 from then on.
     pub shutting_down: AtomicBool,
+    resolver: Mutex<Option<Resolver>>,
+    /// Digests of the config text last applied and last rejected, so an unchanged file is not
+    /// reloaded again and a broken one is reported once.
+    config_digests: Mutex<(Option<u64>, Option<u64>)>,
+}
+
+/// Digest of config file content.
+pub fn config_digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }
 
 impl Shared {
-    pub fn new(config: Config, config_path: Option<PathBuf>) -> Arc<Shared> {
+    /// Shared state for `config`; `config_path` (with the digest of the text `config` came
+    /// from) is the file reloads re-read.
+    pub fn new(config: Config, config_path: Option<(PathBuf, u64)>) -> Result<Arc<Shared>, ConfigError> {
         let metrics = Metrics::new();
-        let registry = Mutex::new(HashMap::new());
-        let snapshot = build_snapshot(config, &registry, &metrics);
-        Arc::new(Shared {
+        let mut membership = Membership::default();
+        let snapshot = build_snapshot(config, &mut membership, &metrics)?;
+        let (config_path, digest) = config_path.map_or((None, None), |(p, d)| (Some(p), Some(d)));
+        Ok(Arc::new(Shared {
             config_path,
+            config_digests: Mutex::new((digest, None)),
             snapshot: ArcSwap::from_pointee(snapshot),
             pins: PinTable::new(),
             metrics,
             client: upstream::client(),
-            registry,
+            membership: Mutex::new(membership),
             shutting_down: AtomicBool::new(false),
-        })
+            resolver: Mutex::new(None),
+        }))
+    }
+
+    /// Replaces the DNS resolver used by discovery.
+    pub fn set_resolver(&self, resolver: Resolver) {
+        *self.resolver.lock() = Some(resolver);
+    }
+
+    pub fn resolver(&self) -> Option<Resolver> {
+        self.resolver.lock().clone()
+    }
+
+    /// Drains (or undrains) a serving backend on request; false if no such backend serves.
+    pub fn set_admin_drained(&self, name: &str, drained: bool) -> bool {
+        let found = self.membership.lock().serving.get(name).cloned();
+        let Some(b) = found else { return false };
+        b.admin_drained.store(drained, Ordering::Relaxed);
+        tracing::info!(backend = %name, drained, "drain state changed by the admin API");
+        self.rebuild();
+        true
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
     }
 
     /// Copies the pin table's per-kind counts into the `mrtr_pins` gauge.
@@ -78,71 +142,204 @@ impl Shared {
         }
     }
 
-    /// The current snapshot.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.load_full()
-    }
-
     /// Swaps in a new config (ring and backends rebuilt with it, as one unit). Pins are untouched.
-    pub fn apply(&self, config: Config) {
+    pub fn apply(&self, config: Config) -> Result<(), ConfigError> {
         let old = self.snapshot();
         if old.config.server.listen != config.server.listen || old.config.admin.listen != config.admin.listen {
             tracing::warn!("listen addresses changed in the config; they take effect only after a restart");
         }
-        let next = build_snapshot(config, &self.registry, &self.metrics);
-        self.snapshot.store(Arc::new(next));
+        self.rebuild_with(config)
     }
 
-    /// Re-reads the config file and applies it; an invalid file leaves the running config.
+    /// Rebuilds the snapshot from the current config: after a health change, a discovery
+    /// change or a drain.
+    pub fn rebuild(&self) {
+        let config = self.snapshot().config.clone();
+        // The running config was valid when applied; rebuilding it cannot fail.
+        let _ = self.rebuild_with(config);
+    }
+
+    fn rebuild_with(&self, config: Config) -> Result<(), ConfigError> {
+        let mut membership = self.membership.lock();
+        let next = build_snapshot(config, &mut membership, &self.metrics)?;
+        self.snapshot.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Re-reads the config file and applies it if its content changed since the last load;
+    /// an invalid file leaves the running config.
     pub fn reload(&self) -> Result<(), ConfigError> {
         let Some(path) = &self.config_path else {
             return Ok(());
         };
-        match Config::load(path) {
-            Ok(config) => {
-                self.apply(config);
+        let text = Config::read_text(path)?;
+        let digest = config_digest(text.as_bytes());
+        if self.config_digests.lock().0 == Some(digest) {
+            tracing::debug!(path = %path.display(), "config unchanged; nothing to reload");
+            return Ok(());
+        }
+        match Config::parse(path, &text).and_then(|config| self.apply(config)) {
+            Ok(()) => {
+                *self.config_digests.lock() = (Some(digest), None);
                 self.metrics.config_reloads.with_label_values(&["ok"]).inc();
                 tracing::info!(path = %path.display(), "config reloaded");
                 Ok(())
             }
             Err(e) => {
+                self.config_digests.lock().1 = Some(digest);
                 self.metrics.config_reloads.with_label_values(&["error"]).inc();
                 tracing::error!(error = %e, "config reload rejected; keeping the running config");
                 Err(e)
             }
         }
     }
+
+    /// Whether file content with this digest is neither the running config nor one already rejected.
+    pub fn config_is_new(&self, digest: u64) -> bool {
+        let d = self.config_digests.lock();
+        d.0 != Some(digest) && d.1 != Some(digest)
+    }
+
+    /// Replaces the set of discovered backends (addresses from `[discovery]`).
+    pub fn set_discovered(&self, port: u16, addrs: &[SocketAddr]) {
+        let mut found: Vec<BackendConfig> = addrs
+            .iter()
+            .filter_map(|a| {
+                let addr = SocketAddr::new(a.ip(), port);
+                Some(BackendConfig {
+                    name: format!("dns:{addr}"),
+                    scheme: Scheme::HTTP,
+                    authority: Authority::try_from(addr.to_string().as_str()).ok()?,
+                    base_path: String::new(),
+                    weight: 1,
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        found.dedup_by(|a, b| a.name == b.name);
+        let changed = {
+            let mut m = self.membership.lock();
+            let changed = m.discovered != found;
+            m.discovered = found;
+            changed
+        };
+        if changed {
+            tracing::info!(backends = addrs.len(), "discovery changed the backend set");
+            self.rebuild();
+        }
+    }
+
+    /// Forgets draining backends whose pins are all gone or whose deadline passed.
+    /// Returns true when something was forgotten (the snapshot was rebuilt).
+    pub fn retire_drained(&self) -> bool {
+        let now = Instant::now();
+        let retired: Vec<String> = {
+            let m = self.membership.lock();
+            m.draining
+                .iter()
+                .filter(|(_, (b, deadline))| now >= *deadline || b.pins.load(Ordering::Relaxed) == 0)
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        if retired.is_empty() {
+            return false;
+        }
+        {
+            let mut m = self.membership.lock();
+            for name in &retired {
+                if let Some((b, deadline)) = m.draining.remove(name) {
+                    let why = if now >= deadline {
+                        "drain_timeout passed"
+                    } else {
+                        "its last pin ended"
+                    };
+                    tracing::info!(backend = %b.name, "draining backend forgotten: {why}");
+                    for gauge in [
+                        &self.metrics.backend_up,
+                        &self.metrics.backend_draining,
+                        &self.metrics.backend_inflight,
+                    ] {
+                        let _ = gauge.remove_label_values(&[name]);
+                    }
+                }
+            }
+        }
+        self.rebuild();
+        true
+    }
+
+    /// Every backend the router knows: serving first, then draining.
+    pub fn backend_states(&self) -> Vec<(Arc<Backend>, bool)> {
+        let m = self.membership.lock();
+        let mut out: Vec<_> = m.serving.values().map(|b| (b.clone(), false)).collect();
+        out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        out.extend(m.draining.values().map(|(b, _)| (b.clone(), true)));
+        out
+    }
 }
 
-fn build_snapshot(config: Config, registry: &Mutex<HashMap<String, Arc<Backend>>>, metrics: &Metrics) -> Snapshot {
-    let mut registry = registry.lock();
-    let mut backends = HashMap::new();
-    let mut members = Vec::new();
-    for cfg in &config.backends {
-        let backend = match registry.get(&cfg.name) {
-            Some(b) if b.matches(cfg) => b.clone(),
+fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Result<Snapshot, ConfigError> {
+    let tokens = match &config.tokens {
+        Some(t) => Some(Arc::new(TokenKeys::new(t.keys.clone(), t.token_ttl).map_err(
+            |message| ConfigError {
+                file: PathBuf::from("[tokens]"),
+                line: None,
+                message,
+            },
+        )?)),
+        None => None,
+    };
+    let now = Instant::now();
+    let desired: Vec<&BackendConfig> = config
+        .backends
+        .iter()
+        .chain(
+            m.discovered
+                .iter()
+                .filter(|d| !config.backends.iter().any(|b| b.name == d.name)),
+        )
+        .collect();
+    let mut serving = HashMap::with_capacity(desired.len());
+    for cfg in &desired {
+        let reuse = m
+            .serving
+            .remove(&cfg.name)
+            .or_else(|| m.draining.remove(&cfg.name).map(|(b, _)| b));
+        let backend = match reuse {
+            Some(b) if b.matches(cfg) => b,
             _ => {
                 let gauge = metrics.backend_inflight.with_label_values(&[&cfg.name]);
-                let b = Arc::new(Backend::new(cfg, Some(gauge)));
-                registry.insert(cfg.name.clone(), b.clone());
-                b
+                Arc::new(Backend::new(cfg, Some(gauge)))
             }
         };
-        metrics.backend_up.with_label_values(&[&cfg.name]).set(1);
-        metrics.backend_draining.with_label_values(&[&cfg.name]).set(0);
-        backends.insert(backend.key, backend.clone());
-        members.push(backend);
+        backend.set_weight(cfg.weight);
+        serving.insert(cfg.name.clone(), backend);
     }
-    // Backends no longer configured are forgotten; their series go with them.
-    registry.retain(|name, _| {
-        let keep = config.backends.iter().any(|b| &b.name == name);
-        if !keep {
-            let _ = metrics.backend_up.remove_label_values(&[name]);
-            let _ = metrics.backend_draining.remove_label_values(&[name]);
-            let _ = metrics.backend_inflight.remove_label_values(&[name]);
+    // What is no longer wanted drains: it keeps its pins but takes nothing new.
+    let deadline = now + config.routing.drain_timeout;
+    for (name, b) in m.serving.drain() {
+        tracing::info!(backend = %name, "backend removed; draining until its pins end");
+        m.draining.insert(name, (b, deadline));
+    }
+    m.serving = serving;
+
+    let mut backends = HashMap::new();
+    let mut members = Vec::new();
+    for (name, b) in &m.serving {
+        let drained = b.admin_drained.load(Ordering::Relaxed);
+        metrics.backend_up.with_label_values(&[name]).set(b.is_healthy() as i64);
+        metrics.backend_draining.with_label_values(&[name]).set(drained as i64);
+        if b.is_healthy() && !drained {
+            members.push(b.clone());
         }
-        keep
-    });
+        backends.insert(b.key, b.clone());
+    }
+    for (name, (b, _)) in &m.draining {
+        metrics.backend_up.with_label_values(&[name]).set(b.is_healthy() as i64);
+        metrics.backend_draining.with_label_values(&[name]).set(1);
+        backends.insert(b.key, b.clone());
+    }
+    members.sort_by(|a, b| a.name.cmp(&b.name));
     let r = &config.routing;
     let ring = HashRing::new(members, r.virtual_nodes, r.load_factor);
     metrics.ring_members.set(ring.len() as i64);
@@ -153,10 +350,11 @@ fn build_snapshot(config: Config, registry: &Mutex<HashMap<String, Arc<Backend>>
         session: r.session_idle_ttl,
         replay_window: r.replay_window,
     };
-    Snapshot {
+    Ok(Snapshot {
         config,
         backends,
         ring,
         ttls,
-    }
+        tokens,
+    })
 }

@@ -1,1 +1,649 @@
-//! Sealed routing tokens (DESIGN §5). Work in progress.
+//! Sealed routing tokens (DESIGN §5): the backend a follow-up belongs to, written into what the
+//! client echoes and authenticated with HMAC-SHA-256, so any replica with the same keys routes it
+//! without a shared store.
+//!
+//! Two forms, both visible ASCII (a valid header value, and valid in a JSON string unescaped):
+//!
+//! ```text
+//! token   = "mrt1." B64(body)                 ; Mcp-Routing-Id header        (TokenKeys::seal)
+//! wrapped = "mrt1." B64(body) "." value-seg   ; requestState, Mcp-Session-Id (TokenKeys::wrap)
+//!
+//! body    = key_id u32 | flags u8 | issued u64 | ttl u32 | backend (rest) | mac [32]   (big-endian)
+//! flags   = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself); others 0
+//! mac     = HMAC-SHA-256(key, "mrt1." | key_id | flags | issued | ttl
+//!                             | len(backend) u64 | backend | value)
+//! ```
+//!
+//! `B64` is URL-safe base64 without padding; `"mrt1"` is the format version; `key_id` is derived
+//! from the key ([`key_id`]), so a token verifies wherever its key sits in the list; times are
+//! seconds since the UNIX epoch and the token expires at `issued + ttl`. A value made only of
+//! visible ASCII other than `"` and `\` (hex session ids, base64 states) is carried as is and
+//! unwraps without a copy; any other value is carried as `B64(value)`. The MAC covers the
+//! original value, so a token cannot be moved onto another value and any changed byte is
+//! detected. [`is_token`] is the cheap test for "one of ours"; anything else passes untouched.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// Text every token and wrapped value starts with: format version 1.
+pub const PREFIX: &str = "mrt1.";
+/// Shortest key accepted.
+pub const MIN_KEY_LEN: usize = 32;
+/// Longest base64 body accepted (the wrapped value after it is not counted).
+pub const MAX_BODY_CHARS: usize = 64 * 1024;
+
+const FIXED: usize = 4 + 1 + 8 + 4;
+const MAC_LEN: usize = 32;
+const FLAG_WRAPPED: u8 = 1;
+const FLAG_BASE64: u8 = 2;
+const FLAG_WRAPPED_BASE64: u8 = FLAG_WRAPPED | FLAG_BASE64;
+/// Bodies up to this size are built and decoded on the stack.
+const STACK_BODY: usize = 256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Does `s` look like one of our tokens or wrapped values? A prefix check only: values that do
+/// not pass it are not ours and are forwarded untouched; values that do must verify.
+pub fn is_token(s: &str) -> bool {
+    s.starts_with(PREFIX)
+}
+
+/// The key id a token signed with `key` carries: the first 4 bytes of
+/// SHA-256(`"mrtr-token-key-id\0"` | key), big-endian. Safe to log.
+pub fn key_id(key: &[u8]) -> u32 {
+    let digest = Sha256::new()
+        .chain_update(b"mrtr-token-key-id\0")
+        .chain_update(key)
+        .finalize();
+    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+}
+
+/// The keys (the first signs, all verify) and the lifetime of the tokens they issue.
+#[derive(Clone)]
+pub struct TokenKeys {
+    keys: Vec<Key>,
+    ttl_secs: u32,
+}
+
+#[derive(Clone)]
+struct Key {
+    id: u32,
+    /// HMAC state with the key and [`PREFIX`] already absorbed; cloned per token.
+    mac: HmacSha256,
+}
+
+/// What an authentic, unexpired token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claims {
+    /// The backend the token names (not necessarily still configured: the caller checks).
+    pub backend: String,
+    /// Id of the key that signed it ([`key_id`]).
+    pub key_id: u32,
+    /// Seconds since the UNIX epoch.
+    pub issued: u64,
+    /// Seconds since the UNIX epoch; valid through this second.
+    pub expires: u64,
+}
+
+/// Why a token was refused. Never chooses a backend; the router answers 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum Rejected {
+    /// Wrong prefix or version, bad base64, wrong lengths or flags, a plain token where a
+    /// wrapped value was expected or the reverse.
+    #[error("malformed routing token")]
+    Malformed,
+    /// Signed with a key that is not configured (or a forged key id).
+    #[error("routing token signed with an unknown key")]
+    UnknownKey,
+    /// The MAC does not match: some byte was changed.
+    #[error("routing token signature does not match")]
+    BadSignature,
+    /// Authentic but past its expiry.
+    #[error("routing token expired")]
+    Expired,
+}
+
+impl Rejected {
+    /// Every variant, e.g. to initialise metric labels.
+    pub const ALL: [Rejected; 4] = [
+        Rejected::Malformed,
+        Rejected::UnknownKey,
+        Rejected::BadSignature,
+        Rejected::Expired,
+    ];
+
+    /// The `reason` label of `mrtr_tokens_rejected_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Rejected::Malformed => "malformed",
+            Rejected::UnknownKey => "unknown_key",
+            Rejected::BadSignature => "bad_signature",
+            Rejected::Expired => "expired",
+        }
+    }
+}
+
+impl fmt::Debug for TokenKeys {
+    /// Key ids and ttl only, never key material.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ids: Vec<String> = self.keys.iter().map(|k| format!("{:08x}", k.id)).collect();
+        f.debug_struct("TokenKeys")
+            .field("key_ids", &ids)
+            .field("ttl_secs", &self.ttl_secs)
+            .finish()
+    }
+}
+
+impl TokenKeys {
+    /// Keys in config order (the first signs) and the lifetime of new tokens. The error names
+    /// the offending setting, e.g. `tokens.keys[1]: must be at least 32 bytes (got 5)`.
+    pub fn new(keys: Vec<Vec<u8>>, ttl: Duration) -> Result<TokenKeys, String> {
+        if keys.is_empty() {
+            return Err("tokens.keys: at least one key is required".into());
+        }
+        if ttl.as_secs() == 0 {
+            return Err("tokens.token_ttl: must be at least 1s".into());
+        }
+        let ttl_secs =
+            u32::try_from(ttl.as_secs()).map_err(|_| format!("tokens.token_ttl: must be at most {}s", u32::MAX))?;
+        let mut built: Vec<Key> = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            if key.len() < MIN_KEY_LEN {
+                return Err(format!(
+                    "tokens.keys[{i}]: must be at least {MIN_KEY_LEN} bytes (got {})",
+                    key.len()
+                ));
+            }
+            let id = key_id(key);
+            if let Some(j) = built.iter().position(|k| k.id == id) {
+                return Err(if keys[j] == *key {
+                    format!("tokens.keys[{i}]: same key as tokens.keys[{j}]")
+                } else {
+                    format!("tokens.keys[{i}]: key id collides with tokens.keys[{j}]; generate another key")
+                });
+            }
+            let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+            mac.update(PREFIX.as_bytes());
+            built.push(Key { id, mac });
+        }
+        Ok(TokenKeys { keys: built, ttl_secs })
+    }
+
+    /// Lifetime of the tokens this issues.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs.into())
+    }
+
+    /// Token for a routing header: names the backend.
+    pub fn seal(&self, backend: &str, now: SystemTime) -> String {
+        self.issue(backend, None, now)
+    }
+
+    /// Wraps a value the client echoes (a requestState or an Mcp-Session-Id) so that it also
+    /// names the backend. Any string round-trips byte for byte through [`TokenKeys::unwrap`],
+    /// the empty one included; the MAC covers the value too, so the token cannot be moved onto
+    /// another value and any changed byte is detected.
+    pub fn wrap(&self, value: &str, backend: &str, now: SystemTime) -> String {
+        self.issue(backend, Some(value), now)
+    }
+
+    /// Checks a token from [`TokenKeys::seal`].
+    pub fn verify(&self, token: &str, now: SystemTime) -> Result<Claims, Rejected> {
+        let (body, value) = split(token)?;
+        if value.is_some() {
+            return Err(Rejected::Malformed);
+        }
+        with_body(body, |body| {
+            let parsed = Parsed::new(body)?;
+            if parsed.flags != 0 {
+                return Err(Rejected::Malformed);
+            }
+            let key = self.key(parsed.key_id)?;
+            self.check(key, &parsed, b"", now)
+        })
+    }
+
+    /// Checks a value from [`TokenKeys::wrap`] and returns the original value and the claims.
+    /// The value is borrowed from `wrapped` when it was carried as is.
+    pub fn unwrap<'a>(&self, wrapped: &'a str, now: SystemTime) -> Result<(Cow<'a, str>, Claims), Rejected> {
+        let (body, value) = split(wrapped)?;
+        let value = value.ok_or(Rejected::Malformed)?;
+        with_body(body, |body| {
+            let parsed = Parsed::new(body)?;
+            let key = self.key(parsed.key_id)?;
+            let value: Cow<'a, str> = match parsed.flags {
+                FLAG_WRAPPED => Cow::Borrowed(value),
+                FLAG_WRAPPED_BASE64 => {
+                    let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| Rejected::Malformed)?;
+                    Cow::Owned(String::from_utf8(bytes).map_err(|_| Rejected::Malformed)?)
+                }
+                _ => return Err(Rejected::Malformed),
+            };
+            let claims = self.check(key, &parsed, value.as_bytes(), now)?;
+            Ok((value, claims))
+        })
+    }
+
+    fn issue(&self, backend: &str, value: Option<&str>, now: SystemTime) -> String {
+        let key = &self.keys[0];
+        let raw = value.is_none_or(carried_as_is);
+        let flags = match value {
+            None => 0,
+            Some(_) if raw => FLAG_WRAPPED,
+            Some(_) => FLAG_WRAPPED_BASE64,
+        };
+        let head_len = FIXED + backend.len();
+        let len = head_len + MAC_LEN;
+        let mut stack = [0u8; STACK_BODY];
+        let mut heap = Vec::new();
+        let body: &mut [u8] = if len <= STACK_BODY {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        body[0..4].copy_from_slice(&key.id.to_be_bytes());
+        body[4] = flags;
+        body[5..13].copy_from_slice(&unix_secs(now).to_be_bytes());
+        body[13..17].copy_from_slice(&self.ttl_secs.to_be_bytes());
+        body[FIXED..head_len].copy_from_slice(backend.as_bytes());
+        let tag = mac(&key.mac, &body[..head_len], value.unwrap_or("").as_bytes())
+            .finalize()
+            .into_bytes();
+        body[head_len..].copy_from_slice(&tag);
+
+        let value_len = match value {
+            None => 0,
+            Some(v) if raw => 1 + v.len(),
+            Some(v) => 1 + b64_len(v.len()),
+        };
+        let mut out = String::with_capacity(PREFIX.len() + b64_len(len) + value_len);
+        out.push_str(PREFIX);
+        URL_SAFE_NO_PAD.encode_string(&*body, &mut out);
+        if let Some(v) = value {
+            out.push('.');
+            if raw {
+                out.push_str(v);
+            } else {
+                URL_SAFE_NO_PAD.encode_string(v, &mut out);
+            }
+        }
+        out
+    }
+
+    fn key(&self, id: u32) -> Result<&Key, Rejected> {
+        self.keys.iter().find(|k| k.id == id).ok_or(Rejected::UnknownKey)
+    }
+
+    /// MAC (constant time), then backend name, then expiry.
+    fn check(&self, key: &Key, parsed: &Parsed<'_>, value: &[u8], now: SystemTime) -> Result<Claims, Rejected> {
+        mac(&key.mac, parsed.head, value)
+            .verify_slice(parsed.mac)
+            .map_err(|_| Rejected::BadSignature)?;
+        let backend = std::str::from_utf8(&parsed.head[FIXED..]).map_err(|_| Rejected::Malformed)?;
+        let expires = parsed.issued.saturating_add(parsed.ttl.into());
+        if unix_secs(now) > expires {
+            return Err(Rejected::Expired);
+        }
+        Ok(Claims {
+            backend: backend.to_owned(),
+            key_id: key.id,
+            issued: parsed.issued,
+            expires,
+        })
+    }
+}
+
+/// A decoded body; nothing in it is trusted before [`TokenKeys::check`].
+struct Parsed<'b> {
+    key_id: u32,
+    flags: u8,
+    issued: u64,
+    ttl: u32,
+    /// Everything the MAC covers from the body: fixed fields and backend.
+    head: &'b [u8],
+    mac: &'b [u8],
+}
+
+impl<'b> Parsed<'b> {
+    fn new(body: &'b [u8]) -> Result<Parsed<'b>, Rejected> {
+        if body.len() < FIXED + MAC_LEN {
+            return Err(Rejected::Malformed);
+        }
+        let (head, mac) = body.split_at(body.len() - MAC_LEN);
+        let be4 = |at: usize| [head[at], head[at + 1], head[at + 2], head[at + 3]];
+        let mut issued = [0u8; 8];
+        issued.copy_from_slice(&head[5..13]);
+        Ok(Parsed {
+            key_id: u32::from_be_bytes(be4(0)),
+            flags: head[4],
+            issued: u64::from_be_bytes(issued),
+            ttl: u32::from_be_bytes(be4(13)),
+            head,
+            mac,
+        })
+    }
+}
+
+/// HMAC state over a body head and value, ready to finalize or verify.
+fn mac(keyed: &HmacSha256, head: &[u8], value: &[u8]) -> HmacSha256 {
+    let mut m = keyed.clone();
+    m.update(&head[..FIXED]);
+    m.update(&((head.len() - FIXED) as u64).to_be_bytes());
+    m.update(&head[FIXED..]);
+    m.update(value);
+    m
+}
+
+/// `"mrt1." body ["." value]` → `(body, value)`.
+fn split(token: &str) -> Result<(&str, Option<&str>), Rejected> {
+    let rest = token.strip_prefix(PREFIX).ok_or(Rejected::Malformed)?;
+    let (body, value) = match memchr::memchr(b'.', rest.as_bytes()) {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
+    if body.len() > MAX_BODY_CHARS {
+        return Err(Rejected::Malformed);
+    }
+    Ok((body, value))
+}
+
+/// Decodes a base64 body (on the stack when small) and hands it to `f`.
+fn with_body<R>(text: &str, f: impl FnOnce(&[u8]) -> Result<R, Rejected>) -> Result<R, Rejected> {
+    let estimate = base64::decoded_len_estimate(text.len());
+    let mut stack = [0u8; STACK_BODY];
+    let mut heap = Vec::new();
+    let buf: &mut [u8] = if estimate <= STACK_BODY {
+        &mut stack[..estimate]
+    } else {
+        heap.resize(estimate, 0);
+        &mut heap
+    };
+    let n = URL_SAFE_NO_PAD
+        .decode_slice(text, buf)
+        .map_err(|_| Rejected::Malformed)?;
+    f(&buf[..n])
+}
+
+/// Values carried as is: visible ASCII that needs no escaping in a JSON string.
+fn carried_as_is(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+}
+
+fn b64_len(n: usize) -> usize {
+    n.div_ceil(3) * 4
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3600);
+
+    fn key(b: u8) -> Vec<u8> {
+        vec![b; 32]
+    }
+
+    fn keys(list: &[u8]) -> TokenKeys {
+        TokenKeys::new(list.iter().map(|&b| key(b)).collect(), TTL).unwrap()
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    const NOW: u64 = 1_750_000_000;
+
+    #[test]
+    fn seal_verify_round_trip() {
+        let k = keys(&[1]);
+        let t = k.seal("worker-1", at(NOW));
+        assert!(is_token(&t), "{t}");
+        assert!(
+            t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)),
+            "{t}"
+        );
+        let c = k.verify(&t, at(NOW + 10)).unwrap();
+        assert_eq!(
+            c,
+            Claims {
+                backend: "worker-1".into(),
+                key_id: key_id(&key(1)),
+                issued: NOW,
+                expires: NOW + 3600
+            }
+        );
+        // Any backend name, including non-ASCII and the empty one.
+        for b in ["", "10.0.0.7:8000", "wörker \"x\"", &"b".repeat(300)] {
+            assert_eq!(k.verify(&k.seal(b, at(NOW)), at(NOW)).unwrap().backend, b);
+        }
+    }
+
+    #[test]
+    fn wrap_unwrap_awkward_values() {
+        let k = keys(&[1]);
+        let long_state = "eyJhbGciOi.JIUzI1NiJ9/+=".repeat(40);
+        let values = [
+            "",
+            "0123456789abcdef0123456789abcdef",
+            &long_state,
+            "a.b.c",
+            "mrt1.looks.like.ours",
+            "has space",
+            "quote\" and \\ backslash",
+            "unicode é € 🦀",
+            "ctl\u{0}\n\t",
+            "=",
+        ];
+        for v in values {
+            let w = k.wrap(v, "w2", at(NOW));
+            assert!(is_token(&w));
+            assert!(
+                w.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\'),
+                "{w}"
+            );
+            let (got, c) = k.unwrap(&w, at(NOW)).unwrap();
+            assert_eq!(got, v);
+            assert_eq!(c.backend, "w2");
+            assert_eq!(matches!(got, Cow::Borrowed(_)), carried_as_is(v), "{v:?}");
+        }
+        // Safe values are carried as is: a hex session id grows only by the token.
+        let w = k.wrap("abcdef", "w2", at(NOW));
+        assert!(w.ends_with(".abcdef"), "{w}");
+    }
+
+    #[test]
+    fn plain_and_wrapped_are_not_interchangeable() {
+        let k = keys(&[1]);
+        let t = k.seal("w", at(NOW));
+        assert_eq!(k.unwrap(&t, at(NOW)), Err(Rejected::Malformed));
+        assert_eq!(k.unwrap(&format!("{t}."), at(NOW)), Err(Rejected::Malformed));
+        let w = k.wrap("", "w", at(NOW));
+        assert_eq!(k.verify(&w, at(NOW)), Err(Rejected::Malformed));
+        assert_eq!(k.verify(w.trim_end_matches('.'), at(NOW)), Err(Rejected::Malformed));
+    }
+
+    #[test]
+    fn rotation() {
+        let old = keys(&[1]);
+        let t = old.seal("w", at(NOW));
+        let w = old.wrap("state", "w", at(NOW));
+        let rotated = keys(&[2, 1]);
+        assert_eq!(rotated.verify(&t, at(NOW)).unwrap().key_id, key_id(&key(1)));
+        assert_eq!(rotated.unwrap(&w, at(NOW)).unwrap().0, "state");
+        // The new first key signs; the old list does not know it.
+        let t2 = rotated.seal("w", at(NOW));
+        assert_eq!(rotated.verify(&t2, at(NOW)).unwrap().key_id, key_id(&key(2)));
+        assert_eq!(old.verify(&t2, at(NOW)), Err(Rejected::UnknownKey));
+        // Dropping the old key ends its tokens.
+        assert_eq!(keys(&[2]).verify(&t, at(NOW)), Err(Rejected::UnknownKey));
+    }
+
+    #[test]
+    fn expiry() {
+        let k = keys(&[1]);
+        let t = k.seal("w", at(NOW));
+        assert!(k.verify(&t, at(NOW + 3600)).is_ok());
+        assert_eq!(k.verify(&t, at(NOW + 3601)), Err(Rejected::Expired));
+        let w = k.wrap("s", "w", at(NOW));
+        assert_eq!(k.unwrap(&w, at(NOW + 3601)), Err(Rejected::Expired));
+        // Issued "in the future" (another replica's clock ahead) is fine.
+        assert!(k.verify(&t, at(NOW - 30)).is_ok());
+    }
+
+    #[test]
+    fn foreign_key_id_and_forged_key_id() {
+        let k = keys(&[1]);
+        assert_eq!(
+            k.verify(&keys(&[9]).seal("w", at(NOW)), at(NOW)),
+            Err(Rejected::UnknownKey)
+        );
+        // A token from another key list that claims our key id fails the MAC.
+        let foreign = keys(&[9]).seal("w", at(NOW));
+        let mut body = URL_SAFE_NO_PAD.decode(&foreign[PREFIX.len()..]).unwrap();
+        body[0..4].copy_from_slice(&key_id(&key(1)).to_be_bytes());
+        let forged = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(&body));
+        assert_eq!(k.verify(&forged, at(NOW)), Err(Rejected::BadSignature));
+    }
+
+    #[test]
+    fn tampering_is_detected() {
+        let k = keys(&[1]);
+        let t = k.seal("worker-1", at(NOW));
+        // Change the backend inside a well-formed body.
+        let mut body = URL_SAFE_NO_PAD.decode(&t[PREFIX.len()..]).unwrap();
+        body[FIXED] = b'W';
+        let changed = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(&body));
+        assert_eq!(k.verify(&changed, at(NOW)), Err(Rejected::BadSignature));
+        // Extend the lifetime.
+        let mut body = URL_SAFE_NO_PAD.decode(&t[PREFIX.len()..]).unwrap();
+        body[16] = 0xff;
+        let changed = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(&body));
+        assert_eq!(k.verify(&changed, at(NOW)), Err(Rejected::BadSignature));
+        // Truncated MAC, empty, other versions.
+        assert_eq!(k.verify(&t[..t.len() - 4], at(NOW)), Err(Rejected::BadSignature));
+        for bad in ["", "mrt1.", "mrt1", "mrt2.AAAA", "xyz", "mrt1.!!!!", "MRT1.AAAA"] {
+            assert_eq!(k.verify(bad, at(NOW)), Err(Rejected::Malformed), "{bad:?}");
+            assert_eq!(k.unwrap(bad, at(NOW)), Err(Rejected::Malformed), "{bad:?}");
+        }
+        let huge = format!("{PREFIX}{}", "A".repeat(MAX_BODY_CHARS + 4));
+        assert_eq!(k.verify(&huge, at(NOW)), Err(Rejected::Malformed));
+    }
+
+    #[test]
+    fn wrapped_token_cannot_move_to_another_value() {
+        let k = keys(&[1]);
+        let a = k.wrap("session-a", "w1", at(NOW));
+        let b = k.wrap("session-b", "w2", at(NOW));
+        for (token, other) in [(&a, "session-b"), (&b, "session-a")] {
+            let moved = format!("{}.{other}", token.rsplit_once('.').unwrap().0);
+            assert_eq!(k.unwrap(&moved, at(NOW)), Err(Rejected::BadSignature));
+        }
+        // Same for values carried as base64.
+        let a = k.wrap("a\"b", "w1", at(NOW));
+        let b = k.wrap("c\"d", "w1", at(NOW));
+        let moved = format!("{}.{}", a.rsplit_once('.').unwrap().0, b.rsplit_once('.').unwrap().1);
+        assert_eq!(k.unwrap(&moved, at(NOW)), Err(Rejected::BadSignature));
+        // A plain token's body with a value appended.
+        let t = k.seal("w1", at(NOW));
+        assert!(k.unwrap(&format!("{t}.x"), at(NOW)).is_err());
+    }
+
+    /// Every single-character change, deletion and truncation of sample tokens is rejected
+    /// (never Ok, never a panic).
+    #[test]
+    fn every_mutation_is_rejected() {
+        let k = keys(&[1, 2]);
+        let samples = [
+            (k.seal("worker-1", at(NOW)), false),
+            (k.wrap("0123456789abcdef", "worker-1", at(NOW)), true),
+            (k.wrap("st\"ate/+=é", "worker-1", at(NOW)), true),
+            (k.wrap("", "w", at(NOW)), true),
+        ];
+        let check = |s: &str, wrapped: bool| {
+            let r = if wrapped {
+                k.unwrap(s, at(NOW)).map(|_| ())
+            } else {
+                k.verify(s, at(NOW)).map(|_| ())
+            };
+            assert!(r.is_err(), "accepted mutation {s:?}");
+        };
+        let mut alphabet: Vec<char> = (0u8..0x80).map(char::from).collect();
+        alphabet.extend(['é', '€', '🦀']);
+        let mut tried = 0;
+        for (token, wrapped) in &samples {
+            assert!(if *wrapped {
+                k.unwrap(token, at(NOW)).is_ok()
+            } else {
+                k.verify(token, at(NOW)).is_ok()
+            });
+            for end in 0..token.len() {
+                check(&token[..end], *wrapped);
+                tried += 1;
+            }
+            for (i, orig) in token.char_indices() {
+                let (before, after) = (&token[..i], &token[i + orig.len_utf8()..]);
+                check(&format!("{before}{after}"), *wrapped);
+                for &c in alphabet.iter().filter(|&&c| c != orig) {
+                    check(&format!("{before}{c}{after}"), *wrapped);
+                    tried += 1;
+                }
+            }
+            for c in ['A', 'g', '.', '=', '0'] {
+                check(&format!("{token}{c}"), *wrapped);
+            }
+        }
+        assert!(tried > 10_000, "{tried}");
+    }
+
+    #[test]
+    fn arbitrary_input_never_panics() {
+        let k = keys(&[1]);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 120) as usize;
+            let s: String = (0..len)
+                .map(|i| b"AZaz09-_.=+/mrt1"[((x >> (i % 60)) as usize + i) % 16] as char)
+                .collect();
+            let s = format!("{PREFIX}{s}");
+            assert!(k.verify(&s, at(NOW)).is_err());
+            assert!(k.unwrap(&s, at(NOW)).is_err());
+        }
+    }
+
+    #[test]
+    fn new_validates() {
+        let e = TokenKeys::new(vec![key(1), vec![7; 31]], TTL).unwrap_err();
+        assert_eq!(e, "tokens.keys[1]: must be at least 32 bytes (got 31)");
+        assert!(TokenKeys::new(vec![], TTL).unwrap_err().starts_with("tokens.keys:"));
+        assert!(TokenKeys::new(vec![key(1)], Duration::from_millis(500)).is_err());
+        assert!(TokenKeys::new(vec![key(1)], Duration::from_secs(1 << 33)).is_err());
+        let e = TokenKeys::new(vec![key(1), key(2), key(1)], TTL).unwrap_err();
+        assert_eq!(e, "tokens.keys[2]: same key as tokens.keys[0]");
+        // Long keys are fine; Debug never shows key material.
+        let k = TokenKeys::new(vec![vec![0xab; 200]], TTL).unwrap();
+        assert!(!format!("{k:?}").contains("171, 171"), "{k:?}");
+        assert_eq!(k.ttl(), TTL);
+    }
+
+    #[test]
+    fn reasons() {
+        let labels: Vec<_> = Rejected::ALL.iter().map(|r| r.reason()).collect();
+        assert_eq!(labels, ["malformed", "unknown_key", "bad_signature", "expired"]);
+    }
+}

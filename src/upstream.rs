@@ -1,6 +1,6 @@
 //! Backends: their identity, in-flight accounting, and the pooled HTTP client that reaches them.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,13 +40,42 @@ impl BackendKey {
 pub struct Backend {
     pub key: BackendKey,
     pub name: Arc<str>,
-    pub weight: u32,
+    /// Ring share; updated in place on reload.
+    weight: AtomicU32,
     scheme: Scheme,
     authority: Authority,
     base_path: String,
     /// Requests sent and not yet finished (response body done or dropped).
     inflight: AtomicI64,
     inflight_gauge: Option<prometheus::IntGauge>,
+    /// False while ejected by health checks.
+    healthy: AtomicBool,
+    /// Consecutive failed checks or requests (reset by any success).
+    failures: AtomicU32,
+    /// Consecutive successful active checks while ejected.
+    successes: AtomicU32,
+    /// Incarnation: changes whenever the backend is ejected, so pins made before an ejection
+    /// never follow it into a restarted instance that lost their state.
+    epoch: AtomicU32,
+    /// Drained on request through the admin listener (a deploy): no new keys.
+    pub admin_drained: AtomicBool,
+    /// Pins naming this backend at the last sweep.
+    pub pins: AtomicUsize,
+}
+
+/// Source of backend epochs: unique in the process, so a backend removed and added again
+/// under the same name never matches pins of its earlier life.
+static NEXT_EPOCH: AtomicU32 = AtomicU32::new(1);
+
+fn next_epoch() -> u32 {
+    NEXT_EPOCH.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A change of a backend's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthChange {
+    Ejected,
+    Readmitted,
 }
 
 impl Backend {
@@ -54,22 +83,80 @@ impl Backend {
         Backend {
             key: BackendKey::of(&cfg.name),
             name: cfg.name.as_str().into(),
-            weight: cfg.weight,
+            weight: AtomicU32::new(cfg.weight),
             scheme: cfg.scheme.clone(),
             authority: cfg.authority.clone(),
             base_path: cfg.base_path.clone(),
             inflight: AtomicI64::new(0),
             inflight_gauge,
+            healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            epoch: AtomicU32::new(next_epoch()),
+            admin_drained: AtomicBool::new(false),
+            pins: AtomicUsize::new(0),
         }
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    pub fn set_weight(&self, weight: u32) {
+        self.weight.store(weight, Ordering::Relaxed)
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Counts a failed check or request; ejects after `unhealthy_after` in a row.
+    pub fn record_failure(&self, unhealthy_after: u32) -> Option<HealthChange> {
+        self.successes.store(0, Ordering::Relaxed);
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= unhealthy_after && self.healthy.swap(false, Ordering::AcqRel) {
+            self.epoch.store(next_epoch(), Ordering::Release);
+            return Some(HealthChange::Ejected);
+        }
+        None
+    }
+
+    /// Counts a successful active check; re-admits after `healthy_after` in a row.
+    pub fn record_check_success(&self, healthy_after: u32) -> Option<HealthChange> {
+        self.failures.store(0, Ordering::Relaxed);
+        if self.is_healthy() {
+            return None;
+        }
+        let n = self.successes.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= healthy_after && !self.healthy.swap(true, Ordering::AcqRel) {
+            self.successes.store(0, Ordering::Relaxed);
+            return Some(HealthChange::Readmitted);
+        }
+        None
+    }
+
+    /// A request answered: the failure streak ends (re-admission needs active checks).
+    pub fn record_request_success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub fn authority(&self) -> &Authority {
+        &self.authority
     }
 
     /// Whether this backend object still matches `cfg` (else a reload replaces it).
     pub fn matches(&self, cfg: &BackendConfig) -> bool {
+        // Weight is not identity: a re-weighted backend keeps its object, counts and pins.
         *self.name == *cfg.name
             && self.scheme == cfg.scheme
             && self.authority == cfg.authority
             && self.base_path == cfg.base_path
-            && self.weight == cfg.weight
     }
 
     #[cfg(test)]

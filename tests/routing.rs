@@ -227,39 +227,6 @@ async fn invalid_reload_keeps_the_running_config() {
 }
 
 #[tokio::test]
-async fn removed_backend_loses_its_pins_strictly() {
-    let fleet = Fleet::start(3, "").await;
-    let a = fleet.post(&[], &start_call("lost-1", 2)).await;
-    let holder = a.worker();
-    let rest: Vec<_> = fleet.specs().into_iter().filter(|s| s.name != holder).collect();
-    fleet.reconfigure(&rest);
-    let b = fleet.post(&[], &confirm("lost-1", 2)).await;
-    assert_eq!(b.status, 503);
-    assert_eq!(b.router_error(), Some("pinned_backend_unavailable"));
-    assert_eq!(b.json()["error"]["code"], -32001);
-    assert_eq!(b.json()["error"]["data"]["key"], "lost-1");
-    assert!(b.headers.contains_key("retry-after"));
-    assert_eq!(fleet.total_unknown_followups(), 0, "strict never forwards a lost call");
-}
-
-#[tokio::test]
-async fn rehash_policy_routes_a_lost_call_by_the_ring() {
-    let fleet = Fleet::start(3, "[routing]\non_pin_lost = \"rehash\"").await;
-    let a = fleet.post(&[], &start_call("lost-2", 2)).await;
-    let holder = a.worker();
-    let rest: Vec<_> = fleet.specs().into_iter().filter(|s| s.name != holder).collect();
-    fleet.reconfigure(&rest);
-    let b = fleet.post(&[], &confirm("lost-2", 2)).await;
-    // The ring's choice answers; it does not hold the call, and says so itself.
-    assert_eq!(b.status, 200);
-    assert_eq!(b.router_error(), None);
-    assert_ne!(b.worker(), holder);
-    assert_eq!(b.json()["error"]["message"], "unknown messageId");
-    let m = fleet.metrics().await;
-    assert_eq!(metric(&m, "mrtr_pins_lost_total"), Some(1.0));
-}
-
-#[tokio::test]
 async fn debug_route_explains_keys_and_bodies_without_touching_pins() {
     use bytes::Bytes;
     use http::Method;

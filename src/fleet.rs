@@ -1,0 +1,148 @@
+//! Background upkeep of the fleet: pin expiry, active health checks, DNS discovery, reloading
+//! on a config file change, and forgetting drained backends. Each loop reads the current
+//! snapshot every round, so reloads change intervals and targets at once.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http::{Method, Request};
+use http_body_util::{Either, Full};
+
+use crate::pins::PinKind;
+use crate::state::{config_digest, Shared};
+use crate::upstream::{Backend, HealthChange};
+
+/// How often the config file is compared with what was last loaded.
+pub const CONFIG_POLL: Duration = Duration::from_secs(1);
+
+/// Sweeps expired pins once a second, keeps the pin gauges and per-backend pin counts current,
+/// and forgets draining backends whose last pin ended or whose deadline passed.
+pub async fn upkeep(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        sweep_once(&shared);
+    }
+}
+
+/// One round of [`upkeep`].
+pub fn sweep_once(shared: &Shared) {
+    let swept = shared.pins.sweep();
+    for kind in PinKind::ALL {
+        let n = swept.expired[kind as usize];
+        if n > 0 {
+            shared.metrics.pins_expired.with_label_values(&[kind.label()]).inc_by(n);
+        }
+    }
+    for (b, _) in shared.backend_states() {
+        b.pins
+            .store(swept.per_backend.get(&b.key).copied().unwrap_or(0), Ordering::Relaxed);
+    }
+    shared.update_pin_gauges();
+    shared.retire_drained();
+}
+
+/// Active health checks of every known backend (serving and draining), every `[health].interval`.
+pub async fn health_checks(shared: Arc<Shared>) {
+    loop {
+        let health = shared.snapshot().config.health.clone();
+        let backends = shared.backend_states();
+        let checks = backends
+            .iter()
+            .map(|(b, _)| check(&shared, b, &health.path, health.timeout));
+        let results = join_all(checks).await;
+        let mut changed = false;
+        for ((b, _), ok) in backends.iter().zip(results) {
+            let change = if ok {
+                b.record_check_success(health.healthy_after)
+            } else {
+                b.record_failure(health.unhealthy_after)
+            };
+            match change {
+                Some(HealthChange::Ejected) => {
+                    tracing::warn!(backend = %b.name, "backend ejected: health checks failing")
+                }
+                Some(HealthChange::Readmitted) => tracing::info!(backend = %b.name, "backend healthy again"),
+                None => {}
+            }
+            changed |= change.is_some();
+        }
+        if changed {
+            shared.rebuild();
+        }
+        tokio::time::sleep(health.interval).await;
+    }
+}
+
+/// One check: a TCP connect, or an HTTP GET of `path` answered 2xx, within `timeout`.
+async fn check(shared: &Shared, backend: &Backend, path: &str, timeout: Duration) -> bool {
+    let attempt = async {
+        if path.is_empty() {
+            let authority = backend.authority();
+            let port = authority.port_u16().unwrap_or(80);
+            return tokio::net::TcpStream::connect((authority.host(), port)).await.is_ok();
+        }
+        let Ok(uri) = format!("{}{}", backend.url(), path).parse::<http::Uri>() else {
+            return false;
+        };
+        let Ok(req) = Request::builder()
+            .method(Method::GET)
+            .uri(uri)
+            .body(Either::Left(Full::new(Bytes::new())))
+        else {
+            return false;
+        };
+        matches!(shared.client.request(req).await, Ok(resp) if resp.status().is_success())
+    };
+    tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
+}
+
+/// Resolves `[discovery].dns` every interval and merges the addresses with the static backends.
+/// A failed lookup keeps the last known set; an empty answer drains every discovered backend.
+pub async fn discovery(shared: Arc<Shared>) {
+    loop {
+        let Some(d) = shared.snapshot().config.discovery.clone() else {
+            tokio::time::sleep(CONFIG_POLL).await;
+            continue;
+        };
+        match resolve(&shared, &d.host, d.port).await {
+            Ok(addrs) => {
+                shared.metrics.discovery_resolutions.with_label_values(&["ok"]).inc();
+                shared.set_discovered(d.port, &addrs);
+            }
+            Err(e) => {
+                shared.metrics.discovery_resolutions.with_label_values(&["error"]).inc();
+                tracing::warn!(host = %d.host, error = %e, "discovery lookup failed; keeping the last known backends");
+            }
+        }
+        tokio::time::sleep(d.interval).await;
+    }
+}
+
+async fn resolve(shared: &Shared, host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    if let Some(resolver) = shared.resolver() {
+        return resolver(host.to_string(), port).await;
+    }
+    Ok(tokio::net::lookup_host((host, port)).await?.collect())
+}
+
+/// Reloads when the config file's content changes (also through a symlink swap, as a
+/// Kubernetes ConfigMap update does). A file that fails to load is reported once per content.
+pub async fn watch_config(shared: Arc<Shared>) {
+    let Some(path) = shared.config_path.clone() else { return };
+    loop {
+        tokio::time::sleep(CONFIG_POLL).await;
+        let Ok(bytes) = tokio::fs::read(&path).await else {
+            continue;
+        };
+        if shared.config_is_new(config_digest(&bytes)) {
+            tracing::info!(path = %path.display(), "config file changed");
+            let _ = shared.reload();
+        }
+    }
+}
