@@ -147,7 +147,18 @@ pub fn explain(shared: &Shared, keys: &RequestKeys) -> serde_json::Value {
         "task_id": keys.task_id,
         "session_id": keys.session_id,
     });
-    match route::decide(&snap, &shared.pins, keys, false) {
+    let unsealed = match snap
+        .sealing
+        .as_ref()
+        .map(|s| s.unseal(keys, std::time::SystemTime::now()))
+    {
+        Some(Ok(u)) => u,
+        Some(Err(rejected)) => {
+            return json!({"error": "invalid_routing_token", "message": rejected.reason(), "keys": found});
+        }
+        None => None,
+    };
+    match route::decide(&snap, &shared.pins, keys, unsealed.as_ref(), false) {
         Ok(d) => json!({
             "backend": &*d.backend.name,
             "url": d.backend.url(),

@@ -12,12 +12,14 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use crate::sealing::{replace_once, Replacement};
 use crate::upstream::InflightGuard;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Called with the `data` of each SSE event (or a whole JSON body) before it is sent on.
-pub type MessageSink = Box<dyn FnMut(&[u8]) + Send>;
+/// Called with the `data` of each SSE event before the event is sent on; may ask for a string
+/// in the event to be replaced (a `requestState` sealed for the client).
+pub type MessageSink = Box<dyn FnMut(&[u8]) -> Option<Replacement> + Send>;
 
 /// Called once if the upstream stream fails, with the `kind` label of the error.
 pub type ErrorHook = Box<dyn FnOnce(&str) + Send>;
@@ -210,6 +212,7 @@ impl SseSplitter {
     pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
         self.buf.extend_from_slice(chunk);
         let mut complete = 0;
+        let mut rewrites: Vec<(usize, usize, Replacement)> = Vec::new();
         let mut i = self.scan;
         let len = self.buf.len();
         while i < len {
@@ -230,7 +233,9 @@ impl SseSplitter {
             if i == self.line_start {
                 // An empty line ends the event.
                 if !self.skipping {
-                    self.observe(complete, i);
+                    if let Some(r) = self.observe(complete, i) {
+                        rewrites.push((complete, end, r));
+                    }
                 }
                 self.skipping = false;
                 complete = end;
@@ -247,21 +252,41 @@ impl SseSplitter {
         let out = self.buf.split_to(complete).freeze();
         self.scan -= complete.min(self.scan);
         self.line_start -= complete.min(self.line_start);
-        out
+        if rewrites.is_empty() {
+            return out;
+        }
+        let mut rewritten = BytesMut::with_capacity(out.len() + 256);
+        let mut pos = 0;
+        for (start, end, r) in rewrites {
+            rewritten.extend_from_slice(&out[pos..start]);
+            match replace_once(&out[start..end], r.from.as_bytes(), r.to.as_bytes()) {
+                Some(event) => rewritten.extend_from_slice(&event),
+                None => rewritten.extend_from_slice(&out[start..end]),
+            }
+            pos = end;
+        }
+        rewritten.extend_from_slice(&out[pos..]);
+        rewritten.freeze()
     }
 
     /// The stream ended: whatever is left (an unterminated event) goes out as is, after the
     /// sink has seen it.
     pub fn finish(&mut self) -> Bytes {
-        if !self.skipping && !self.buf.is_empty() {
-            self.observe(0, self.buf.len());
-        }
+        let rewrite = if !self.skipping && !self.buf.is_empty() {
+            self.observe(0, self.buf.len())
+        } else {
+            None
+        };
         self.scan = 0;
         self.line_start = 0;
-        self.buf.split().freeze()
+        let rest = self.buf.split().freeze();
+        match rewrite {
+            Some(r) => replace_once(&rest, r.from.as_bytes(), r.to.as_bytes()).unwrap_or(rest),
+            None => rest,
+        }
     }
 
-    fn observe(&mut self, start: usize, end: usize) {
+    fn observe(&mut self, start: usize, end: usize) -> Option<Replacement> {
         let event = &self.buf[start..end];
         let mut data: Vec<u8> = Vec::new();
         let mut lines = 0;
@@ -277,7 +302,9 @@ impl SseSplitter {
             lines += 1;
         }
         if lines > 0 {
-            (self.sink)(&data);
+            (self.sink)(&data)
+        } else {
+            None
         }
     }
 }
@@ -290,12 +317,11 @@ mod tests {
     fn splitter() -> (SseSplitter, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
-        (
-            SseSplitter::new(Box::new(move |d| {
-                s.lock().unwrap().push(String::from_utf8_lossy(d).into_owned())
-            })),
-            seen,
-        )
+        let sink = move |d: &[u8]| {
+            s.lock().unwrap().push(String::from_utf8_lossy(d).into_owned());
+            None
+        };
+        (SseSplitter::new(Box::new(sink)), seen)
     }
 
     #[test]
@@ -313,6 +339,26 @@ mod tests {
         assert_eq!(&sp.feed(b"data: tail"), &b""[..]);
         assert_eq!(&sp.finish(), &b"data: tail"[..]);
         assert_eq!(seen.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn events_can_be_rewritten() {
+        let sink = |d: &[u8]| {
+            (d.starts_with(b"{\"result\"")).then(|| Replacement {
+                from: "\"s1\"".into(),
+                to: "\"mrt1.x\"".into(),
+            })
+        };
+        let mut sp = SseSplitter::new(Box::new(sink));
+        let out = sp.feed(
+            b": ping\n\nevent: message\ndata: {\"result\":{\"requestState\":\"s1\"}}\n\ndata: {\"x\":\"s1\"}\n\n",
+        );
+        assert_eq!(
+            &out[..],
+            &b": ping\n\nevent: message\ndata: {\"result\":{\"requestState\":\"mrt1.x\"}}\n\ndata: {\"x\":\"s1\"}\n\n"
+                [..]
+        );
+        assert_eq!(&sp.finish(), &b""[..]);
     }
 
     #[test]

@@ -42,8 +42,8 @@ pub mod defaults {
     pub const HEALTHY_AFTER: u32 = 2;
     pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(5);
     pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
-    /// Shortest token key accepted, in bytes.
-    pub const MIN_TOKEN_KEY_BYTES: usize = 32;
+    /// Wrapped session ids live as long as a session may: clients keep them from `initialize` on.
+    pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 }
 
 /// A configuration problem, with the file and line where it was found when known.
@@ -99,6 +99,8 @@ pub struct TokensConfig {
     /// HMAC keys: the first signs, all verify.
     pub keys: Vec<Vec<u8>>,
     pub token_ttl: Duration,
+    /// Lifetime of wrapped `Mcp-Session-Id` values.
+    pub session_ttl: Duration,
 }
 
 impl fmt::Debug for TokensConfig {
@@ -221,6 +223,7 @@ struct RawHealth {
 struct RawTokens {
     keys: Spanned<Vec<Spanned<String>>>,
     token_ttl: Option<Spanned<String>>,
+    session_ttl: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -556,12 +559,12 @@ impl Config {
                 for (i, k) in t.keys.get_ref().iter().enumerate() {
                     let value =
                         expand_env(k.get_ref()).or_else(|e| c.err(Some(k.span()), format!("tokens.keys[{i}]: {e}")))?;
-                    if value.len() < defaults::MIN_TOKEN_KEY_BYTES {
+                    if value.len() < crate::token::MIN_KEY_LEN {
                         return c.err(
                             Some(k.span()),
                             format!(
                                 "tokens.keys[{i}]: a key needs at least {} bytes (has {})",
-                                defaults::MIN_TOKEN_KEY_BYTES,
+                                crate::token::MIN_KEY_LEN,
                                 value.len()
                             ),
                         );
@@ -571,10 +574,16 @@ impl Config {
                 if keys.is_empty() {
                     return c.err(Some(t.keys.span()), "tokens.keys: at least one key is required");
                 }
-                Some(TokensConfig {
+                let tokens = TokensConfig {
                     keys,
                     token_ttl: c.duration("tokens.token_ttl", &t.token_ttl, defaults::TOKEN_TTL)?,
-                })
+                    session_ttl: c.duration("tokens.session_ttl", &t.session_ttl, defaults::SESSION_TOKEN_TTL)?,
+                };
+                // The sealing keys are built here once to check everything they check.
+                if let Err(e) = crate::sealing::Sealing::new(&tokens) {
+                    return c.err(Some(t.keys.span()), e);
+                }
+                Some(tokens)
             }
         };
         let discovery = match &raw.discovery {
@@ -641,9 +650,10 @@ impl Config {
         ));
         if let Some(t) = &self.tokens {
             out.push_str(&format!(
-                "\n[tokens]\nkeys = [{}]   # values hidden\ntoken_ttl = \"{}\"\n",
+                "\n[tokens]\nkeys = [{}]   # values hidden\ntoken_ttl = \"{}\"\nsession_ttl = \"{}\"\n",
                 vec!["\"<redacted>\""; t.keys.len()].join(", "),
-                d(t.token_ttl)
+                d(t.token_ttl),
+                d(t.session_ttl)
             ));
         }
         if let Some(disc) = &self.discovery {

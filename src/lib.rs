@@ -12,7 +12,8 @@
 //! - [`fleet`]    background upkeep: pin expiry, health checks, discovery, config watch, draining
 //! - [`body`]     response bodies: buffered, streamed, SSE split into events
 //! - [`state`]    the hot snapshot (config + backends + ring) swapped as one on reload
-//! - [`token`]    sealed routing tokens (DESIGN §5): any replica routes any follow-up
+//! - [`token`]    sealed routing tokens (DESIGN §5): the format, sealing and verifying
+//! - [`sealing`]  where tokens travel: unsealing requests, sealing answers
 //! - [`config`]   TOML → validated [`config::Config`]; every default in [`config::defaults`]
 //! - [`error`]    the router's own errors, rendered in one place (DESIGN §6)
 //! - [`metrics`], [`admin`]  Prometheus metrics and the admin endpoints
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod pins;
 pub mod proxy;
 pub mod route;
+pub mod sealing;
 pub mod server;
 pub mod state;
 pub mod token;

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -17,6 +17,7 @@ use crate::dialect::{self, Outcome, RequestEnvelope, SESSION_HEADER};
 use crate::error::RouterError;
 use crate::pins::{PinKey, PinKind};
 use crate::route::{self, Decision, Matched, RequestKeys};
+use crate::sealing::{self, Replacement, Sealing};
 use crate::state::{Shared, Snapshot};
 use crate::upstream::Backend;
 
@@ -61,8 +62,21 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     };
     let keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
 
-    // Phase 2: choose the backend.
-    let decision = match route::decide(&snap, &shared.pins, &keys, true) {
+    // Phase 2: choose the backend: sealed tokens first, then pins, then the ring.
+    let unsealed = match snap.sealing.as_ref().map(|s| s.unseal(&keys, SystemTime::now())) {
+        Some(Ok(u)) => u,
+        Some(Err(rejected)) => {
+            return router_error(
+                &shared,
+                RouterError::InvalidToken {
+                    reason: rejected.reason(),
+                },
+                keys.id,
+            )
+        }
+        None => None,
+    };
+    let decision = match route::decide(&snap, &shared.pins, &keys, unsealed.as_ref(), true) {
         Ok(d) => d,
         Err(e) => return router_error(&shared, e, keys.id),
     };
@@ -78,10 +92,18 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     // Phase 3: forward. A backend that refuses the connection never saw the request, so an
     // unpinned request moves once to the next candidate.
     let unpinned = decision.matched.is_none() || decision.pin_lost;
+    // The backend gets back exactly the bytes it issued.
+    let upstream_bytes = match unsealed.as_ref().and_then(|u| u.request_state.as_ref()) {
+        Some((wrapped, original)) => {
+            sealing::restore_request_state(&bytes, wrapped, original).unwrap_or_else(|| bytes.clone())
+        }
+        None => bytes.clone(),
+    };
+    let session_override = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
     let mut body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => Either::Right(incoming),
-        None => Either::Left(bytes.clone()),
+        None => Either::Left(upstream_bytes),
     };
     let mut backend = decision.backend.clone();
     let mut retried = false;
@@ -91,7 +113,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
             Either::Left(b) if unpinned && !retried => Some(b.clone()),
             _ => None,
         };
-        let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls) {
+        let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls, session_override) {
             Ok(r) => r,
             Err(_) => {
                 return router_error(
@@ -165,7 +187,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         .with_label_values(&[&backend.name])
         .observe(started.elapsed().as_secs_f64());
     let (mut resp_parts, resp_body) = resp.into_parts();
-    call.observe_head(status, &resp_parts.headers);
+    let mut pinned = call.observe_head(status, &mut resp_parts.headers);
     strip_hop_by_hop(&mut resp_parts.headers);
     let content_type = resp_parts
         .headers
@@ -179,8 +201,14 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         .is_some_and(|ct| ct.starts_with(b"application/json"));
     let idle = snap.config.server.stream_idle_timeout;
     let body = if is_sse {
+        // Pins made mid-stream cannot add headers any more: announce the token up front.
+        pinned |= call.may_create_pin();
+        if snap.sealing.is_some() {
+            // Sealing changes the length of events.
+            resp_parts.headers.remove(header::CONTENT_LENGTH);
+        }
         let call = call.clone();
-        let sink: MessageSink = Box::new(move |msg: &[u8]| call.observe_message(msg));
+        let sink: MessageSink = Box::new(move |msg: &[u8]| call.observe_message(msg).replacement);
         ProxyBody::stream(
             resp_body,
             None,
@@ -192,7 +220,15 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
     } else if is_json && call.observes_body() {
         match collect_json(resp_body, deadline).await {
             Ok(Collected::Whole(bytes)) => {
-                call.observe_message(&bytes);
+                let seen = call.observe_message(&bytes);
+                pinned |= seen.created;
+                let bytes = match seen.replacement {
+                    Some(r) => sealing::replace_once(&bytes, r.from.as_bytes(), r.to.as_bytes()).unwrap_or(bytes),
+                    None => bytes,
+                };
+                resp_parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
                 ProxyBody::full(bytes)
             }
             Ok(Collected::Prefix(prefix, rest)) => ProxyBody::stream(
@@ -203,25 +239,14 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
                 Some(guard),
                 Some(upstream_error_hook(&shared, &backend)),
             ),
-            Err(CollectError::Timeout) => {
-                shared
-                    .metrics
-                    .upstream_errors
-                    .with_label_values(&[&backend.name, "timeout"])
-                    .inc();
-                let err = RouterError::UpstreamTimeout {
-                    backend: backend.name.to_string(),
-                };
-                return router_error(&shared, err, error_id.as_deref());
-            }
-            Err(CollectError::Upstream) => {
-                shared
-                    .metrics
-                    .upstream_errors
-                    .with_label_values(&[&backend.name, "reset"])
-                    .inc();
-                let err = RouterError::UpstreamUnavailable {
-                    backend: backend.name.to_string(),
+            Err(e) => {
+                let timeout = matches!(e, CollectError::Timeout);
+                passive_failure(&shared, &snap, &backend, if timeout { "timeout" } else { "reset" });
+                let name = backend.name.to_string();
+                let err = if timeout {
+                    RouterError::UpstreamTimeout { backend: name }
+                } else {
+                    RouterError::UpstreamUnavailable { backend: name }
                 };
                 return router_error(&shared, err, error_id.as_deref());
             }
@@ -238,11 +263,20 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
             Some(upstream_error_hook(&shared, &backend)),
         )
     };
+    if let (true, Some(s)) = (pinned, &snap.sealing) {
+        // Any replica routes a client that echoes this straight to this backend.
+        if let Ok(v) = HeaderValue::from_str(&s.routing_token(&backend.name)) {
+            resp_parts.headers.insert(snap.config.routing.header.clone(), v);
+        }
+    }
     Response::from_parts(resp_parts, body)
 }
 
 /// Answers a request with a router error, counted by reason.
 fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<ProxyBody> {
+    if let RouterError::InvalidToken { reason } = &e {
+        shared.metrics.tokens_rejected.with_label_values(&[reason]).inc();
+    }
     shared.metrics.router_errors.with_label_values(&[e.reason()]).inc();
     e.to_response(id, crate::config::defaults::RETRY_AFTER_SECS)
 }
@@ -409,10 +443,14 @@ fn build_upstream_request(
     backend: &Backend,
     peer: SocketAddr,
     tls: bool,
+    session_override: Option<&str>,
 ) -> Result<Request<crate::upstream::UpstreamBody>, http::Error> {
     let uri = backend.uri_for(parts.uri.path_and_query())?;
     let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
+    if let Some(session) = session_override {
+        headers.insert(SESSION_HEADER, HeaderValue::from_str(session)?);
+    }
     // hyper sets Host from the backend URI, as a proxy to that backend should.
     let host = headers.remove(header::HOST).or_else(|| {
         parts
@@ -473,6 +511,20 @@ struct CallInner {
     is_task_cancel: bool,
     /// Whether the body may carry an outcome (a POST of a JSON-RPC request).
     observes_body: bool,
+    may_create_pin: bool,
+    backend_name: Arc<str>,
+    /// The session id exactly as the client sent it (maybe sealed), echoed back in answers.
+    client_session: Option<HeaderValue>,
+    sealing: Option<Arc<Sealing>>,
+}
+
+/// What observing one message did.
+#[derive(Default)]
+pub struct Observed {
+    /// A new pin was made for this call.
+    pub created: bool,
+    /// A string in the message to seal for the client.
+    pub replacement: Option<Replacement>,
 }
 
 impl CallContext {
@@ -495,6 +547,10 @@ impl CallContext {
             is_delete: *method == Method::DELETE,
             is_task_cancel: keys.method.as_deref() == Some("tasks/cancel"),
             observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
+            may_create_pin: keys.may_create_pin(),
+            backend_name: backend.name.clone(),
+            client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
+            sealing: snap.sealing.clone(),
         }))
     }
 
@@ -502,11 +558,18 @@ impl CallContext {
         self.0.observes_body
     }
 
-    fn pin(&self, key: PinKey, kind: PinKind, rounds: u32) {
+    fn may_create_pin(&self) -> bool {
+        self.0.may_create_pin
+    }
+
+    /// Pins `key`; true when the pin is new.
+    fn pin(&self, key: PinKey, kind: PinKind, rounds: u32) -> bool {
         let c = &self.0;
-        if c.shared.pins.pin(key, kind, c.backend, c.epoch, rounds, &c.snap.ttls) {
+        let created = c.shared.pins.pin(key, kind, c.backend, c.epoch, rounds, &c.snap.ttls);
+        if created {
             c.shared.metrics.pins_created.with_label_values(&[kind.label()]).inc();
         }
+        created
     }
 
     fn finish(&self, key: PinKey) -> Option<u32> {
@@ -521,30 +584,48 @@ impl CallContext {
     }
 
     /// Session pins come from response headers: in place before any body byte is sent.
-    fn observe_head(&self, status: StatusCode, headers: &HeaderMap) {
+    /// With sealing, the client gets the session id sealed (and its own sealed id echoed back).
+    /// Returns true when a pin was made.
+    fn observe_head(&self, status: StatusCode, headers: &mut HeaderMap) -> bool {
         let c = &self.0;
         match c.session {
             // A backend issues a session only in a successful answer to a request without one
             // (the SDK attaches a fresh id even to its 4xx answers: those create nothing).
             None if status.is_success() => {
-                if let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()) {
-                    self.pin(PinKey::new(PinKind::Session, id.as_bytes()), PinKind::Session, 0);
+                let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()).cloned() else {
+                    return false;
+                };
+                let visible = match (&c.sealing, id.to_str()) {
+                    (Some(s), Ok(raw)) => HeaderValue::from_str(&s.wrap_session(raw, &c.backend_name)).unwrap_or(id),
+                    _ => id,
+                };
+                let created = self.pin(PinKey::new(PinKind::Session, visible.as_bytes()), PinKind::Session, 0);
+                headers.insert(SESSION_HEADER, visible);
+                created
+            }
+            Some(session) => {
+                // "Session not found", or the session was deleted: the session is over.
+                if status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success()) {
+                    self.finish(session);
                 }
+                if let (Some(_), Some(sent), true) =
+                    (&c.sealing, &c.client_session, headers.contains_key(SESSION_HEADER))
+                {
+                    headers.insert(SESSION_HEADER, sent.clone());
+                }
+                false
             }
-            // "Session not found", or the session was deleted: the session is over.
-            Some(session) if status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success()) => {
-                self.finish(session);
-            }
-            _ => {}
+            None => false,
         }
     }
 
     /// Acts on one JSON-RPC message from the backend (a JSON body or one SSE event).
-    fn observe_message(&self, msg: &[u8]) {
+    fn observe_message(&self, msg: &[u8]) -> Observed {
         let c = &self.0;
+        let mut seen = Observed::default();
         // Cheap pre-check: only responses matter, and they carry "result" or "error".
         if !contains(msg, b"\"result\"") && !contains(msg, b"\"error\"") {
-            return;
+            return seen;
         }
         let outcome = dialect::parse_outcome(msg);
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
@@ -553,12 +634,21 @@ impl CallContext {
             Outcome::NotAResponse => {}
             Outcome::Pending => {
                 for key in &c.client_keys {
-                    self.pin(*key, PinKind::Client, rounds);
+                    seen.created |= self.pin(*key, PinKind::Client, rounds);
                 }
             }
             Outcome::InputRequired { request_state } => {
-                self.pin(
-                    PinKey::new(PinKind::RequestState, request_state.as_bytes()),
+                // The client echoes the sealed state when sealing is on: pin what it will send.
+                seen.replacement = c
+                    .sealing
+                    .as_ref()
+                    .and_then(|s| s.wrap_request_state(&request_state, &c.backend_name));
+                let visible = match &seen.replacement {
+                    Some(r) => r.to.trim_matches('"'),
+                    None => request_state.as_str(),
+                };
+                seen.created = self.pin(
+                    PinKey::new(PinKind::RequestState, visible.as_bytes()),
                     PinKind::RequestState,
                     rounds,
                 );
@@ -571,7 +661,7 @@ impl CallContext {
                 if terminal {
                     self.finish(key);
                 } else {
-                    self.pin(key, PinKind::Task, rounds);
+                    seen.created = self.pin(key, PinKind::Task, rounds);
                 }
                 self.finish_call(prior, &c.client_keys, None);
             }
@@ -583,6 +673,7 @@ impl CallContext {
             }
             Outcome::Error => self.finish_call(prior, &c.client_keys, Some(rounds)),
         }
+        seen
     }
 
     /// A final answer ends the call under every key it was pinned by.

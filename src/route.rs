@@ -11,8 +11,9 @@ use crate::config::OnPinLost;
 use crate::dialect::{RequestEnvelope, NAME_HEADER, SESSION_HEADER};
 use crate::error::RouterError;
 use crate::pins::{Pin, PinKey, PinKind, PinTable};
+use crate::sealing::Unsealed;
 use crate::state::Snapshot;
-use crate::upstream::Backend;
+use crate::upstream::{Backend, BackendKey};
 
 /// Every handle in a request that can choose a backend.
 #[derive(Debug, Default, Clone)]
@@ -156,51 +157,98 @@ impl fmt::Display for Decision {
     }
 }
 
-/// Chooses the backend for a request (DESIGN §3 steps 2-5). `refresh` is false for
-/// read-only explanations (`route`, `/debug/route`), which must not extend pins.
-pub fn decide(snap: &Snapshot, pins: &PinTable, keys: &RequestKeys, refresh: bool) -> Result<Decision, RouterError> {
+/// Chooses the backend for a request (DESIGN §3). `unsealed` is what the request's tokens
+/// say (step 1); `refresh` is false for read-only explanations (`route`, `/debug/route`),
+/// which must not extend pins.
+pub fn decide(
+    snap: &Snapshot,
+    pins: &PinTable,
+    keys: &RequestKeys,
+    unsealed: Option<&Unsealed>,
+    refresh: bool,
+) -> Result<Decision, RouterError> {
     let routing = &snap.config.routing;
+    // With `rehash`, a lost call goes on to the ring; `lost` remembers its pin, if any.
+    let mut pin_lost = false;
     let mut lost = None;
-    for (key, handle) in keys.pin_candidates() {
-        let found = if refresh {
-            pins.lookup(key, &snap.ttls)
-        } else {
-            pins.peek(key)
-        };
-        let Some(pin) = found else { continue };
-        let matched = Matched { key, pin };
-        // A pin holds while its backend is known, healthy, and the same incarnation.
-        match snap
-            .backend(pin.backend)
-            .filter(|b| b.is_healthy() && b.epoch() == pin.epoch)
-        {
+    // A pin holds while its backend is known, healthy, and the same incarnation.
+    let usable = |key: BackendKey, epoch: Option<u32>| {
+        snap.backend(key)
+            .filter(|b| b.is_healthy() && epoch.is_none_or(|e| b.epoch() == e))
+    };
+    if let Some(u) = unsealed {
+        let key = BackendKey::of(&u.backend);
+        if snap.backend(key).is_none() {
+            // Authentic, but naming a backend this router does not have: never guess.
+            return Err(RouterError::InvalidToken {
+                reason: "unknown_backend",
+            });
+        }
+        // The local pin, if this replica has one, still counts rounds and finishes the call.
+        let matched = keys.pin_candidates().find_map(|(k, _)| {
+            let pin = if refresh {
+                pins.lookup(k, &snap.ttls)
+            } else {
+                pins.peek(k)
+            }?;
+            (pin.backend == key).then_some(Matched { key: k, pin })
+        });
+        match usable(key, None) {
             Some(backend) => {
-                let counts_rounds = matches!(pin.kind, PinKind::Client | PinKind::RequestState);
-                if counts_rounds && !pin.finished && pin.rounds >= routing.max_rounds {
-                    return Err(RouterError::TooManyRounds {
-                        key: handle.to_string(),
-                        max: routing.max_rounds,
-                    });
-                }
+                check_rounds(matched, keys, routing.max_rounds)?;
                 return Ok(Decision {
                     backend: backend.clone(),
-                    source: Source::Pin,
-                    matched: Some(matched),
+                    source: Source::Token,
+                    matched,
                     pin_lost: false,
                 });
             }
+            None if routing.on_pin_lost == OnPinLost::Strict => {
+                let handle = keys.client_key().or(keys.session_id).unwrap_or("<sealed>").to_string();
+                return Err(RouterError::PinnedBackendUnavailable {
+                    key: handle,
+                    backend: u.backend.clone(),
+                });
+            }
             None => {
-                if routing.on_pin_lost == OnPinLost::Strict {
+                pin_lost = true;
+                lost = matched;
+            }
+        }
+    }
+    if !pin_lost {
+        for (key, handle) in keys.pin_candidates() {
+            let found = if refresh {
+                pins.lookup(key, &snap.ttls)
+            } else {
+                pins.peek(key)
+            };
+            let Some(pin) = found else { continue };
+            let matched = Matched { key, pin };
+            match usable(pin.backend, Some(pin.epoch)) {
+                Some(backend) => {
+                    check_rounds(Some(matched), keys, routing.max_rounds)?;
+                    return Ok(Decision {
+                        backend: backend.clone(),
+                        source: Source::Pin,
+                        matched: Some(matched),
+                        pin_lost: false,
+                    });
+                }
+                None if routing.on_pin_lost == OnPinLost::Strict => {
                     return Err(RouterError::PinnedBackendUnavailable {
                         key: handle.to_string(),
                         backend: snap.backend_name(pin.backend),
                     });
                 }
-                lost.get_or_insert(matched);
+                None => {
+                    pin_lost = true;
+                    lost.get_or_insert(matched);
+                }
             }
         }
     }
-    if lost.is_none() && refresh && keys.may_create_pin() && pins.len() >= routing.max_pins {
+    if !pin_lost && refresh && keys.may_create_pin() && pins.len() >= routing.max_pins {
         return Err(RouterError::PinCapacity { max: routing.max_pins });
     }
     let (backend, source) = match keys.client_key() {
@@ -212,6 +260,21 @@ pub fn decide(snap: &Snapshot, pins: &PinTable, keys: &RequestKeys, refresh: boo
         backend,
         source,
         matched: lost,
-        pin_lost: lost.is_some(),
+        pin_lost,
     })
+}
+
+/// Refuses a follow-up past `max_rounds` (rounds count for calls, not sessions or tasks).
+fn check_rounds(matched: Option<Matched>, keys: &RequestKeys, max_rounds: u32) -> Result<(), RouterError> {
+    let Some(m) = matched else { return Ok(()) };
+    let counts = matches!(m.pin.kind, PinKind::Client | PinKind::RequestState);
+    if counts && !m.pin.finished && m.pin.rounds >= max_rounds {
+        let key = keys
+            .client_key()
+            .or(keys.request_state.as_deref())
+            .unwrap_or("<call>")
+            .to_string();
+        return Err(RouterError::TooManyRounds { key, max: max_rounds });
+    }
+    Ok(())
 }

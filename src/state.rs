@@ -17,7 +17,7 @@ use crate::balance::HashRing;
 use crate::config::{BackendConfig, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
-use crate::token::TokenKeys;
+use crate::sealing::Sealing;
 use crate::upstream::{self, Backend, BackendKey, UpstreamClient};
 
 /// Everything a request needs that changes only on reload, read as one consistent unit.
@@ -29,7 +29,7 @@ pub struct Snapshot {
     pub ring: HashRing,
     pub ttls: PinTtls,
     /// Sealing keys when `[tokens]` is configured.
-    pub tokens: Option<Arc<TokenKeys>>,
+    pub sealing: Option<Arc<Sealing>>,
 }
 
 impl Snapshot {
@@ -279,14 +279,12 @@ impl Shared {
 }
 
 fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Result<Snapshot, ConfigError> {
-    let tokens = match &config.tokens {
-        Some(t) => Some(Arc::new(TokenKeys::new(t.keys.clone(), t.token_ttl).map_err(
-            |message| ConfigError {
-                file: PathBuf::from("[tokens]"),
-                line: None,
-                message,
-            },
-        )?)),
+    let sealing = match &config.tokens {
+        Some(t) => Some(Arc::new(Sealing::new(t).map_err(|message| ConfigError {
+            file: PathBuf::from("[tokens]"),
+            line: None,
+            message,
+        })?)),
         None => None,
     };
     let now = Instant::now();
@@ -355,6 +353,6 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Resu
         backends,
         ring,
         ttls,
-        tokens,
+        sealing,
     })
 }
