@@ -59,9 +59,15 @@ impl<'a> RequestKeys<'a> {
         }
     }
 
+    /// The routing header when it names a call, not when it is one of the router's sealed
+    /// tokens (those name a backend, and are alike for every call sealed in the same second).
+    fn call_header(&self) -> Option<&str> {
+        self.header_key.filter(|h| !crate::token::is_token(h))
+    }
+
     /// The key hashed on the ring: the routing header, else the body key (DESIGN §2a).
     pub fn client_key(&self) -> Option<&str> {
-        self.header_key.or(self.message_id.as_deref())
+        self.call_header().or(self.message_id.as_deref())
     }
 
     /// Pin keys to look up, in DESIGN §3 order: learned handles first, then client keys.
@@ -72,7 +78,7 @@ impl<'a> RequestKeys<'a> {
             self.session_id.map(|s| (PinKind::Session, s)),
         ];
         let client = [
-            self.header_key.map(|s| (PinKind::Client, s)),
+            self.call_header().map(|s| (PinKind::Client, s)),
             self.message_id.as_deref().map(|s| (PinKind::Client, s)),
         ];
         learned
@@ -84,8 +90,9 @@ impl<'a> RequestKeys<'a> {
 
     /// Client pin keys a `pending` answer is recorded under (routing id and messageId).
     pub fn client_pin_keys(&self) -> impl Iterator<Item = PinKey> + '_ {
-        let mid = self.message_id.as_deref().filter(|m| Some(*m) != self.header_key);
-        self.header_key
+        let header = self.call_header();
+        let mid = self.message_id.as_deref().filter(|m| Some(*m) != header);
+        header
             .into_iter()
             .chain(mid)
             .map(|s| PinKey::new(PinKind::Client, s.as_bytes()))

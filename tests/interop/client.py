@@ -61,7 +61,9 @@ def connect(args: argparse.Namespace, wire: Wire, mode: str, **kwargs: Any) -> t
     http = httpx2.AsyncClient(
         headers={k.strip(): v.strip() for k, v in headers.items()},
         timeout=httpx2.Timeout(30.0, read=90.0),
-        limits=httpx2.Limits(max_connections=200, max_keepalive_connections=50),
+        # --no-keepalive: a new connection per request, so an L4 balancer in front of several
+        # router replicas sends consecutive rounds to different replicas.
+        limits=httpx2.Limits(max_connections=200, max_keepalive_connections=0 if args.no_keepalive else 50),
         event_hooks={"response": [wire.on_response]},
     )
     return Client(streamable_http_client(args.url, http_client=http), mode=mode, **kwargs), http
@@ -309,6 +311,7 @@ def main() -> None:
     ap.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                     help="extra HTTP header on every request (repeatable), e.g. Mcp-Routing-Id:r-1")
     ap.add_argument("--timeout", type=float, default=120.0, help="whole-scenario deadline in seconds")
+    ap.add_argument("--no-keepalive", action="store_true", help="open a new connection for every request")
     args = ap.parse_args()
     if args.calls is None:
         args.calls = {"sessions": 10, "elicitation": 5, "progress": 5, "task": 5}.get(args.scenario, 30)

@@ -1,0 +1,218 @@
+//! Sealed routing tokens (DESIGN §5): several replicas with the same keys route each other's
+//! follow-ups with no shared store; bad tokens are refused; backends only see their own bytes.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::Method;
+use mrtr_router::token::TokenKeys;
+use serde_json::json;
+use support::*;
+
+const KEY_A: &str = "key-a-0123456789abcdef0123456789abcdef";
+const KEY_B: &str = "key-b-0123456789abcdef0123456789abcdef";
+
+fn tokens(keys: &[&str]) -> String {
+    let list: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
+    format!("[tokens]\nkeys = [{}]\n", list.join(", "))
+}
+
+fn routing_token(a: &Answer) -> String {
+    a.headers
+        .get("mcp-routing-id")
+        .expect("an answer that pins carries a routing token")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Two routers in front of the same workers, with different weights so that their rings
+/// disagree: only the token can route B's follow-ups of A's calls right.
+async fn two_replicas(extra_a: &str, extra_b: &str) -> (Fleet, Fleet) {
+    let a = Fleet::start(3, extra_a).await;
+    let mut specs = a.specs();
+    specs[0].weight = 6;
+    let b = Fleet::start_backends(Vec::new(), &specs, extra_b).await;
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_route_each_others_follow_ups() {
+    let (a, b) = two_replicas(&tokens(&[KEY_A]), &tokens(&[KEY_A])).await;
+    for i in 0..150 {
+        let mid = format!("alt-{i}");
+        // Round 1 on A, round 2 on B, round 3 on A: each echoes the token it was given.
+        let r1 = a.post(&[], &start_call(&mid, 3)).await;
+        let t1 = routing_token(&r1);
+        let r2 = b.post(&[("mcp-routing-id", &t1)], &confirm(&mid, 2)).await;
+        assert_eq!(r2.json()["result"]["pending"], true, "{mid}: {:?}", r2.json());
+        let t2 = routing_token(&r2);
+        let r3 = a.post(&[("mcp-routing-id", &t2)], &confirm(&mid, 3)).await;
+        assert_eq!(r3.json()["result"]["content"][0]["text"], "done", "{mid}");
+        assert_eq!((r1.worker(), r2.worker()), (r3.worker(), r3.worker()));
+    }
+    assert_eq!(a.total_unknown_followups(), 0);
+    assert_eq!(a.total_executions(), 150);
+    let mb = b.metrics().await;
+    assert_eq!(metric(&mb, "mrtr_route_decisions_total{source=\"token\"}"), Some(150.0));
+    // Without the token B's ring sends some follow-ups elsewhere: the setup can tell.
+    for i in 0..60 {
+        let mid = format!("no-token-{i}");
+        a.post(&[], &start_call(&mid, 2)).await;
+        b.post(&[], &confirm(&mid, 2)).await;
+    }
+    assert!(
+        a.total_unknown_followups() > 0,
+        "the two rings must disagree for this test to mean anything"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_replica_routes_by_token() {
+    let a = Fleet::start(3, &tokens(&[KEY_A])).await;
+    let specs = a.specs();
+    let r1 = a.post(&[], &start_call("restart-1", 2)).await;
+    let t = routing_token(&r1);
+    // A fresh router process: no pins at all, same keys.
+    let a2 = Fleet::start_backends(Vec::new(), &specs, &tokens(&[KEY_A])).await;
+    assert!(a2.shared.pins.is_empty());
+    let r2 = a2.post(&[("mcp-routing-id", &t)], &confirm("restart-1", 2)).await;
+    assert_eq!(r2.json()["result"]["content"][0]["text"], "done");
+    assert_eq!(r2.worker(), r1.worker());
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn key_rotation_old_key_verifies_new_key_signs() {
+    let (old, _) = two_replicas(&tokens(&[KEY_A]), &tokens(&[KEY_A])).await;
+    let specs = old.specs();
+    let rotated = Fleet::start_backends(Vec::new(), &specs, &tokens(&[KEY_B, KEY_A])).await;
+    let r1 = old.post(&[], &start_call("rot-1", 3)).await;
+    let t_old = routing_token(&r1);
+    let r2 = rotated.post(&[("mcp-routing-id", &t_old)], &confirm("rot-1", 2)).await;
+    assert_eq!(r2.worker(), r1.worker(), "a token signed with the old key still routes");
+    let t_new = routing_token(&r2);
+    let new_only = TokenKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    assert!(
+        new_only.verify(&t_new, SystemTime::now()).is_ok(),
+        "the first key signs"
+    );
+    // A router that only knows the old key refuses the new one.
+    let r3 = old.post(&[("mcp-routing-id", &t_new)], &confirm("rot-1", 3)).await;
+    assert_eq!(
+        (r3.status.as_u16(), r3.router_error()),
+        (400, Some("invalid_routing_token"))
+    );
+    let m = old.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_tokens_rejected_total{reason=\"unknown_key\"}"),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn bad_tokens_are_refused_and_never_choose_a_backend() {
+    let fleet = Fleet::start(2, &tokens(&[KEY_A])).await;
+    let good = routing_token(&fleet.post(&[], &start_call("bad-1", 2)).await);
+    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let foreign = TokenKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let mut tampered = good.clone().into_bytes();
+    let mid = tampered.len() / 2;
+    tampered[mid] = if tampered[mid] == b'A' { b'B' } else { b'A' };
+    let cases = [
+        ("tampered", String::from_utf8(tampered).unwrap(), "bad_signature"),
+        ("truncated", good[..good.len() - 5].to_string(), "malformed"),
+        (
+            "expired",
+            keys.seal("worker-0", SystemTime::now() - Duration::from_secs(3600)),
+            "expired",
+        ),
+        (
+            "foreign key",
+            foreign.seal("worker-0", SystemTime::now()),
+            "unknown_key",
+        ),
+        (
+            "unconfigured backend",
+            keys.seal("elsewhere", SystemTime::now()),
+            "unknown_backend",
+        ),
+    ];
+    let served_before: u64 = fleet
+        .workers
+        .iter()
+        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
+        .sum();
+    for (what, token, reason) in &cases {
+        let a = fleet.post(&[("mcp-routing-id", token)], &confirm("bad-1", 2)).await;
+        assert_eq!(a.status, 400, "{what}");
+        assert_eq!(a.router_error(), Some("invalid_routing_token"), "{what}");
+        assert_eq!(a.json()["error"]["code"], -32600, "{what}");
+        assert_eq!(a.json()["id"], 3, "{what}");
+        let m = fleet.metrics().await;
+        assert!(
+            metric(&m, &format!("mrtr_tokens_rejected_total{{reason=\"{reason}\"}}")).unwrap_or(0.0) >= 1.0,
+            "{what}: {reason}"
+        );
+    }
+    // Sealed session ids and states are checked the same way.
+    let bad_session = keys.wrap("abc", "worker-0", SystemTime::now()).replace("abc", "abd");
+    let a = fleet
+        .post(
+            &[("mcp-session-id", &bad_session)],
+            &json!({"jsonrpc":"2.0","id":1,"method":"ping"}),
+        )
+        .await;
+    assert_eq!(a.router_error(), Some("invalid_routing_token"));
+    let bad_state = foreign.wrap("s", "worker-0", SystemTime::now());
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": bad_state}});
+    assert_eq!(
+        fleet.post(&[], &body).await.router_error(),
+        Some("invalid_routing_token")
+    );
+    let served_after: u64 = fleet
+        .workers
+        .iter()
+        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
+        .sum();
+    assert_eq!(served_before, served_after, "no refused request reached a backend");
+    // The good token still works.
+    let ok = fleet.post(&[("mcp-routing-id", &good)], &confirm("bad-1", 2)).await;
+    assert_eq!(ok.json()["result"]["content"][0]["text"], "done");
+}
+
+#[tokio::test]
+async fn backends_see_their_own_bytes() {
+    let fleet = Fleet::start(1, &tokens(&[KEY_A])).await;
+    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let session = keys.wrap("0123456789abcdef", "worker-0", SystemTime::now());
+    let state = keys.wrap("v1.state/with+odd=chars", "worker-0", SystemTime::now());
+    let body =
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": state}}).to_string();
+    let url = format!("http://{}/echo", fleet.router);
+    let a = send(
+        &fleet.client,
+        Method::POST,
+        &url,
+        &[("mcp-session-id", &session)],
+        Bytes::from(body),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let v = a.json();
+    let headers = v["headers"].as_array().unwrap();
+    let seen_session: Vec<_> = headers
+        .iter()
+        .filter(|h| h[0] == "mcp-session-id")
+        .map(|h| h[1].as_str().unwrap())
+        .collect();
+    assert_eq!(seen_session, ["0123456789abcdef"]);
+    let seen_body: serde_json::Value = serde_json::from_str(v["body"].as_str().unwrap()).unwrap();
+    assert_eq!(seen_body["params"]["requestState"], "v1.state/with+odd=chars");
+    assert!(
+        !v["body"].as_str().unwrap().contains("mrt1."),
+        "no wrapped value reaches the backend"
+    );
+}
