@@ -238,3 +238,61 @@ async fn bad_handles_reach_a_backend_and_its_error_comes_back(fleet: &Fleet) {
         Some(1.0)
     );
 }
+
+/// An L4 balancer: each new connection goes to the next router in turn, as a plain TCP load
+/// balancer in front of router replicas would.
+async fn alternate(targets: Vec<std::net::SocketAddr>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut next = 0;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let target = targets[next % targets.len()];
+            next += 1;
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_traffic_across_two_router_replicas_with_sealed_tokens() {
+    let servers = start_sdk_servers(3);
+    let keys = "[tokens]\nkeys = [\"interop-key-0123456789abcdef0123456789\"]\n";
+    let specs: Vec<BackendSpec> = servers
+        .0
+        .iter()
+        .map(|(_, name, port)| BackendSpec {
+            name: name.clone(),
+            url: format!("http://127.0.0.1:{port}"),
+            weight: 1,
+        })
+        .collect();
+    let a = Fleet::start_backends(Vec::new(), &specs, keys).await;
+    let b = Fleet::start_backends(Vec::new(), &specs, keys).await;
+    let lb = alternate(vec![a.router, b.router]).await;
+    let url = format!("http://{lb}/mcp");
+    // A new connection per request: consecutive rounds reach different replicas.
+    let multi = scenario(&url, &["multiround", "--calls", "30", "--no-keepalive"]).await;
+    assert!(multi["ok"].as_u64().unwrap() >= 30, "{multi}");
+    let sessions = scenario(
+        &url,
+        &["sessions", "--sessions", "10", "--calls", "10", "--no-keepalive"],
+    )
+    .await;
+    assert!(sessions["ok"].as_u64().unwrap() >= 10, "{sessions}");
+    scenario(&url, &["elicitation", "--no-keepalive"]).await;
+    for fleet in [&a, &b] {
+        let m = fleet.metrics().await;
+        let by_token = metric(&m, "mrtr_route_decisions_total{source=\"token\"}").unwrap_or(0.0);
+        assert!(
+            by_token > 20.0,
+            "each replica routed the other's follow-ups by token ({by_token}):\n{m}"
+        );
+        assert_eq!(metric(&m, "mrtr_tokens_rejected_total{reason=\"bad_signature\"}"), None);
+    }
+}
