@@ -27,6 +27,11 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
     pub discovery_resolutions: IntCounterVec,
+    /// Hot-path children resolved once: decisions by [`Source`](crate::route::Source) index,
+    /// pins created and finished by [`PinKind`](crate::pins::PinKind) index.
+    pub decisions_by_source: [IntCounter; 4],
+    pub pins_created_by_kind: [IntCounter; 4],
+    pub pins_finished_by_kind: [IntCounter; 4],
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -44,6 +49,21 @@ fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
+        let route_decisions = counter(
+            &r,
+            "mrtr_route_decisions_total",
+            "Routing decisions by source",
+            &["source"],
+        );
+        let pins_created = counter(&r, "mrtr_pins_created_total", "Pins created by kind", &["kind"]);
+        let pins_finished = counter(
+            &r,
+            "mrtr_pins_finished_total",
+            "Pins finished by a final answer, by kind",
+            &["kind"],
+        );
+        let by = |vec: &IntCounterVec, labels: [&str; 4]| labels.map(|l| vec.with_label_values(&[l]));
+        let kinds = crate::pins::PinKind::ALL.map(|k| k.label());
         let request_duration = HistogramVec::new(
             HistogramOpts::new(
                 "mrtr_request_duration_seconds",
@@ -78,20 +98,7 @@ impl Metrics {
                 "Proxied requests by backend, method and status",
                 &["backend", "method", "status"],
             ),
-            route_decisions: counter(
-                &r,
-                "mrtr_route_decisions_total",
-                "Routing decisions by source",
-                &["source"],
-            ),
             pins: gauge(&r, "mrtr_pins", "Pins in the table by kind", &["kind"]),
-            pins_created: counter(&r, "mrtr_pins_created_total", "Pins created by kind", &["kind"]),
-            pins_finished: counter(
-                &r,
-                "mrtr_pins_finished_total",
-                "Pins finished by a final answer, by kind",
-                &["kind"],
-            ),
             pins_expired: counter(
                 &r,
                 "mrtr_pins_expired_total",
@@ -131,6 +138,12 @@ impl Metrics {
                 "Routing tokens rejected by reason",
                 &["reason"],
             ),
+            decisions_by_source: by(&route_decisions, ["token", "pin", "ring", "keyless"]),
+            pins_created_by_kind: by(&pins_created, kinds),
+            pins_finished_by_kind: by(&pins_finished, kinds),
+            route_decisions,
+            pins_created,
+            pins_finished,
             request_duration,
             rounds_per_call,
             pins_lost,

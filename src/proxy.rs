@@ -1,11 +1,11 @@
 //! The request path, in phases: read the request → find its keys → choose the backend →
 //! forward → observe the answer (pin or finish the call) → stream it back.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -37,8 +37,9 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Serves one request. Never fails: every problem becomes a DESIGN §6 answer.
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAddr, tls: bool) -> Response<ProxyBody> {
+/// Serves one request from the client at `peer` (its IP as a header value, made once per
+/// connection). Never fails: every problem becomes a DESIGN §6 answer.
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderValue, tls: bool) -> Response<ProxyBody> {
     let snap = shared.snapshot();
     let started = Instant::now();
     let (parts, body) = req.into_parts();
@@ -80,11 +81,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         Ok(d) => d,
         Err(e) => return router_error(&shared, e, keys.id),
     };
-    shared
-        .metrics
-        .route_decisions
-        .with_label_values(&[decision.source.label()])
-        .inc();
+    shared.metrics.decisions_by_source[decision.source as usize].inc();
     if decision.pin_lost {
         shared.metrics.pins_lost.inc();
     }
@@ -113,7 +110,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
             Either::Left(b) if unpinned && !retried => Some(b.clone()),
             _ => None,
         };
-        let upstream_req = match build_upstream_request(&parts, body, &backend, peer, tls, session_override) {
+        let upstream_req = match build_upstream_request(&parts, body, &backend, &peer, tls, session_override) {
             Ok(r) => r,
             Err(_) => {
                 return router_error(
@@ -176,29 +173,16 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
 
     // Phase 4: observe the answer; pins are in place before the client can read it.
     let status = resp.status();
-    shared
-        .metrics
-        .requests_total
-        .with_label_values(&[&backend.name, method_label, status.as_str()])
-        .inc();
-    shared
-        .metrics
-        .request_duration
-        .with_label_values(&[&backend.name])
-        .observe(started.elapsed().as_secs_f64());
+    backend.observe_request(method_label, status, started.elapsed().as_secs_f64());
     let (mut resp_parts, resp_body) = resp.into_parts();
     let mut pinned = call.observe_head(status, &mut resp_parts.headers);
     strip_hop_by_hop(&mut resp_parts.headers);
     let content_type = resp_parts
         .headers
         .get(header::CONTENT_TYPE)
-        .map(|v| v.as_bytes().to_ascii_lowercase());
-    let is_sse = content_type
-        .as_deref()
-        .is_some_and(|ct| ct.starts_with(b"text/event-stream"));
-    let is_json = content_type
-        .as_deref()
-        .is_some_and(|ct| ct.starts_with(b"application/json"));
+        .map_or(&b""[..], |v| v.as_bytes());
+    let is_sse = starts_with_ignore_case(content_type, b"text/event-stream");
+    let is_json = starts_with_ignore_case(content_type, b"application/json");
     let idle = snap.config.server.stream_idle_timeout;
     let body = if is_sse {
         // Pins made mid-stream cannot add headers any more: announce the token up front.
@@ -207,7 +191,6 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
             // Sealing changes the length of events.
             resp_parts.headers.remove(header::CONTENT_LENGTH);
         }
-        let call = call.clone();
         let sink: MessageSink = Box::new(move |msg: &[u8]| call.observe_message(msg).replacement);
         ProxyBody::stream(
             resp_body,
@@ -342,8 +325,37 @@ fn method_label(http: &Method, rpc: Option<&str>) -> &'static str {
     }
 }
 
+/// Collects body frames; the common case, one frame, is kept without a copy.
+#[derive(Default)]
+struct BodyBuf {
+    single: Option<Bytes>,
+    buf: BytesMut,
+}
+
+impl BodyBuf {
+    fn len(&self) -> usize {
+        self.buf.len() + self.single.as_ref().map_or(0, |s| s.len())
+    }
+
+    fn push(&mut self, data: Bytes) {
+        match self.single.take() {
+            None if self.buf.is_empty() => self.single = Some(data),
+            prev => {
+                if let Some(p) = prev {
+                    self.buf.extend_from_slice(&p);
+                }
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+
+    fn finish(self) -> Bytes {
+        self.single.unwrap_or_else(|| self.buf.freeze())
+    }
+}
+
 /// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
-async fn read_body(body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
+async fn read_body(mut body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
     let limit = snap.config.server.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -352,31 +364,33 @@ async fn read_body(body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Resu
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(RouterError::BodyTooLarge { limit });
     }
-    let read = async {
-        let mut body = body;
-        let mut buf = BytesMut::with_capacity(declared.unwrap_or(1024).min(limit as u64) as usize);
-        let mut single: Option<Bytes> = None;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|_| RouterError::Parse)?;
-            let Ok(data) = frame.into_data() else { continue };
-            if buf.len() + single.as_ref().map_or(0, |s| s.len()) + data.len() > limit {
-                return Err(RouterError::BodyTooLarge { limit });
-            }
-            // The common case is one frame: keep it without copying.
-            match single.take() {
-                None if buf.is_empty() => single = Some(data),
-                prev => {
-                    if let Some(p) = prev {
-                        buf.extend_from_slice(&p);
-                    }
-                    buf.extend_from_slice(&data);
-                }
-            }
+    let mut acc = BodyBuf::default();
+    let push = |acc: &mut BodyBuf, frame: Result<http_body::Frame<Bytes>, hyper::Error>| {
+        let Ok(data) = frame.map_err(|_| RouterError::Parse)?.into_data() else {
+            return Ok(());
+        };
+        if acc.len() + data.len() > limit {
+            return Err(RouterError::BodyTooLarge { limit });
         }
-        Ok(single.unwrap_or_else(|| buf.freeze()))
+        acc.push(data);
+        Ok(())
     };
-    match tokio::time::timeout(snap.config.server.body_read_timeout, read).await {
-        Ok(r) => r,
+    // Usually the whole body came with the headers: take what is there without arming a timer.
+    loop {
+        match body.frame().now_or_never() {
+            Some(Some(frame)) => push(&mut acc, frame)?,
+            Some(None) => return Ok(acc.finish()),
+            None => break,
+        }
+    }
+    let rest = async {
+        while let Some(frame) = body.frame().await {
+            push(&mut acc, frame)?;
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(snap.config.server.body_read_timeout, rest).await {
+        Ok(r) => r.map(|()| acc.finish()),
         Err(_) => Err(RouterError::BodyTimeout),
     }
 }
@@ -395,27 +409,17 @@ enum CollectError {
 /// Reads a JSON answer whole (up to [`MAX_OBSERVED_EVENT`]) before the upstream deadline.
 async fn collect_json(mut body: Incoming, deadline: tokio::time::Instant) -> Result<Collected, CollectError> {
     let read = async move {
-        let mut buf = BytesMut::new();
-        let mut single: Option<Bytes> = None;
-        loop {
-            let Some(frame) = body.frame().await else { break };
+        let mut acc = BodyBuf::default();
+        while let Some(frame) = body.frame().await {
             let Ok(data) = frame.map_err(|_| CollectError::Upstream)?.into_data() else {
                 continue;
             };
-            match single.take() {
-                None if buf.is_empty() => single = Some(data),
-                prev => {
-                    if let Some(p) = prev {
-                        buf.extend_from_slice(&p);
-                    }
-                    buf.extend_from_slice(&data);
-                }
-            }
-            if buf.len() > MAX_OBSERVED_EVENT {
-                return Ok(Collected::Prefix(buf.freeze(), body));
+            acc.push(data);
+            if acc.len() > MAX_OBSERVED_EVENT {
+                return Ok(Collected::Prefix(acc.finish(), body));
             }
         }
-        Ok(Collected::Whole(single.unwrap_or_else(|| buf.freeze())))
+        Ok(Collected::Whole(acc.finish()))
     };
     tokio::time::timeout_at(deadline, read)
         .await
@@ -441,7 +445,7 @@ fn build_upstream_request(
     parts: &http::request::Parts,
     body: Either<Bytes, Incoming>,
     backend: &Backend,
-    peer: SocketAddr,
+    peer: &HeaderValue,
     tls: bool,
     session_override: Option<&str>,
 ) -> Result<Request<crate::upstream::UpstreamBody>, http::Error> {
@@ -461,15 +465,11 @@ fn build_upstream_request(
     if let Some(host) = host {
         headers.insert(X_FORWARDED_HOST, host);
     }
-    let ip = peer.ip().to_string();
     let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip,
+        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", peer.to_str().unwrap_or("unknown"))).ok(),
+        None => None,
     };
-    headers.insert(
-        X_FORWARDED_FOR,
-        HeaderValue::from_str(&xff).unwrap_or(HeaderValue::from_static("unknown")),
-    );
+    headers.insert(X_FORWARDED_FOR, xff.unwrap_or_else(|| peer.clone()));
     headers.insert(
         X_FORWARDED_PROTO,
         HeaderValue::from_static(if tls { "https" } else { "http" }),
@@ -492,17 +492,15 @@ fn build_upstream_request(
     Ok(req)
 }
 
-/// What the answer needs to know about the call its request belongs to.
-#[derive(Clone)]
-struct CallContext(Arc<CallInner>);
-
-struct CallInner {
+/// What the answer needs to know about the call its request belongs to. Owned by the
+/// request (JSON answers) or moved into the SSE body's event sink.
+struct CallContext {
     shared: Arc<Shared>,
     snap: Arc<Snapshot>,
     backend: crate::upstream::BackendKey,
     epoch: u32,
     /// Client keys the request carried (routing id, messageId).
-    client_keys: Vec<PinKey>,
+    client_keys: [Option<PinKey>; 2],
     /// The pin that routed this request, if any.
     matched: Option<Matched>,
     session: Option<PinKey>,
@@ -536,12 +534,16 @@ impl CallContext {
         backend: &Backend,
         method: &Method,
     ) -> CallContext {
-        CallContext(Arc::new(CallInner {
+        let mut client_keys = [None, None];
+        for (slot, key) in client_keys.iter_mut().zip(keys.client_pin_keys()) {
+            *slot = Some(key);
+        }
+        CallContext {
             shared: shared.clone(),
             snap: snap.clone(),
             backend: backend.key,
             epoch: backend.epoch(),
-            client_keys: keys.client_pin_keys().collect(),
+            client_keys,
             matched: decision.matched.filter(|_| !decision.pin_lost),
             session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
             is_delete: *method == Method::DELETE,
@@ -551,35 +553,31 @@ impl CallContext {
             backend_name: backend.name.clone(),
             client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
             sealing: snap.sealing.clone(),
-        }))
+        }
     }
 
     fn observes_body(&self) -> bool {
-        self.0.observes_body
+        self.observes_body
     }
 
     fn may_create_pin(&self) -> bool {
-        self.0.may_create_pin
+        self.may_create_pin
     }
 
     /// Pins `key`; true when the pin is new.
     fn pin(&self, key: PinKey, kind: PinKind, rounds: u32) -> bool {
-        let c = &self.0;
+        let c = self;
         let created = c.shared.pins.pin(key, kind, c.backend, c.epoch, rounds, &c.snap.ttls);
         if created {
-            c.shared.metrics.pins_created.with_label_values(&[kind.label()]).inc();
+            c.shared.metrics.pins_created_by_kind[kind as usize].inc();
         }
         created
     }
 
     fn finish(&self, key: PinKey) -> Option<u32> {
-        let c = &self.0;
+        let c = self;
         let pin = c.shared.pins.finish(key, &c.snap.ttls)?;
-        c.shared
-            .metrics
-            .pins_finished
-            .with_label_values(&[pin.kind.label()])
-            .inc();
+        c.shared.metrics.pins_finished_by_kind[pin.kind as usize].inc();
         Some(pin.rounds)
     }
 
@@ -587,7 +585,7 @@ impl CallContext {
     /// With sealing, the client gets the session id sealed (and its own sealed id echoed back).
     /// Returns true when a pin was made.
     fn observe_head(&self, status: StatusCode, headers: &mut HeaderMap) -> bool {
-        let c = &self.0;
+        let c = self;
         match c.session {
             // A backend issues a session only in a successful answer to a request without one
             // (the SDK attaches a fresh id even to its 4xx answers: those create nothing).
@@ -621,19 +619,24 @@ impl CallContext {
 
     /// Acts on one JSON-RPC message from the backend (a JSON body or one SSE event).
     fn observe_message(&self, msg: &[u8]) -> Observed {
-        let c = &self.0;
+        let c = self;
         let mut seen = Observed::default();
         // Cheap pre-check: only responses matter, and they carry "result" or "error".
         if !contains(msg, b"\"result\"") && !contains(msg, b"\"error\"") {
             return seen;
         }
-        let outcome = dialect::parse_outcome(msg);
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
+        // Single-round traffic: no pin to finish, and an answer without these fields cannot
+        // continue a call, so there is nothing to parse.
+        if prior.is_none() && !CONTINUATION_MARKERS.iter().any(|m| contains(msg, m)) {
+            return seen;
+        }
+        let outcome = dialect::parse_outcome(msg);
         let rounds = prior.map_or(0, |m| m.pin.rounds) + 1;
         match outcome {
             Outcome::NotAResponse => {}
             Outcome::Pending => {
-                for key in &c.client_keys {
+                for key in c.client_keys.iter().flatten() {
                     seen.created |= self.pin(*key, PinKind::Client, rounds);
                 }
             }
@@ -663,33 +666,40 @@ impl CallContext {
                 } else {
                     seen.created = self.pin(key, PinKind::Task, rounds);
                 }
-                self.finish_call(prior, &c.client_keys, None);
+                self.finish_call(prior, None);
             }
             Outcome::Final => {
                 if let Some(m) = c.matched.filter(|m| m.pin.kind == PinKind::Task && c.is_task_cancel) {
                     self.finish(m.key);
                 }
-                self.finish_call(prior, &c.client_keys, Some(rounds))
+                self.finish_call(prior, Some(rounds))
             }
-            Outcome::Error => self.finish_call(prior, &c.client_keys, Some(rounds)),
+            Outcome::Error => self.finish_call(prior, Some(rounds)),
         }
         seen
     }
 
     /// A final answer ends the call under every key it was pinned by.
-    fn finish_call(&self, prior: Option<Matched>, client_keys: &[PinKey], rounds: Option<u32>) {
+    fn finish_call(&self, prior: Option<Matched>, rounds: Option<u32>) {
         let mut finished = false;
         if let Some(m) = prior.filter(|m| m.pin.kind != PinKind::Task) {
             finished |= self.finish(m.key).is_some();
         }
-        for key in client_keys {
+        for key in self.client_keys.iter().flatten() {
             finished |= self.finish(*key).is_some();
         }
         if let (true, Some(rounds)) = (finished, rounds) {
-            self.0.shared.metrics.rounds_per_call.observe(rounds as f64);
+            self.shared.metrics.rounds_per_call.observe(rounds as f64);
         }
     }
 }
+
+fn starts_with_ignore_case(value: &[u8], prefix: &[u8]) -> bool {
+    value.len() >= prefix.len() && value[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+/// Fields one of which every answer that continues a call carries (DESIGN §4).
+const CONTINUATION_MARKERS: [&[u8]; 3] = [b"\"pending\"", b"\"resultType\"", b"\"taskId\""];
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(haystack, needle).is_some()

@@ -49,9 +49,11 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         };
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
+        let peer_ip = http::HeaderValue::from_str(&peer.ip().to_string()).expect("an IP is a valid header value");
         let service = service_fn(move |req| {
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(proxy::handle(shared, req, peer, false).await) }
+            let peer_ip = peer_ip.clone();
+            async move { Ok::<_, Infallible>(proxy::handle(shared, req, peer_ip, false).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let conn = graceful.watch(conn);

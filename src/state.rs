@@ -305,10 +305,7 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Resu
             .or_else(|| m.draining.remove(&cfg.name).map(|(b, _)| b));
         let backend = match reuse {
             Some(b) if b.matches(cfg) => b,
-            _ => {
-                let gauge = metrics.backend_inflight.with_label_values(&[&cfg.name]);
-                Arc::new(Backend::new(cfg, Some(gauge)))
-            }
+            _ => Arc::new(Backend::new(cfg, Some(metrics))),
         };
         backend.set_weight(cfg.weight);
         serving.insert(cfg.name.clone(), backend);

@@ -47,7 +47,8 @@ pub struct Backend {
     base_path: String,
     /// Requests sent and not yet finished (response body done or dropped).
     inflight: AtomicI64,
-    inflight_gauge: Option<prometheus::IntGauge>,
+    /// This backend's metric children, resolved once (label lookups are not free).
+    metrics: Option<BackendMetrics>,
     /// False while ejected by health checks.
     healthy: AtomicBool,
     /// Consecutive failed checks or requests (reset by any success).
@@ -61,6 +62,14 @@ pub struct Backend {
     pub admin_drained: AtomicBool,
     /// Pins naming this backend at the last sweep.
     pub pins: AtomicUsize,
+}
+
+struct BackendMetrics {
+    inflight: prometheus::IntGauge,
+    duration: prometheus::Histogram,
+    requests_vec: prometheus::IntCounterVec,
+    /// `mrtr_requests_total` children by (method label, status).
+    requests: parking_lot::RwLock<std::collections::HashMap<(&'static str, u16), prometheus::IntCounter>>,
 }
 
 /// Source of backend epochs: unique in the process, so a backend removed and added again
@@ -79,7 +88,13 @@ pub enum HealthChange {
 }
 
 impl Backend {
-    pub fn new(cfg: &BackendConfig, inflight_gauge: Option<prometheus::IntGauge>) -> Backend {
+    pub fn new(cfg: &BackendConfig, metrics: Option<&crate::metrics::Metrics>) -> Backend {
+        let metrics = metrics.map(|m| BackendMetrics {
+            inflight: m.backend_inflight.with_label_values(&[&cfg.name]),
+            duration: m.request_duration.with_label_values(&[&cfg.name]),
+            requests_vec: m.requests_total.clone(),
+            requests: Default::default(),
+        });
         Backend {
             key: BackendKey::of(&cfg.name),
             name: cfg.name.as_str().into(),
@@ -88,7 +103,7 @@ impl Backend {
             authority: cfg.authority.clone(),
             base_path: cfg.base_path.clone(),
             inflight: AtomicI64::new(0),
-            inflight_gauge,
+            metrics,
             healthy: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
@@ -171,6 +186,20 @@ impl Backend {
         Arc::new(Backend::new(&cfg, None))
     }
 
+    /// Counts an answered request in `mrtr_requests_total` and `mrtr_request_duration_seconds`.
+    pub fn observe_request(&self, method: &'static str, status: http::StatusCode, seconds: f64) {
+        let Some(m) = &self.metrics else { return };
+        m.duration.observe(seconds);
+        let key = (method, status.as_u16());
+        if let Some(c) = m.requests.read().get(&key) {
+            c.inc();
+            return;
+        }
+        let c = m.requests_vec.with_label_values(&[&self.name, method, status.as_str()]);
+        c.inc();
+        m.requests.write().insert(key, c);
+    }
+
     pub fn url(&self) -> String {
         format!("{}://{}{}", self.scheme, self.authority, self.base_path)
     }
@@ -182,8 +211,8 @@ impl Backend {
     /// Counts a request in flight until the returned guard drops.
     pub fn start_request(self: &Arc<Self>) -> InflightGuard {
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        if let Some(g) = &self.inflight_gauge {
-            g.inc();
+        if let Some(m) = &self.metrics {
+            m.inflight.inc();
         }
         InflightGuard(self.clone())
     }
@@ -219,8 +248,8 @@ impl InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::Relaxed);
-        if let Some(g) = &self.0.inflight_gauge {
-            g.dec();
+        if let Some(m) = &self.0.metrics {
+            m.inflight.dec();
         }
     }
 }
