@@ -156,3 +156,43 @@ async fn full_pin_table_refuses_new_calls_but_serves_pinned_ones() {
     assert_eq!(list.status, 200);
     assert_eq!(fleet.total_unknown_followups(), 0);
 }
+
+#[tokio::test]
+async fn too_many_or_too_large_headers_are_431_before_any_body_is_read() {
+    let fleet = Fleet::start(1, "").await;
+    let many: Vec<(String, String)> = (0..150).map(|i| (format!("x-h-{i}"), "v".to_string())).collect();
+    let refs: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let body = Bytes::from(json!({"jsonrpc":"2.0","id":1,"method":"ping"}).to_string());
+    let a = send(&fleet.client, Method::POST, &fleet.url(), &refs, body.clone()).await;
+    assert_eq!(a.status, 431);
+    let huge = "x".repeat(80 * 1024);
+    let a = send(&fleet.client, Method::POST, &fleet.url(), &[("x-big", &huge)], body).await;
+    assert_eq!(a.status, 431);
+    let served: u64 = fleet
+        .workers
+        .iter()
+        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
+        .sum();
+    assert_eq!(served, 0);
+}
+
+#[tokio::test]
+async fn a_body_that_never_arrives_is_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fleet = Fleet::start(1, "[server]\nbody_read_timeout = \"200ms\"").await;
+    let mut sock = tokio::net::TcpStream::connect(fleet.router).await.unwrap();
+    // Headers promise 100 bytes; 10 come.
+    sock.write_all(
+        b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(REQUEST_DEADLINE, sock.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("mcp-router-error: body_timeout"), "{text}");
+}
