@@ -32,6 +32,12 @@ pub async fn upkeep(shared: Arc<Shared>) {
 
 /// One round of [`upkeep`].
 pub fn sweep_once(shared: &Shared) {
+    let busy: Vec<_> = shared
+        .backend_states()
+        .iter()
+        .filter(|(b, _)| b.inflight() > 0)
+        .map(|(b, _)| b.key)
+        .collect();
     let swept = shared.pins.sweep();
     for kind in PinKind::ALL {
         let n = swept.expired[kind as usize];
@@ -44,7 +50,7 @@ pub fn sweep_once(shared: &Shared) {
             .store(swept.per_backend.get(&b.key).copied().unwrap_or(0), Ordering::Relaxed);
     }
     shared.update_pin_gauges();
-    shared.retire_drained();
+    shared.retire_drained(&busy);
 }
 
 /// Active health checks of every known backend (serving and draining), every `[health].interval`.

@@ -105,7 +105,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     let mut backend = decision.backend.clone();
     let mut retried = false;
     let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
-    let (resp, guard) = loop {
+    let (resp, guard, sent_epoch) = loop {
         let resend = match &body {
             Either::Left(b) if unpinned && !retried => Some(b.clone()),
             _ => None,
@@ -122,11 +122,14 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
                 )
             }
         };
+        // The incarnation the request went to: an ejection while it is in flight must void
+        // any pin its answer makes.
+        let sent_epoch = backend.epoch();
         let guard = backend.start_request();
         match tokio::time::timeout_at(deadline, shared.client.request(upstream_req)).await {
             Ok(Ok(resp)) => {
                 backend.record_request_success();
-                break (resp, guard);
+                break (resp, guard, sent_epoch);
             }
             Ok(Err(e)) => {
                 tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
@@ -166,7 +169,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
             }
         }
     };
-    let call = CallContext::new(&shared, &snap, &keys, &decision, &backend, &parts.method);
+    let call = CallContext::new(&shared, &snap, &keys, &decision, (&backend, sent_epoch), &parts.method);
     let method_label = method_label(&parts.method, keys.method.as_deref());
     let error_id = keys.id.map(str::to_owned);
     drop(keys);
@@ -531,7 +534,7 @@ impl CallContext {
         snap: &Arc<Snapshot>,
         keys: &RequestKeys,
         decision: &Decision,
-        backend: &Backend,
+        (backend, epoch): (&Backend, u32),
         method: &Method,
     ) -> CallContext {
         let mut client_keys = [None, None];
@@ -542,7 +545,7 @@ impl CallContext {
             shared: shared.clone(),
             snap: snap.clone(),
             backend: backend.key,
-            epoch: backend.epoch(),
+            epoch,
             client_keys,
             matched: decision.matched.filter(|_| !decision.pin_lost),
             session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),

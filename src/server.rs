@@ -33,8 +33,11 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         .max_concurrent_streams(1024)
         .max_header_list_size(64 * 1024);
     let graceful = GracefulShutdown::new();
+    // Connections live in a set so that, past the grace period, the ones left can be closed.
+    let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
+        while conns.try_join_next().is_some() {}
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -57,7 +60,7 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
@@ -70,6 +73,8 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         _ = graceful.shutdown() => tracing::info!("all connections closed"),
         _ = tokio::time::sleep(cfg.shutdown_grace) => tracing::warn!("shutdown grace period over; closing remaining connections"),
     }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
 }
 
 /// Serves the admin endpoints until `shutdown` resolves.

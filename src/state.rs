@@ -229,15 +229,18 @@ impl Shared {
         }
     }
 
-    /// Forgets draining backends whose pins are all gone or whose deadline passed.
+    /// Forgets draining backends whose deadline passed, or that have no pins and nothing in
+    /// flight. `busy` lists those that had requests in flight before the pins were counted
+    /// (an answer arriving since may have pinned a call the count missed): they wait a round.
     /// Returns true when something was forgotten (the snapshot was rebuilt).
-    pub fn retire_drained(&self) -> bool {
+    pub fn retire_drained(&self, busy: &[BackendKey]) -> bool {
         let now = Instant::now();
+        let idle = |b: &Backend| b.pins.load(Ordering::Relaxed) == 0 && b.inflight() == 0 && !busy.contains(&b.key);
         let retired: Vec<String> = {
             let m = self.membership.lock();
             m.draining
                 .iter()
-                .filter(|(_, (b, deadline))| now >= *deadline || b.pins.load(Ordering::Relaxed) == 0)
+                .filter(|(_, (b, deadline))| now >= *deadline || idle(b))
                 .map(|(name, _)| name.clone())
                 .collect()
         };
