@@ -10,15 +10,6 @@ use http::Method;
 use serde_json::json;
 use support::*;
 
-/// Polls `cond` every 10 ms until it holds; fails after `secs`.
-async fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn whoami(mid: &str) -> serde_json::Value {
     json!({"jsonrpc":"2.0","id":1,"messageId":mid,"method":"tools/call","params":{"name":"whoami"}})
 }
@@ -117,7 +108,10 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
     victim.stop().await;
     let shared = fleet.shared.clone();
     let victim_key = mrtr_router::upstream::BackendKey::of(&victim_name);
-    eventually(10, "ejection", || !shared.snapshot().backends[&victim_key].is_healthy()).await;
+    eventually(Duration::from_secs(10), "ejection", || {
+        !shared.snapshot().backends[&victim_key].is_healthy()
+    })
+    .await;
     assert_eq!(fleet.shared.snapshot().ring.len(), 2);
     // Keyless and new-key traffic keeps flowing on the others.
     for i in 0..20 {
@@ -130,7 +124,7 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
         &victim_name,
         tokio::net::TcpListener::bind(addr).await.unwrap(),
     ));
-    eventually(10, "re-admission", || {
+    eventually(Duration::from_secs(10), "re-admission", || {
         shared.snapshot().backends[&victim_key].is_healthy()
     })
     .await;
@@ -266,7 +260,7 @@ async fn config_file_change_is_reloaded_including_a_symlink_swap() {
     std::fs::remove_file(&fleet.config_path).unwrap();
     std::os::unix::fs::symlink("..data/config.toml", &fleet.config_path).unwrap();
     let shared = fleet.shared.clone();
-    eventually(10, "reload after the file changed", || {
+    eventually(Duration::from_secs(10), "reload after the file changed", || {
         shared.snapshot().ring.len() == 2
     })
     .await;
@@ -275,7 +269,7 @@ async fn config_file_change_is_reloaded_including_a_symlink_swap() {
     std::fs::write(v2.join("config.toml"), render_config("", &specs[..1])).unwrap();
     std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
-    eventually(10, "reload after the symlink swap", || {
+    eventually(Duration::from_secs(10), "reload after the symlink swap", || {
         shared.snapshot().ring.len() == 1
     })
     .await;
@@ -322,7 +316,10 @@ async fn discovery_adds_and_drains_backends() {
         Box::pin(async move { result })
     }));
     let shared = fleet.shared.clone();
-    eventually(10, "discovered backends join", || shared.snapshot().ring.len() == 3).await;
+    eventually(Duration::from_secs(10), "discovered backends join", || {
+        shared.snapshot().ring.len() == 3
+    })
+    .await;
     let name2 = format!("dns:127.0.0.3:{port}");
     // Pin a call on the second discovered backend.
     let mid = (0..200)
@@ -352,7 +349,7 @@ async fn discovery_adds_and_drains_backends() {
     assert_eq!(shared.snapshot().ring.len(), 3);
     // The address disappears from DNS: that backend drains, its pinned call still finishes there.
     *answer.lock() = Ok(vec![ip("127.0.0.2")]);
-    eventually(10, "removed address leaves the ring", || {
+    eventually(Duration::from_secs(10), "removed address leaves the ring", || {
         shared.snapshot().ring.len() == 2
     })
     .await;

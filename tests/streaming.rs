@@ -13,14 +13,6 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 use support::*;
 
-fn stream_call(mid: Option<&str>, args: Value) -> Value {
-    let mut v = json!({"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"stream","arguments":args}});
-    if let Some(m) = mid {
-        v["messageId"] = json!(m);
-    }
-    v
-}
-
 async fn open(fleet: &Fleet, body: &Value) -> http::Response<Incoming> {
     let req = Request::post(fleet.url())
         .header("content-type", "application/json")
@@ -31,21 +23,6 @@ async fn open(fleet: &Fleet, body: &Value) -> http::Response<Incoming> {
         .await
         .unwrap()
         .unwrap()
-}
-
-/// Reads body frames until `needle` has been seen; returns everything read.
-async fn read_until(body: &mut Incoming, needle: &str) -> String {
-    let mut seen = String::new();
-    while !seen.contains(needle) {
-        let frame = tokio::time::timeout(REQUEST_DEADLINE, body.frame())
-            .await
-            .expect("next frame in time");
-        let frame = frame.expect("stream still open").expect("no stream error");
-        if let Ok(data) = frame.into_data() {
-            seen.push_str(&String::from_utf8_lossy(&data));
-        }
-    }
-    seen
 }
 
 #[tokio::test]

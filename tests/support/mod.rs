@@ -270,3 +270,47 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
             .and_then(|v| v.trim().parse().ok())
     })
 }
+
+/// Polls `cond` every 5 ms until it holds; fails after `limit`.
+pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Resident set size of this process, in KiB (`VmRSS` of /proc/self/status).
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("/proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS line")
+}
+
+/// Body of a `tools/call` of the example worker's SSE `stream` tool.
+pub fn stream_call(mid: Option<&str>, args: Value) -> Value {
+    let mut v =
+        json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "stream", "arguments": args}});
+    if let Some(m) = mid {
+        v["messageId"] = json!(m);
+    }
+    v
+}
+
+/// Reads body frames until `needle` has been seen; returns everything read.
+pub async fn read_until(body: &mut hyper::body::Incoming, needle: &str) -> String {
+    let mut seen = String::new();
+    while !seen.contains(needle) {
+        let frame = tokio::time::timeout(REQUEST_DEADLINE, body.frame())
+            .await
+            .expect("next frame in time");
+        let frame = frame.expect("stream still open").expect("no stream error");
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    seen
+}
