@@ -32,6 +32,12 @@ pub enum RouterError {
 }
 
 impl RouterError {
+    pub fn upstream_unavailable(backend: &crate::upstream::Backend) -> RouterError {
+        RouterError::UpstreamUnavailable {
+            backend: backend.name.to_string(),
+        }
+    }
+
     /// `(HTTP status, JSON-RPC code, Mcp-Router-Error reason)` — the table of DESIGN §6.
     pub fn parts(&self) -> (StatusCode, i32, &'static str) {
         use RouterError::*;

@@ -19,7 +19,7 @@ use crate::pins::{PinKey, PinKind};
 use crate::route::{self, Decision, Matched, RequestKeys};
 use crate::sealing::{self, Replacement, Sealing};
 use crate::state::{Shared, Snapshot};
-use crate::upstream::Backend;
+use crate::upstream::{Backend, InflightGuard};
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -86,88 +86,30 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
         shared.metrics.pins_lost.inc();
     }
 
-    // Phase 3: forward. A backend that refuses the connection never saw the request, so an
-    // unpinned request moves once to the next candidate.
-    let unpinned = decision.matched.is_none() || decision.pin_lost;
-    // The backend gets back exactly the bytes it issued.
-    let upstream_bytes = match unsealed.as_ref().and_then(|u| u.request_state.as_ref()) {
-        Some((wrapped, original)) => {
-            sealing::restore_request_state(&bytes, wrapped, original).unwrap_or_else(|| bytes.clone())
-        }
-        None => bytes.clone(),
-    };
-    let session_override = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
-    let mut body = match stream {
+    // Phase 3: forward.
+    let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => Either::Right(incoming),
-        None => Either::Left(upstream_bytes),
+        // The backend gets back exactly the bytes it issued.
+        None => Either::Left(match unsealed.as_ref().and_then(|u| u.request_state.as_ref()) {
+            Some((wrapped, original)) => {
+                sealing::restore_request_state(&bytes, wrapped, original).unwrap_or_else(|| bytes.clone())
+            }
+            None => bytes.clone(),
+        }),
     };
-    let mut backend = decision.backend.clone();
-    let mut retried = false;
+    let upstream = Upstream {
+        shared: &shared,
+        snap: &snap,
+        parts: &parts,
+        peer: &peer,
+        tls,
+    };
+    let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
     let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
-    let (resp, guard, sent_epoch) = loop {
-        let resend = match &body {
-            Either::Left(b) if unpinned && !retried => Some(b.clone()),
-            _ => None,
-        };
-        let upstream_req = match build_upstream_request(&parts, body, &backend, &peer, tls, session_override) {
-            Ok(r) => r,
-            Err(_) => {
-                return router_error(
-                    &shared,
-                    RouterError::UpstreamUnavailable {
-                        backend: backend.name.to_string(),
-                    },
-                    keys.id,
-                )
-            }
-        };
-        // The incarnation the request went to: an ejection while it is in flight must void
-        // any pin its answer makes.
-        let sent_epoch = backend.epoch();
-        let guard = backend.start_request();
-        match tokio::time::timeout_at(deadline, shared.client.request(upstream_req)).await {
-            Ok(Ok(resp)) => {
-                backend.record_request_success();
-                break (resp, guard, sent_epoch);
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
-                let connect = e.is_connect();
-                passive_failure(&shared, &snap, &backend, if connect { "connect" } else { "reset" });
-                let next = match resend {
-                    Some(b) if connect => shared
-                        .snapshot()
-                        .ring
-                        .fallback(keys.client_key(), backend.key)
-                        .cloned()
-                        .map(|n| (b, n)),
-                    _ => None,
-                };
-                let Some((b, next)) = next else {
-                    return router_error(
-                        &shared,
-                        RouterError::UpstreamUnavailable {
-                            backend: backend.name.to_string(),
-                        },
-                        keys.id,
-                    );
-                };
-                body = Either::Left(b);
-                backend = next;
-                retried = true;
-            }
-            Err(_) => {
-                passive_failure(&shared, &snap, &backend, "timeout");
-                return router_error(
-                    &shared,
-                    RouterError::UpstreamTimeout {
-                        backend: backend.name.to_string(),
-                    },
-                    keys.id,
-                );
-            }
-        }
+    let (resp, guard, backend, sent_epoch) = match upstream.forward(body, &decision, &keys, session, deadline).await {
+        Ok(sent) => sent,
+        Err(e) => return router_error(&shared, e, keys.id),
     };
     let call = CallContext::new(&shared, &snap, &keys, &decision, (&backend, sent_epoch), &parts.method);
     let method_label = method_label(&parts.method, keys.method.as_deref());
@@ -225,16 +167,20 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
                 Some(guard),
                 Some(upstream_error_hook(&shared, &backend)),
             ),
-            Err(e) => {
-                let timeout = matches!(e, CollectError::Timeout);
-                passive_failure(&shared, &snap, &backend, if timeout { "timeout" } else { "reset" });
-                let name = backend.name.to_string();
-                let err = if timeout {
-                    RouterError::UpstreamTimeout { backend: name }
-                } else {
-                    RouterError::UpstreamUnavailable { backend: name }
+            Err(CollectError::Timeout) => {
+                passive_failure(&shared, &snap, &backend, "timeout");
+                let err = RouterError::UpstreamTimeout {
+                    backend: backend.name.to_string(),
                 };
                 return router_error(&shared, err, error_id.as_deref());
+            }
+            Err(CollectError::Upstream) => {
+                passive_failure(&shared, &snap, &backend, "reset");
+                return router_error(
+                    &shared,
+                    RouterError::upstream_unavailable(&backend),
+                    error_id.as_deref(),
+                );
             }
         }
     } else if resp_body.is_end_stream() {
@@ -256,6 +202,81 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
         }
     }
     Response::from_parts(resp_parts, body)
+}
+
+/// What forwarding one request needs.
+struct Upstream<'a> {
+    shared: &'a Arc<Shared>,
+    snap: &'a Snapshot,
+    parts: &'a http::request::Parts,
+    peer: &'a HeaderValue,
+    tls: bool,
+}
+
+type Forwarded = (Response<Incoming>, InflightGuard, Arc<Backend>, u32);
+
+impl Upstream<'_> {
+    /// Sends the request to the chosen backend; returns its answer's head, the in-flight guard,
+    /// the backend that answered and the incarnation it was sent to. A backend that refuses
+    /// the connection never saw the request, so an unpinned request moves once to the next
+    /// candidate; pinned follow-ups never move.
+    async fn forward(
+        &self,
+        mut body: Either<Bytes, Incoming>,
+        decision: &Decision,
+        keys: &RequestKeys<'_>,
+        session: Option<&str>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Forwarded, RouterError> {
+        let (shared, snap) = (self.shared, self.snap);
+        let unpinned = decision.matched.is_none() || decision.pin_lost;
+        let mut backend = decision.backend.clone();
+        let mut retried = false;
+        loop {
+            let resend = match &body {
+                Either::Left(b) if unpinned && !retried => Some(b.clone()),
+                _ => None,
+            };
+            let request = build_upstream_request(self.parts, body, &backend, self.peer, self.tls, session)
+                .map_err(|_| RouterError::upstream_unavailable(&backend))?;
+            // The incarnation the request goes to: an ejection while it is in flight must void
+            // any pin its answer makes.
+            let sent_epoch = backend.epoch();
+            let guard = backend.start_request();
+            match tokio::time::timeout_at(deadline, shared.client.request(request)).await {
+                Ok(Ok(resp)) => {
+                    backend.record_request_success();
+                    return Ok((resp, guard, backend, sent_epoch));
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
+                    let connect = e.is_connect();
+                    passive_failure(shared, snap, &backend, if connect { "connect" } else { "reset" });
+                    let next = match resend {
+                        Some(b) if connect => shared
+                            .snapshot()
+                            .ring
+                            .fallback(keys.client_key(), backend.key)
+                            .cloned()
+                            .map(|n| (b, n)),
+                        _ => None,
+                    };
+                    let Some((b, next)) = next else {
+                        return Err(RouterError::upstream_unavailable(&backend));
+                    };
+                    body = Either::Left(b);
+                    backend = next;
+                    retried = true;
+                }
+                Err(_) => {
+                    passive_failure(shared, snap, &backend, "timeout");
+                    return Err(RouterError::UpstreamTimeout {
+                        backend: backend.name.to_string(),
+                    });
+                }
+            }
+        }
+    }
 }
 
 /// Answers a request with a router error, counted by reason.

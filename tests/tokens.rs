@@ -123,7 +123,9 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
     tampered[mid] = if tampered[mid] == b'A' { b'B' } else { b'A' };
     let cases = [
         ("tampered", String::from_utf8(tampered).unwrap(), "bad_signature"),
-        ("truncated", good[..good.len() - 5].to_string(), "malformed"),
+        // 5 characters short: always an impossible base64 length, so structurally malformed
+        // (a cut at a valid length may decode and fail the MAC instead).
+        ("truncated", truncate_to_invalid_length(&good), "malformed"),
         (
             "expired",
             keys.seal("worker-0", SystemTime::now() - Duration::from_secs(3600)),
@@ -181,6 +183,16 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
     // The good token still works.
     let ok = fleet.post(&[("mcp-routing-id", &good)], &confirm("bad-1", 2)).await;
     assert_eq!(ok.json()["result"]["content"][0]["text"], "done");
+}
+
+/// Cuts a token so its base64 part has a length no base64 text can have (4n + 1).
+fn truncate_to_invalid_length(token: &str) -> String {
+    let b64_len = |t: &str| t.len() - "mrt1.".len();
+    let mut cut = token.len() - 5;
+    while b64_len(&token[..cut]) % 4 != 1 {
+        cut -= 1;
+    }
+    token[..cut].to_string()
 }
 
 #[tokio::test]
