@@ -2,22 +2,13 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
+use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
 use support::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_mrtr-router");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn check_prints_the_effective_config() {
@@ -101,29 +92,10 @@ async fn sighup_reloads_and_sigterm_stops() {
         format!("{head}[[backend]]\nname = \"w1\"\nurl = \"{}\"\n", w1.url()),
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_router(&path);
     let c = client();
-    let ready = format!("http://127.0.0.1:{admin}/readyz");
-    let mut up = false;
-    for _ in 0..200 {
-        let req = http::Request::get(&ready)
-            .body(http_body_util::Full::new(Bytes::new()))
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), c.request(req)).await {
-            if r.status() == 200 {
-                up = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "router never became ready");
+    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
+    wait_readyz(&mut child, &c, admin_addr, 200, "the router to become ready").await;
     let url = format!("http://127.0.0.1:{port}/mcp");
     let a = send(
         &c,
@@ -144,11 +116,7 @@ async fn sighup_reloads_and_sigterm_stops() {
         ),
     )
     .unwrap();
-    assert!(Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(&child, "HUP");
     let metrics_url = format!("http://127.0.0.1:{admin}/metrics");
     let mut reloaded = false;
     for _ in 0..200 {
@@ -171,22 +139,7 @@ async fn sighup_reloads_and_sigterm_stops() {
     assert_eq!(b.worker(), "w1", "the pin survived the reload");
     assert_eq!(b.json()["result"]["content"][0]["text"], "done");
 
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let mut status = None;
-    for _ in 0..200 {
-        if let Some(s) = child.try_wait().unwrap() {
-            status = Some(s);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let status = status.unwrap_or_else(|| {
-        let _ = child.kill();
-        panic!("router did not stop on SIGTERM")
-    });
+    signal(&child, "TERM");
+    let status = wait_for_exit(&mut child, "the router to stop on SIGTERM").await;
     assert!(status.success(), "{status:?}");
 }

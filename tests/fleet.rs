@@ -42,20 +42,23 @@ async fn removed_backend_drains_its_pinned_calls_then_is_forgotten() {
     assert_eq!(fleet.total_unknown_followups(), 0);
 }
 
+/// Starts call `mid`, removes the backend holding it from the config, lets the fleet's 1 ms
+/// `drain_timeout` pass and sweeps, then sends the call's follow-up. Returns the former holder and
+/// the follow-up's answer.
+async fn follow_up_after_its_holder_drained_out(fleet: &Fleet, mid: &str) -> (String, Answer) {
+    let holder = fleet.post(&[], &start_call(mid, 2)).await.worker();
+    let rest: Vec<_> = fleet.specs().into_iter().filter(|s| s.name != holder).collect();
+    fleet.reconfigure(&rest);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    mrtr_router::fleet::sweep_once(&fleet.shared);
+    let b = fleet.post(&[], &confirm(mid, 2)).await;
+    (holder, b)
+}
+
 #[tokio::test]
 async fn past_drain_timeout_a_pinned_call_is_lost_strictly() {
     let fleet = Fleet::start(3, "[routing]\ndrain_timeout = \"1ms\"").await;
-    let holder = fleet.post(&[], &start_call("lost-1", 2)).await.worker();
-    fleet.reconfigure(
-        &fleet
-            .specs()
-            .into_iter()
-            .filter(|s| s.name != holder)
-            .collect::<Vec<_>>(),
-    );
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    mrtr_router::fleet::sweep_once(&fleet.shared);
-    let b = fleet.post(&[], &confirm("lost-1", 2)).await;
+    let (_, b) = follow_up_after_its_holder_drained_out(&fleet, "lost-1").await;
     assert_eq!(b.status, 503);
     assert_eq!(b.router_error(), Some("pinned_backend_unavailable"));
     assert_eq!(b.json()["error"]["code"], -32001);
@@ -72,17 +75,7 @@ async fn past_drain_timeout_a_pinned_call_is_lost_strictly() {
 #[tokio::test]
 async fn rehash_policy_routes_a_lost_call_by_the_ring() {
     let fleet = Fleet::start(3, "[routing]\non_pin_lost = \"rehash\"\ndrain_timeout = \"1ms\"").await;
-    let holder = fleet.post(&[], &start_call("lost-2", 2)).await.worker();
-    fleet.reconfigure(
-        &fleet
-            .specs()
-            .into_iter()
-            .filter(|s| s.name != holder)
-            .collect::<Vec<_>>(),
-    );
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    mrtr_router::fleet::sweep_once(&fleet.shared);
-    let b = fleet.post(&[], &confirm("lost-2", 2)).await;
+    let (holder, b) = follow_up_after_its_holder_drained_out(&fleet, "lost-2").await;
     // The ring's choice answers; it does not hold the call, and says so itself.
     assert_eq!((b.status.as_u16(), b.router_error()), (200, None));
     assert_ne!(b.worker(), holder);
@@ -159,11 +152,7 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
 async fn connect_failures_of_unpinned_requests_move_to_another_backend() {
     // Health checks far apart: only the passive path acts in this test.
     let fleet = Fleet::start(2, "[health]\ninterval = \"1h\"\nunhealthy_after = 2").await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut specs = fleet.specs();
     specs.push(BackendSpec {
         name: "dead".into(),

@@ -34,6 +34,20 @@ fn python() -> PathBuf {
 /// SDK server processes, killed on drop.
 struct SdkServers(Vec<(Child, String, u16)>);
 
+impl SdkServers {
+    /// A backend line for each server, weight 1.
+    fn specs(&self) -> Vec<BackendSpec> {
+        self.0
+            .iter()
+            .map(|(_, name, port)| BackendSpec {
+                name: name.clone(),
+                url: format!("http://127.0.0.1:{port}"),
+                weight: 1,
+            })
+            .collect()
+    }
+}
+
 impl Drop for SdkServers {
     fn drop(&mut self) {
         for (child, _, _) in &mut self.0 {
@@ -77,19 +91,6 @@ fn start_sdk_servers(n: usize) -> SdkServers {
     servers
 }
 
-async fn fleet_of_sdk_servers(servers: &SdkServers) -> Fleet {
-    let specs: Vec<BackendSpec> = servers
-        .0
-        .iter()
-        .map(|(_, name, port)| BackendSpec {
-            name: name.clone(),
-            url: format!("http://127.0.0.1:{port}"),
-            weight: 1,
-        })
-        .collect();
-    Fleet::start_backends(Vec::new(), &specs, "").await
-}
-
 /// Runs one client.py scenario against `url`; returns its JSON summary. Fails on a non-zero exit.
 async fn scenario(url: &str, args: &[&str]) -> Value {
     let mut cmd = tokio::process::Command::new(python());
@@ -129,7 +130,7 @@ fn instances(summary: &Value) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdk_traffic_through_the_router() {
     let servers = start_sdk_servers(3);
-    let fleet = fleet_of_sdk_servers(&servers).await;
+    let fleet = Fleet::start_backends(Vec::new(), &servers.specs(), "").await;
     let url = fleet.url();
 
     // Naive spreading breaks these (WIRE.md); through the router every one must pass.
@@ -263,15 +264,7 @@ async fn alternate(targets: Vec<std::net::SocketAddr>) -> std::net::SocketAddr {
 async fn sdk_traffic_across_two_router_replicas_with_sealed_tokens() {
     let servers = start_sdk_servers(3);
     let keys = "[tokens]\nkeys = [\"interop-key-0123456789abcdef0123456789\"]\n";
-    let specs: Vec<BackendSpec> = servers
-        .0
-        .iter()
-        .map(|(_, name, port)| BackendSpec {
-            name: name.clone(),
-            url: format!("http://127.0.0.1:{port}"),
-            weight: 1,
-        })
-        .collect();
+    let specs = servers.specs();
     let a = Fleet::start_backends(Vec::new(), &specs, keys).await;
     let b = Fleet::start_backends(Vec::new(), &specs, keys).await;
     let lb = alternate(vec![a.router, b.router]).await;

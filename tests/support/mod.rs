@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +48,9 @@ pub struct Fleet {
     served: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// The router binary, for tests that run it as a child process.
+pub const BIN: &str = env!("CARGO_BIN_EXE_mrtr-router");
+
 pub async fn start_worker(name: &str) -> Worker {
     Worker::start(name, TcpListener::bind("127.0.0.1:0").await.unwrap())
 }
@@ -55,6 +59,18 @@ pub fn client() -> HttpClient {
     let mut c = Client::builder(TokioExecutor::new());
     c.pool_max_idle_per_host(1024);
     c.build_http()
+}
+
+/// A backend line for each of `workers`, weight 1.
+pub fn specs_of(workers: &[Worker]) -> Vec<BackendSpec> {
+    workers
+        .iter()
+        .map(|w| BackendSpec {
+            name: w.state.name.clone(),
+            url: w.url(),
+            weight: 1,
+        })
+        .collect()
 }
 
 pub fn render_config(extra: &str, backends: &[BackendSpec]) -> String {
@@ -85,14 +101,7 @@ impl Fleet {
     }
 
     pub async fn start_with(workers: Vec<Worker>, extra: &str) -> Fleet {
-        let specs: Vec<BackendSpec> = workers
-            .iter()
-            .map(|w| BackendSpec {
-                name: w.state.name.clone(),
-                url: w.url(),
-                weight: 1,
-            })
-            .collect();
+        let specs = specs_of(&workers);
         Fleet::start_backends(workers, &specs, extra).await
     }
 
@@ -135,14 +144,7 @@ impl Fleet {
     }
 
     pub fn specs(&self) -> Vec<BackendSpec> {
-        self.workers
-            .iter()
-            .map(|w| BackendSpec {
-                name: w.state.name.clone(),
-                url: w.url(),
-                weight: 1,
-            })
-            .collect()
+        specs_of(&self.workers)
     }
 
     pub fn worker(&self, name: &str) -> &Worker {
@@ -189,17 +191,34 @@ impl Fleet {
         String::from_utf8(a.body.to_vec()).unwrap()
     }
 
+    /// Begins the router's graceful shutdown, as SIGTERM does, and returns at once. Whether the
+    /// signal reached a router still running: false when shutdown was begun before, or the router
+    /// already returned by itself.
+    #[must_use]
+    pub fn begin_shutdown(&mut self) -> bool {
+        self.stop.take().is_some_and(|s| s.send(()).is_ok())
+    }
+
+    /// Waits up to `limit` for the router's run to return: whether it did (also true when an
+    /// earlier call saw it return). Panics if the run panicked.
+    pub async fn wait_stopped(&mut self, limit: Duration) -> bool {
+        let Some(run) = self.served.as_mut() else {
+            return true;
+        };
+        match tokio::time::timeout(limit, run).await {
+            Err(_) => false,
+            Ok(joined) => {
+                self.served = None;
+                joined.expect("the router's run does not panic");
+                true
+            }
+        }
+    }
+
     /// Stops the router (graceful) and waits for it.
     pub async fn shutdown(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.served.take() {
-            tokio::time::timeout(Duration::from_secs(30), t)
-                .await
-                .expect("router stops")
-                .unwrap();
-        }
+        let _ = self.begin_shutdown();
+        assert!(self.wait_stopped(Duration::from_secs(30)).await, "router stops");
     }
 }
 
@@ -313,4 +332,75 @@ pub async fn read_until(body: &mut hyper::body::Incoming, needle: &str) -> Strin
         }
     }
     seen
+}
+
+/// A TCP port nothing listens on right now (bound once on 127.0.0.1 and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs the router binary with `--config path`, its output discarded.
+pub fn spawn_router(config: &Path) -> Child {
+    Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the router binary")
+}
+
+/// Sends `signal` (e.g. "TERM", "HUP") to a child process.
+pub fn signal(child: &Child, signal: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal} {}", child.id());
+}
+
+/// How long the helpers below wait for a router child process.
+pub const CHILD_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Polls `http://{admin}/readyz` (each request bounded to 1 s, every 10 ms) until it answers
+/// `status`. After [`CHILD_DEADLINE`] kills `child` (the router process) and panics with `what`.
+pub async fn wait_readyz(child: &mut Child, client: &HttpClient, admin: SocketAddr, status: u16, what: &str) {
+    let url = format!("http://{admin}/readyz");
+    let deadline = tokio::time::Instant::now() + CHILD_DEADLINE;
+    loop {
+        let req = Request::get(&url).body(Full::new(Bytes::new())).unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), client.request(req)).await {
+            if r.status() == status {
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("timed out waiting for: {what} (/readyz never answered {status})");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls `child` every 25 ms until it exits and returns its status. After [`CHILD_DEADLINE`] kills
+/// it and panics with `what`.
+pub async fn wait_for_exit(child: &mut Child, what: &str) -> ExitStatus {
+    let deadline = tokio::time::Instant::now() + CHILD_DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("timed out waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
