@@ -380,6 +380,29 @@ impl BodyBuf {
 
 /// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
 async fn read_body(mut body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
+    let result = read_limited(&mut body, headers, snap).await;
+    if let Err(RouterError::BodyTooLarge { .. }) = result {
+        // A lingering close: read and drop what the client is still sending (bounded), so
+        // that it reads the 413 instead of a connection reset.
+        let drain = async {
+            let mut seen = 0;
+            while let Some(Ok(frame)) = body.frame().await {
+                seen += frame.data_ref().map_or(0, |d| d.len());
+                if seen > LINGER_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+    }
+    result
+}
+
+/// How much of a refused body is read and dropped before the 413 goes out, and for how long.
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn read_limited(body: &mut Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
     let limit = snap.config.server.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)

@@ -196,3 +196,16 @@ async fn a_body_that_never_arrives_is_408() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("mcp-router-error: body_timeout"), "{text}");
 }
+
+#[tokio::test]
+async fn a_refused_large_body_still_gets_its_413_not_a_reset() {
+    let fleet = Fleet::start(1, "").await;
+    let big = Bytes::from(vec![b' '; 3 << 20]);
+    for _ in 0..5 {
+        // A fresh connection each time: the router refuses early, then reads and drops the rest
+        // so the client (still sending) receives the answer.
+        let client = client();
+        let a = send(&client, Method::POST, &fleet.url(), &[], big.clone()).await;
+        assert_eq!((a.status.as_u16(), a.router_error()), (413, Some("body_too_large")));
+    }
+}
