@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Whole-proxy benchmark: mrtr-router side by side with HAProxy and nginx, in one run on loopback.
 #
-#   bench/run.sh                      # full run (~2.5 min), table + bench/results/latest.json
-#   BENCH_SMOKE=1 bench/run.sh        # 1 s per row, no warm-up, 8 connections: proves it still runs
+#   bench/run.sh                      # full run (~6 min: 9 rows x 3 rounds), table + bench/results/latest.json
+#   BENCH_SMOKE=1 bench/run.sh        # 1 s per row, 1 round, no warm-up, 8 connections: proves it still runs
+#   BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh   # the same with a debug router
 #
 # Layout of a run (every address is 127.0.0.1):
 #   - one backend nginx (1 worker, pinned to the load cores with wrk) listens on 19001-19003 and
-#     answers POST /mcp with a fixed small JSON-RPC result, or with {"pending":true} when the
-#     request says `X-Bench-Phase: pending` (bench/mix.lua), and logs `$connection` per request;
+#     answers POST /mcp with a fixed small JSON-RPC result, with {"pending":true} when the
+#     request says `X-Bench-Phase: pending` (bench/mix.lua), or with a one-event
+#     text/event-stream answer for `X-Bench-Phase: sse` (bench/sse.lua), and logs `$connection`;
 #   - each proxy in turn, pinned to ONE core (`taskset -c 1`), in front of the three backends;
 #   - wrk (1 thread, 64 connections, Lua script bench/mcp.lua or bench/mix.lua) on the load core.
+# The rows run round after round (BENCH_ROUNDS, default 3), interleaved: round 1 runs every row
+# once, round 2 every row again, ...; the table shows each row's median over the rounds.
 # See bench/README.md for the rows, the columns, how each number is measured, and the env vars.
-# Exit status: 0 only if every selected row ran with no error, no non-2xx and no misrouted call.
+# Exit status: 0 only if every selected row ran in every round with no error, no non-2xx and no
+# misrouted call.
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,18 +30,35 @@ if [[ $SMOKE == 1 ]]; then
   DURATION=1
   WARMUP=0
   CONNS=8
+  ROUNDS=${BENCH_ROUNDS:-1}
   RESULTS=${BENCH_RESULTS:-$BENCH_DIR/results/smoke.json}
 else
-  DURATION=${BENCH_DURATION:-10}
+  DURATION=${BENCH_DURATION:-8}
   WARMUP=${BENCH_WARMUP:-3}
   CONNS=${BENCH_CONNECTIONS:-64}
+  ROUNDS=${BENCH_ROUNDS:-3}
   RESULTS=${BENCH_RESULTS:-$BENCH_DIR/results/latest.json}
 fi
+# SSE probe next to the mix rows: connections, and pause in ms between requests on each.
+SSE_PROBE=${BENCH_SSE_PROBE:-1}
+SSE_CONNS=${BENCH_SSE_CONNECTIONS:-2}
+SSE_PAUSE_MS=${BENCH_SSE_PAUSE_MS:-5}
 PENDING_PCT=${BENCH_PENDING_PCT:-20}
 LOAD_CPUS=${BENCH_LOAD_CPUS:-0}
 PROXY_CPUS=${BENCH_PROXY_CPUS:-1}
 PROXY_CPUS_2W=${BENCH_PROXY_CPUS_2W:-$PROXY_CPUS}
-ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
+# A router binary named explicitly is used as it is: no `cargo build --release`.
+SKIP_BUILD=${BENCH_SKIP_BUILD:-0}
+if [[ -n ${BENCH_ROUTER_BIN:-} ]]; then
+  ROUTER_BIN=$BENCH_ROUTER_BIN
+  SKIP_BUILD=1
+  # A relative path is taken from the current directory, else from the repository root.
+  if [[ $ROUTER_BIN != /* ]]; then
+    if [[ -e $ROUTER_BIN ]]; then ROUTER_BIN=$PWD/$ROUTER_BIN; else ROUTER_BIN=$REPO_DIR/$ROUTER_BIN; fi
+  fi
+else
+  ROUTER_BIN=$REPO_DIR/target/release/mrtr-router
+fi
 READY_TIMEOUT=${BENCH_READY_TIMEOUT:-20}
 # nginx keeps idle upstream connections in ONE cache per worker shared by all servers of the
 # upstream; with `keepalive 64` and 64 clients spread over 3 backends the cache fills with idle
@@ -75,6 +97,10 @@ is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 is_uint "$DURATION" && ((DURATION > 0)) || die "BENCH_DURATION must be a positive integer (seconds)"
 is_uint "$WARMUP" || die "BENCH_WARMUP must be an integer (seconds)"
 is_uint "$CONNS" && ((CONNS > 0)) || die "BENCH_CONNECTIONS must be a positive integer"
+is_uint "$ROUNDS" && ((ROUNDS > 0)) || die "BENCH_ROUNDS must be a positive integer"
+[[ $SSE_PROBE == 0 || $SSE_PROBE == 1 ]] || die "BENCH_SSE_PROBE must be 0 or 1"
+is_uint "$SSE_CONNS" && ((SSE_CONNS > 0)) || die "BENCH_SSE_CONNECTIONS must be a positive integer"
+is_uint "$SSE_PAUSE_MS" || die "BENCH_SSE_PAUSE_MS must be an integer (ms)"
 is_uint "$PENDING_PCT" && ((PENDING_PCT <= 100)) || die "BENCH_PENDING_PCT must be 0..100"
 is_uint "$READY_TIMEOUT" && ((READY_TIMEOUT > 0)) || die "BENCH_READY_TIMEOUT must be a positive integer"
 is_uint "$NGINX_KEEPALIVE" && ((NGINX_KEEPALIVE > 0)) || die "BENCH_NGINX_KEEPALIVE must be a positive integer"
@@ -115,6 +141,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 CLK_TCK=$(getconf CLK_TCK)
 
 NPROC=$(nproc)
+ALL_CPUS="0-$((NPROC - 1))"
 check_cpus() {  # every cpu named in a taskset list must exist
   local list=$1 part a b
   [[ $list =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] || die "bad cpu list '$list'"
@@ -296,6 +323,7 @@ start_backends() {
     listen $HOST:${BACKEND_PORTS[2]};
     access_log $BACKEND_LOG bench buffer=256k flush=250ms;
     location = /mcp {
+      if (\$http_x_bench_phase = "sse") { rewrite ^ /mcp-sse last; }
       add_header X-Bench-Backend \$server_port always;
       add_header X-Bench-Phase \$http_x_bench_phase always;
       add_header X-Bench-Message-Id \$http_x_bench_message_id always;
@@ -303,6 +331,14 @@ start_backends() {
         return 200 '{"jsonrpc":"2.0","id":\$bench_rpc_id,"messageId":"\$http_x_bench_message_id","result":{"pending":true}}';
       }
       return 200 '{"jsonrpc":"2.0","id":\$bench_rpc_id,"result":{"content":[{"type":"text","text":"ok"}]}}';
+    }
+    # bench/sse.lua: one MCP answer as a server-sent event.
+    location = /mcp-sse {
+      internal;
+      default_type text/event-stream;
+      add_header X-Bench-Backend \$server_port always;
+      add_header Cache-Control no-cache always;
+      return 200 'event: message\\ndata: {"jsonrpc":"2.0","id":\$bench_rpc_id,"result":{"content":[{"type":"text","text":"ok"}]}}\\n\\n';
     }
     location = /probe { return 200 '\$connection'; }
     location / { return 404; }
@@ -509,26 +545,36 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------------
-# One row
+# One row in one round. Every R_* array is keyed by "<peer>#<round>".
 # ---------------------------------------------------------------------------------------------
 declare -A R_STATUS R_ERR R_REQ R_DUR R_RPS R_P50 R_P99 R_MAX R_ERRS R_ERRJSON R_CPU R_CORE \
-  R_BCPU R_LCORE R_NEWC R_ACC R_SHARE R_PEND R_CONF R_MIS R_METRICS
+  R_BCPU R_LCORE R_NEWC R_ACC R_SHARE R_PEND R_CONF R_MIS R_METRICS R_THREADS R_OTHER \
+  R_SSE_PX_REQ R_SSE_PX_P50 R_SSE_PX_P99 R_SSE_PX_MAX R_SSE_DI_REQ R_SSE_DI_P50 R_SSE_DI_P99 \
+  R_SSE_DI_MAX R_SSE_ADD50 R_SSE_ADD99
 
-row_fail() {  # row_fail <peer> <message>
+DIRECT_URL="http://$HOST:${BACKEND_PORTS[0]}/mcp"
+# The direct SSE probe's own query string keeps its requests out of the backend counts (new-up).
+SSE_DIRECT_URL="$DIRECT_URL?sse-direct"
+
+row_fail() {  # row_fail <peer#round> <message>
   R_STATUS[$1]=failed
   R_ERR[$1]=$2
-  log "$1: FAILED: $2"
+  log "${1%#*} [round ${1##*#}/$ROUNDS]: FAILED: $2"
 }
 
-run_wrk() {  # run_wrk <out> <duration> <script> <url> <args...>
-  local out=$1 dur=$2 script=$3 url=$4
-  shift 4
+start_wrk() {  # start_wrk <out> <duration> <connections> <script> <url> <args...>; sets WRK_PID
+  local out=$1 dur=$2 conns=$3 script=$4 url=$5
+  shift 5
   # In the background so that a signal to this script interrupts `wait` and the trap stops wrk.
   timeout --foreground --kill-after=5 $((dur + 30)) taskset -c "$LOAD_CPUS" \
-    wrk -t1 -c"$CONNS" -d"${dur}s" --timeout 5s --latency -s "$script" "$url" -- "$@" \
+    wrk -t1 -c"$conns" -d"${dur}s" --timeout 5s --latency -s "$script" "$url" -- "$@" \
     >"$out" 2>&1 &
-  local wpid=$! rc=0
-  STARTED+=("$wpid")
+  WRK_PID=$!
+  STARTED+=("$WRK_PID")
+}
+
+wait_wrk() {  # wait_wrk <pid>: returns wrk's exit status
+  local wpid=$1 rc=0
   wait "$wpid" || rc=$?
   local keep=() p
   for p in "${STARTED[@]}"; do [[ $p == "$wpid" ]] || keep+=("$p"); done
@@ -536,20 +582,59 @@ run_wrk() {  # run_wrk <out> <duration> <script> <url> <args...>
   return "$rc"
 }
 
-measure() {  # measure <peer> <url> <script> <wrk args...>; PEER_PID is the proxy (empty: direct)
-  local peer=$1 url=$2 script=$3
-  shift 3
-  local dir=$TMP/rows/$peer
+run_wrk() {  # run_wrk <out> <duration> <script> <url> <args...>: the main load, CONNS connections
+  local out=$1 dur=$2 script=$3 url=$4
+  shift 4
+  start_wrk "$out" "$dur" "$CONNS" "$script" "$url" "$@"
+  wait_wrk "$WRK_PID"
+}
+
+parse_result() {  # parse_result <wrk output> <assoc array name>: the BENCH_RESULT line's key=value
+  local -n kv_out=$2
+  local line kv
+  line=$(grep -m1 '^BENCH_RESULT ' "$1" 2>/dev/null || true)
+  [[ -n $line ]] || return 1
+  for kv in ${line#BENCH_RESULT }; do kv_out[${kv%%=*}]=${kv#*=}; done
+}
+
+proc_threads() {  # threads of a process and of its direct children
+  local total=0 p n
+  for p in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
+    n=$(awk '/^Threads:/ { print $2 }' "/proc/$p/status" 2>/dev/null || true)
+    total=$((total + ${n:-0}))
+  done
+  echo "$total"
+}
+
+children_ticks() {  # children_ticks <file written by `times` in this shell>: CPU of reaped children, in ticks
+  awk -v hz="$CLK_TCK" 'function sec(t,  m) { m = t; sub(/m.*/, "", m); sub(/^[0-9]+m/, "", t); sub(/s$/, "", t); return m * 60 + t }
+    NR == 2 { printf "%d\n", (sec($1) + sec($2)) * hz }' "$1"
+}
+
+other_busy_pct() {  # other_busy_pct "tot0 idle0" "tot1 idle1" <our ticks>: machine share used by other processes
+  awk -v a="$1" -v b="$2" -v ours="$3" 'BEGIN { split(a, x, " "); split(b, y, " "); dt = y[1] - x[1];
+    if (dt <= 0) { print "null"; exit } o = (dt - (y[2] - x[2])) - ours; if (o < 0) o = 0; printf "%.1f\n", 100 * o / dt }'
+}
+
+us_to_ms() { awk -v x="$1" 'BEGIN { printf "%.3f", x / 1000 }'; }
+
+measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is the proxy (empty: direct)
+  local peer=$1 round=$2 url=$3 script=$4
+  shift 4
+  local k="$peer#$round" dir=$TMP/rows/$peer/r$round
   mkdir -p "$dir"
+  local sse=0
+  ((SSE_PROBE)) && [[ $peer == *-mix ]] && sse=1
 
   if ((WARMUP > 0)); then
     run_wrk "$dir/warmup.out" "$WARMUP" "$script" "$url" "$@" \
-      || { row_fail "$peer" "warm-up wrk failed: $(tail -n 3 "$dir/warmup.out" | tr '\n' ' ')"; return 1; }
+      || { row_fail "$k" "warm-up wrk failed: $(tail -n 3 "$dir/warmup.out" | tr '\n' ' ')"; return 1; }
   fi
 
-  local t0=$peer-start-$RANDOM t1=$peer-end-$RANDOM c0 c1 log_off
+  local t0=$peer-$round-start-$RANDOM t1=$peer-$round-end-$RANDOM c0 c1 log_off
+  : >"$BACKEND_LOG"   # nginx appends (O_APPEND): keeps the log small over many rounds
   log_off=$(stat -c %s "$BACKEND_LOG" 2>/dev/null || echo 0)
-  c0=$(probe_conn "$t0") && is_uint "$c0" || { row_fail "$peer" "backend probe failed"; return 1; }
+  c0=$(probe_conn "$t0") && is_uint "$c0" || { row_fail "$k" "backend probe failed"; return 1; }
 
   local pt0=0 pt1=0 bt0 bt1 cs0 cs1 ls0 ls1 metrics=0
   if [[ $peer == mrtr-* ]]; then  # router counters, when its /metrics answers (optional)
@@ -560,92 +645,145 @@ measure() {  # measure <peer> <url> <script> <wrk args...>; PEER_PID is the prox
   bt0=$(proc_ticks "$BACKEND_PID")
   cs0=$(cpu_sample "$PROXY_CPUS_ROW")
   ls0=$(cpu_sample "$LOAD_CPUS")
-  local wrk_rc=0
+  # Other processes' share of the machine: all busy time minus the proxy's, the backend's and
+  # wrk's (wrk runs under `timeout`, a child of this shell: `times` has it once reaped).
+  local as0 as1
+  as0=$(cpu_sample "$ALL_CPUS")
+  times >"$dir/times.before"
+  local wrk_rc=0 sse_px_pid= sse_di_pid= sse_px_rc=0 sse_di_rc=0
+  if ((sse)); then  # paced SSE probes through the proxy and straight to a backend, next to the load
+    start_wrk "$dir/sse-proxy.out" "$DURATION" "$SSE_CONNS" "$BENCH_DIR/sse.lua" "$url" "$SSE_PAUSE_MS"
+    sse_px_pid=$WRK_PID
+    start_wrk "$dir/sse-direct.out" "$DURATION" "$SSE_CONNS" "$BENCH_DIR/sse.lua" "$SSE_DIRECT_URL" "$SSE_PAUSE_MS"
+    sse_di_pid=$WRK_PID
+  fi
   run_wrk "$dir/wrk.out" "$DURATION" "$script" "$url" "$@" || wrk_rc=$?
-  [[ -n $PEER_PID ]] && pt1=$(proc_ticks "$PEER_PID")
+  if ((sse)); then
+    wait_wrk "$sse_px_pid" || sse_px_rc=$?
+    wait_wrk "$sse_di_pid" || sse_di_rc=$?
+  fi
+  times >"$dir/times.after"
+  as1=$(cpu_sample "$ALL_CPUS")
+  [[ -n $PEER_PID ]] && { pt1=$(proc_ticks "$PEER_PID"); R_THREADS[$k]=$(proc_threads "$PEER_PID"); }
   bt1=$(proc_ticks "$BACKEND_PID")
   cs1=$(cpu_sample "$PROXY_CPUS_ROW")
   ls1=$(cpu_sample "$LOAD_CPUS")
 
-  R_METRICS[$peer]=null
+  R_METRICS[$k]=null
   if ((metrics)) && curl -sf --max-time 2 "http://$HOST:$ROUTER_ADMIN_PORT/metrics" \
     >"$dir/metrics.after" 2>/dev/null; then
-    R_METRICS[$peer]=$(metrics_delta "$dir/metrics.before" "$dir/metrics.after")
+    R_METRICS[$k]=$(metrics_delta "$dir/metrics.before" "$dir/metrics.after")
   fi
-  c1=$(probe_conn "$t1") && is_uint "$c1" || { row_fail "$peer" "backend probe failed"; return 1; }
-  wait_log_tag "$t1" || { row_fail "$peer" "backend access log not flushed"; return 1; }
+  c1=$(probe_conn "$t1") && is_uint "$c1" || { row_fail "$k" "backend probe failed"; return 1; }
+  wait_log_tag "$t1" || { row_fail "$k" "backend access log not flushed"; return 1; }
 
   if ((wrk_rc != 0)); then
-    row_fail "$peer" "wrk exited $wrk_rc: $(tail -n 3 "$dir/wrk.out" | tr '\n' ' ' | cut -c1-300)"
+    row_fail "$k" "wrk exited $wrk_rc: $(tail -n 3 "$dir/wrk.out" | tr '\n' ' ' | cut -c1-300)"
     return 1
   fi
-  local line
-  line=$(grep -m1 '^BENCH_RESULT ' "$dir/wrk.out" || true)
-  [[ -n $line ]] || { row_fail "$peer" "no BENCH_RESULT line from wrk"; return 1; }
   local -A v=()
-  local kv
-  for kv in ${line#BENCH_RESULT }; do v[${kv%%=*}]=${kv#*=}; done
+  parse_result "$dir/wrk.out" v || { row_fail "$k" "no BENCH_RESULT line from wrk"; return 1; }
+
+  # SSE probes: their errors are the row's errors; their requests through the proxy count in
+  # the proxy's CPU per request, all of them in the backend's.
+  local sse_px_req=0 sse_di_req=0 sse_err=0 sse_msg=
+  if ((sse)); then
+    local -A sp=() sd=()
+    if ((sse_px_rc != 0)) || ! parse_result "$dir/sse-proxy.out" sp; then
+      row_fail "$k" "SSE probe through the proxy failed (wrk exit $sse_px_rc): $(tail -n 3 "$dir/sse-proxy.out" | tr '\n' ' ' | cut -c1-300)"
+      return 1
+    fi
+    if ((sse_di_rc != 0)) || ! parse_result "$dir/sse-direct.out" sd; then
+      row_fail "$k" "SSE probe to the backend failed (wrk exit $sse_di_rc): $(tail -n 3 "$dir/sse-direct.out" | tr '\n' ' ' | cut -c1-300)"
+      return 1
+    fi
+    sse_px_req=${sp[requests]} sse_di_req=${sd[requests]}
+    local e_px=$((sp[connect] + sp[read] + sp[write] + sp[status] + sp[timeout] + sp[bad]))
+    local e_di=$((sd[connect] + sd[read] + sd[write] + sd[status] + sd[timeout] + sd[bad]))
+    sse_err=$((e_px + e_di))
+    ((sse_err > 0)) && sse_msg="SSE probe: $e_px errors through the proxy, $e_di direct (connect/read/write/non-2xx/timeout/not-an-event: ${sp[connect]}/${sp[read]}/${sp[write]}/${sp[status]}/${sp[timeout]}/${sp[bad]} and ${sd[connect]}/${sd[read]}/${sd[write]}/${sd[status]}/${sd[timeout]}/${sd[bad]})"
+    ((sse_px_req > 0 && sse_di_req > 0)) || sse_msg="SSE probe completed no request (through the proxy $sse_px_req, direct $sse_di_req)"
+    R_SSE_PX_REQ[$k]=$sse_px_req R_SSE_DI_REQ[$k]=$sse_di_req
+    R_SSE_PX_P50[$k]=$(us_to_ms "${sp[p50_us]}") R_SSE_PX_P99[$k]=$(us_to_ms "${sp[p99_us]}")
+    R_SSE_PX_MAX[$k]=$(us_to_ms "${sp[max_us]}")
+    R_SSE_DI_P50[$k]=$(us_to_ms "${sd[p50_us]}") R_SSE_DI_P99[$k]=$(us_to_ms "${sd[p99_us]}")
+    R_SSE_DI_MAX[$k]=$(us_to_ms "${sd[max_us]}")
+    R_SSE_ADD50[$k]=$(us_to_ms $((sp[p50_us] - sd[p50_us])))
+    R_SSE_ADD99[$k]=$(us_to_ms $((sp[p99_us] - sd[p99_us])))
+  fi
 
   local req=${v[requests]} dur_us=${v[duration_us]}
-  R_REQ[$peer]=$req
-  R_DUR[$peer]=$(awk -v d="$dur_us" 'BEGIN { printf "%.3f", d / 1e6 }')
-  R_RPS[$peer]=$(awk -v r="$req" -v d="$dur_us" 'BEGIN { printf "%.0f", (d > 0) ? r / (d / 1e6) : 0 }')
-  R_P50[$peer]=$(awk -v x="${v[p50_us]}" 'BEGIN { printf "%.3f", x / 1000 }')
-  R_P99[$peer]=$(awk -v x="${v[p99_us]}" 'BEGIN { printf "%.3f", x / 1000 }')
-  R_MAX[$peer]=$(awk -v x="${v[max_us]}" 'BEGIN { printf "%.3f", x / 1000 }')
-  local nerr=$((v[connect] + v[read] + v[write] + v[status] + v[timeout] + v[misrouted]))
-  R_ERRS[$peer]=$nerr
-  R_ERRJSON[$peer]="{\"connect\":${v[connect]},\"read\":${v[read]},\"write\":${v[write]},\"status\":${v[status]},\"timeout\":${v[timeout]},\"misrouted\":${v[misrouted]}}"
-  R_PEND[$peer]=${v[pending]}
-  R_CONF[$peer]=${v[confirmed]}
-  R_MIS[$peer]=${v[misrouted]}
-  if [[ -n $PEER_PID ]] && ((req > 0)); then
-    R_CPU[$peer]=$(awk -v t=$((pt1 - pt0)) -v hz="$CLK_TCK" -v r="$req" \
+  R_REQ[$k]=$req
+  R_DUR[$k]=$(awk -v d="$dur_us" 'BEGIN { printf "%.3f", d / 1e6 }')
+  R_RPS[$k]=$(awk -v r="$req" -v d="$dur_us" 'BEGIN { printf "%.0f", (d > 0) ? r / (d / 1e6) : 0 }')
+  R_P50[$k]=$(us_to_ms "${v[p50_us]}")
+  R_P99[$k]=$(us_to_ms "${v[p99_us]}")
+  R_MAX[$k]=$(us_to_ms "${v[max_us]}")
+  local nerr=$((v[connect] + v[read] + v[write] + v[status] + v[timeout] + v[misrouted] + sse_err))
+  R_ERRS[$k]=$nerr
+  R_ERRJSON[$k]="{\"connect\":${v[connect]},\"read\":${v[read]},\"write\":${v[write]},\"status\":${v[status]},\"timeout\":${v[timeout]},\"misrouted\":${v[misrouted]},\"sse_probe\":$sse_err}"
+  R_PEND[$k]=${v[pending]}
+  R_CONF[$k]=${v[confirmed]}
+  R_MIS[$k]=${v[misrouted]}
+  local preq=$((req + sse_px_req)) breq=$((req + sse_px_req + sse_di_req))
+  if [[ -n $PEER_PID ]] && ((preq > 0)); then
+    R_CPU[$k]=$(awk -v t=$((pt1 - pt0)) -v hz="$CLK_TCK" -v r="$preq" \
       'BEGIN { printf "%.2f", t * 1e6 / hz / r }')
-    R_CORE[$peer]=$(busy_pct "$cs0" "$cs1")
+    R_CORE[$k]=$(busy_pct "$cs0" "$cs1")
   else
-    R_CPU[$peer]=null
-    R_CORE[$peer]=null
+    R_CPU[$k]=null
+    R_CORE[$k]=null
   fi
-  R_BCPU[$peer]=$( ((req > 0)) && awk -v t=$((bt1 - bt0)) -v hz="$CLK_TCK" -v r="$req" \
+  R_BCPU[$k]=$( ((breq > 0)) && awk -v t=$((bt1 - bt0)) -v hz="$CLK_TCK" -v r="$breq" \
     'BEGIN { printf "%.2f", t * 1e6 / hz / r }' || echo null)
-  R_LCORE[$peer]=$(busy_pct "$ls0" "$ls1")
+  R_LCORE[$k]=$(busy_pct "$ls0" "$ls1")
+  local wt=$(($(children_ticks "$dir/times.after") - $(children_ticks "$dir/times.before")))
+  R_OTHER[$k]=$(other_busy_pct "$as0" "$as1" $((pt1 - pt0 + bt1 - bt0 + wt)))
+  if awk -v b="${R_OTHER[$k]}" 'BEGIN { exit !(b != "null" && b > 10) }'; then
+    log "$peer [round $round/$ROUNDS]: WARNING: other processes used ${R_OTHER[$k]}% of the machine during the run: this round's numbers are noisy"
+  fi
 
   # Upstream connections: backend nginx numbers every accepted connection ($connection, one
   # worker => strictly increasing). c0/c1 are probe connections made just before/after the run.
   # new conns = distinct $connection in (c0, c1) that carried a request; accepts = c1 - c0 - 1.
+  # The direct SSE probe's requests (/mcp?sse-direct) do not count.
   local stats
   stats=$(tail -c +"$((log_off + 1))" "$BACKEND_LOG" | awk -v t0="/probe?tag=$t0" -v t1="/probe?tag=$t1" \
     -v c0="$c0" -v c1="$c1" -v p1="${BACKEND_PORTS[0]}" -v p2="${BACKEND_PORTS[1]}" -v p3="${BACKEND_PORTS[2]}" '
     $3 == t0 { on = 1; next }
     $3 == t1 { on = 0; exit }
-    on && $3 !~ /^\/probe/ { n[$2]++; if ($1 > c0 && $1 < c1 && !($1 in seen)) { seen[$1] = 1; newc++ } }
+    on && $3 !~ /^\/probe/ && $3 != "/mcp?sse-direct" { n[$2]++; if ($1 > c0 && $1 < c1 && !($1 in seen)) { seen[$1] = 1; newc++ } }
     END { printf "%d {\"%s\":%d,\"%s\":%d,\"%s\":%d}\n", newc, p1, n[p1], p2, n[p2], p3, n[p3] }')
-  R_NEWC[$peer]=${stats%% *}
-  R_SHARE[$peer]=${stats#* }
-  R_ACC[$peer]=$((c1 - c0 - 1))
+  R_NEWC[$k]=${stats%% *}
+  R_SHARE[$k]=${stats#* }
+  R_ACC[$k]=$((c1 - c0 - 1))
 
   if ((req == 0)); then
-    row_fail "$peer" "no request completed"
+    row_fail "$k" "no request completed"
     return 1
   fi
-  if ((nerr > 0)); then
-    row_fail "$peer" "$nerr errors (connect ${v[connect]}, read ${v[read]}, write ${v[write]}, non-2xx ${v[status]}, timeout ${v[timeout]}, misrouted ${v[misrouted]})"
+  if ((nerr > 0)) || [[ -n $sse_msg ]]; then
+    local m="$((nerr - sse_err)) errors (connect ${v[connect]}, read ${v[read]}, write ${v[write]}, non-2xx ${v[status]}, timeout ${v[timeout]}, misrouted ${v[misrouted]})"
+    ((nerr - sse_err == 0)) && m=
+    [[ -n $sse_msg ]] && m+="${m:+; }$sse_msg"
+    row_fail "$k" "$m"
     return 1
   fi
-  R_STATUS[$peer]=ok
-  log "$peer: ${R_RPS[$peer]} req/s, p50 ${R_P50[$peer]} ms, p99 ${R_P99[$peer]} ms, cpu ${R_CPU[$peer]} us/req, new upstream conns ${R_NEWC[$peer]}"
-  [[ ${R_METRICS[$peer]:-null} != null ]] && log "$peer: router counters during the run: ${R_METRICS[$peer]}"
+  R_STATUS[$k]=ok
+  log "$peer [round $round/$ROUNDS]: ${R_RPS[$k]} req/s, p50 ${R_P50[$k]} ms, p99 ${R_P99[$k]} ms, cpu ${R_CPU[$k]} us/req, new upstream conns ${R_NEWC[$k]}"
+  ((sse)) && log "$peer [round $round/$ROUNDS]: SSE probe p99 ${R_SSE_PX_P99[$k]} ms through the proxy, ${R_SSE_DI_P99[$k]} ms direct: +${R_SSE_ADD99[$k]} ms"
+  [[ ${R_METRICS[$k]:-null} != null ]] && log "$peer [round $round/$ROUNDS]: router counters during the run: ${R_METRICS[$k]}"
   return 0
 }
 
-run_peer() {  # run_peer <peer>; always returns 0, the outcome is in R_STATUS
-  local peer=$1 started=0
+run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_STATUS
+  local peer=$1 round=$2 started=0
+  local k="$peer#$round"
   PEER_PID= PEER_URL= PEER_PORT= PEER_ERR= PEER_LOG=
   PROXY_CPUS_ROW=$PROXY_CPUS
-  log "$peer: ${DESC[$peer]}"
+  log "$peer [round $round/$ROUNDS]: ${DESC[$peer]}"
   case $peer in
-    direct) PEER_URL="http://$HOST:${BACKEND_PORTS[0]}/mcp" ;;
+    direct) PEER_URL=$DIRECT_URL ;;
     mrtr-header | mrtr-body | mrtr-mix) start_router 1 "$PROXY_CPUS" && started=1 ;;
     mrtr-header-2w) PROXY_CPUS_ROW=$PROXY_CPUS_2W; start_router 2 "$PROXY_CPUS_2W" && started=1 ;;
     haproxy-header) start_haproxy header && started=1 ;;
@@ -653,19 +791,19 @@ run_peer() {  # run_peer <peer>; always returns 0, the outcome is in R_STATUS
     nginx-header) start_nginx_proxy && started=1 ;;
   esac
   if [[ $peer != direct ]] && ((!started)); then
-    row_fail "$peer" "${PEER_ERR:-could not start}"
+    row_fail "$k" "${PEER_ERR:-could not start}"
     [[ -n $PEER_LOG && -s $PEER_LOG ]] && { log "last lines of $PEER_LOG:"; tail -n 5 "$PEER_LOG" >&2; }
   else
     case $peer in
       direct | mrtr-header | mrtr-header-2w | haproxy-header | nginx-header)
-        measure "$peer" "$PEER_URL" "$BENCH_DIR/mcp.lua" header || true ;;
+        measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" header || true ;;
       mrtr-body | haproxy-body)
-        measure "$peer" "$PEER_URL" "$BENCH_DIR/mcp.lua" body || true ;;
+        measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" body || true ;;
       mrtr-mix | haproxy-mix)
-        measure "$peer" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" || true ;;
+        measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" || true ;;
     esac
     if [[ -n $PEER_PID ]] && ! alive "$PEER_PID"; then
-      [[ ${R_STATUS[$peer]:-} == ok ]] && row_fail "$peer" "proxy process died during the run"
+      [[ ${R_STATUS[$k]:-} == ok ]] && row_fail "$k" "proxy process died during the run"
     fi
   fi
   if [[ -n $PEER_PID ]]; then
@@ -685,7 +823,7 @@ done
 
 want_router=0
 for p in "${PEERS[@]}"; do [[ $p == mrtr-* ]] && want_router=1; done
-if ((want_router)) && [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
+if ((want_router)) && [[ $SKIP_BUILD != 1 ]]; then
   if ! command -v cargo >/dev/null 2>&1; then
     BUILD_ERR="cargo not found; cannot build the router (set BENCH_SKIP_BUILD=1 and BENCH_ROUTER_BIN)"
   else
@@ -697,65 +835,198 @@ if ((want_router)) && [[ ${BENCH_SKIP_BUILD:-0} != 1 ]]; then
   fi
   [[ -n $BUILD_ERR ]] && log "router rows will fail: $BUILD_ERR"
 fi
+# What was measured: the binary's time stamp and hash, and the commit when the run started (a
+# binary built from a dirty tree or an older commit is not that commit).
+REPO_COMMIT=$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo none)
+REPO_DIRTY=$( [[ -n $(git -C "$REPO_DIR" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null) ]] && echo true || echo false)
+ROUTER_BIN_MTIME=null ROUTER_BIN_SHA=null
+if ((want_router)) && [[ -f $ROUTER_BIN ]]; then
+  ROUTER_BIN_MTIME="\"$(date -u -r "$ROUTER_BIN" +%Y-%m-%dT%H:%M:%SZ)\""
+  ROUTER_BIN_SHA="\"$(sha256sum "$ROUTER_BIN" | cut -c1-16)\""
+fi
+((want_router)) && log "router binary: $ROUTER_BIN (modified ${ROUTER_BIN_MTIME//\"/}; repo at $REPO_COMMIT, src dirty: $REPO_DIRTY)"
 
 # Numbers are only comparable on an otherwise idle machine: measure how busy it is first.
-all_cpus="0-$((NPROC - 1))"
-s0=$(cpu_sample "$all_cpus"); sleep 1; s1=$(cpu_sample "$all_cpus")
+s0=$(cpu_sample "$ALL_CPUS"); sleep 1; s1=$(cpu_sample "$ALL_CPUS")
 IDLE_CHECK=$(busy_pct "$s0" "$s1")
 if awk -v b="$IDLE_CHECK" 'BEGIN { exit !(b != "null" && b > 10) }'; then
   log "WARNING: the machine was ${IDLE_CHECK}% busy before the run (other processes): req/s and latency will be noisy"
 fi
-log "duration ${DURATION}s, warm-up ${WARMUP}s, $CONNS connections, wrk+backends on cpu $LOAD_CPUS, proxy on cpu $PROXY_CPUS"
+log "$ROUNDS round(s) of ${#PEERS[@]} row(s): duration ${DURATION}s, warm-up ${WARMUP}s, $CONNS connections, wrk+backends on cpu $LOAD_CPUS, proxy on cpu $PROXY_CPUS"
 start_backends
-for p in "${PEERS[@]}"; do run_peer "$p"; done
+for ((round = 1; round <= ROUNDS; round++)); do
+  ((ROUNDS > 1)) && log "=== round $round of $ROUNDS ==="
+  for p in "${PEERS[@]}"; do run_peer "$p" "$round"; done
+done
 
 # ---------------------------------------------------------------------------------------------
-# Report
+# Report: per row, the median over the rounds (min-max for CPU); the JSON keeps every round.
 # ---------------------------------------------------------------------------------------------
 ratio() {  # ratio <a> <b>
   awk -v a="$1" -v b="$2" 'BEGIN { if (a == "null" || b == "null" || a == "" || b == "" || b + 0 == 0) print "null"; else printf "%.2f\n", a / b }'
 }
 nz() { [[ -n ${1:-} ]] && echo "$1" || echo null; }
 show() { [[ ${1:-null} == null ]] && echo "-" || echo "$1"; }
+json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\000-\037')"; }
+
+vals() {  # vals <array name> <peer>: the peer's value in each round, one a line (missing: none)
+  local -n vals_a=$1
+  local r k
+  for ((r = 1; r <= ROUNDS; r++)); do
+    k="$2#$r"
+    [[ -n ${vals_a[$k]:-} ]] && echo "${vals_a[$k]}"
+  done
+  return 0
+}
+
+agg() {  # agg <median|min|max|sum> <printf format> <values...>: over the numeric values, else null
+  local what=$1 fmt=$2
+  shift 2
+  printf '%s\n' "$@" | awk -v w="$what" -v f="$fmt" '
+    $1 ~ /^-?[0-9]+(\.[0-9]+)?$/ { v[++n] = $1 + 0 }
+    END {
+      if (!n) { print "null"; exit }
+      for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j > 0 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+      if (w == "min") r = v[1]
+      else if (w == "max") r = v[n]
+      else if (w == "sum") { r = 0; for (i = 1; i <= n; i++) r += v[i] }
+      else r = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      printf f "\n", r
+    }'
+}
+
+declare -A A_STATUS A_ERR A_RPS A_P50 A_P99 A_MAX A_ERRS A_CPU A_CPUMIN A_CPUMAX A_CORE A_BCPU \
+  A_LCORE A_NEWC A_THREADS A_OKR A_SSE A_OTHER
+for p in "${PEERS[@]}"; do
+  okr=0 errs=()
+  for ((r = 1; r <= ROUNDS; r++)); do
+    k="$p#$r"
+    if [[ ${R_STATUS[$k]:-failed} == ok ]]; then
+      okr=$((okr + 1))
+    else
+      errs+=("round $r: ${R_ERR[$k]:-did not run}")
+    fi
+  done
+  A_OKR[$p]=$okr
+  if ((okr == ROUNDS)); then A_STATUS[$p]=ok; A_ERR[$p]=; else
+    A_STATUS[$p]=failed
+    A_ERR[$p]=${errs[0]}
+    ((${#errs[@]} > 1)) && A_ERR[$p]+=" (and $((${#errs[@]} - 1)) more failed round(s))"
+  fi
+  A_RPS[$p]=$(agg median %.0f $(vals R_RPS "$p"))
+  A_P50[$p]=$(agg median %.3f $(vals R_P50 "$p"))
+  A_P99[$p]=$(agg median %.3f $(vals R_P99 "$p"))
+  A_MAX[$p]=$(agg max %.3f $(vals R_MAX "$p"))
+  A_ERRS[$p]=$(agg sum %d $(vals R_ERRS "$p"))
+  A_CPU[$p]=$(agg median %.2f $(vals R_CPU "$p"))
+  A_CPUMIN[$p]=$(agg min %.2f $(vals R_CPU "$p"))
+  A_CPUMAX[$p]=$(agg max %.2f $(vals R_CPU "$p"))
+  A_CORE[$p]=$(agg median %.1f $(vals R_CORE "$p"))
+  A_BCPU[$p]=$(agg median %.2f $(vals R_BCPU "$p"))
+  A_LCORE[$p]=$(agg median %.1f $(vals R_LCORE "$p"))
+  A_NEWC[$p]=$(agg max %d $(vals R_NEWC "$p"))
+  A_THREADS[$p]=$(agg max %d $(vals R_THREADS "$p"))
+  A_OTHER[$p]=$(agg max %.1f $(vals R_OTHER "$p"))
+  A_SSE[$p]=null
+  if [[ -n $(vals R_SSE_ADD99 "$p") ]]; then
+    A_SSE[$p]="{\"via_proxy_p50_ms\":$(agg median %.3f $(vals R_SSE_PX_P50 "$p")),\"via_proxy_p99_ms\":$(agg median %.3f $(vals R_SSE_PX_P99 "$p")),\
+\"direct_p50_ms\":$(agg median %.3f $(vals R_SSE_DI_P50 "$p")),\"direct_p99_ms\":$(agg median %.3f $(vals R_SSE_DI_P99 "$p")),\
+\"added_p50_ms\":$(agg median %.3f $(vals R_SSE_ADD50 "$p")),\"added_p99_ms\":$(agg median %.3f $(vals R_SSE_ADD99 "$p")),\
+\"added_p99_ms_min\":$(agg min %.3f $(vals R_SSE_ADD99 "$p")),\"added_p99_ms_max\":$(agg max %.3f $(vals R_SSE_ADD99 "$p"))}"
+  fi
+done
 
 base_ok=0
-[[ ${R_STATUS[$BASELINE]:-} == ok ]] && base_ok=1
+[[ ${A_STATUS[$BASELINE]:-} == ok ]] && base_ok=1
 overall=0
-printf '\n%-15s %9s %8s %8s %7s %9s %6s %6s %8s %8s  %s\n' \
-  peer 'req/s' 'p50 ms' 'p99 ms' errors 'CPU us/r' 'core%' 'new-up' 'rps/hap' 'cpu/hap' status
+fmt='%-15s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s  %s\n'
+printf "\n$fmt" peer 'req/s' 'p50 ms' 'p99 ms' errors 'CPU us/r' 'CPU min-max' 'core%' 'new-up' \
+  'rps/hap' 'cpu/hap' status
 rows_json=()
 for p in "${PEERS[@]}"; do
-  st=${R_STATUS[$p]:-failed}
+  st=${A_STATUS[$p]}
   [[ $st == ok ]] || overall=1
   rr=null cr=null
-  if ((base_ok)) && [[ -n ${R_RPS[$p]:-} ]]; then
-    rr=$(ratio "${R_RPS[$p]}" "${R_RPS[$BASELINE]}")
-    cr=$(ratio "${R_CPU[$p]:-null}" "${R_CPU[$BASELINE]}")
+  if ((base_ok)) && [[ ${A_RPS[$p]} != null ]]; then
+    rr=$(ratio "${A_RPS[$p]}" "${A_RPS[$BASELINE]}")
+    cr=$(ratio "${A_CPU[$p]}" "${A_CPU[$BASELINE]}")
   fi
-  printf '%-15s %9s %8s %8s %7s %9s %6s %6s %8s %8s  %s\n' "$p" \
-    "$(show "${R_RPS[$p]:-}")" "$(show "${R_P50[$p]:-}")" "$(show "${R_P99[$p]:-}")" \
-    "$(show "${R_ERRS[$p]:-}")" "$(show "${R_CPU[$p]:-}")" "$(show "${R_CORE[$p]:-}")" \
-    "$(show "${R_NEWC[$p]:-}")" "$(show "$rr")" "$(show "$cr")" \
-    "$st${R_ERR[$p]:+: ${R_ERR[$p]}}"
+  range=-
+  [[ ${A_CPUMIN[$p]} != null ]] && range="${A_CPUMIN[$p]}-${A_CPUMAX[$p]}"
+  printf "$fmt" "$p" \
+    "$(show "${A_RPS[$p]}")" "$(show "${A_P50[$p]}")" "$(show "${A_P99[$p]}")" \
+    "$(show "${A_ERRS[$p]}")" "$(show "${A_CPU[$p]}")" "$range" "$(show "${A_CORE[$p]}")" \
+    "$(show "${A_NEWC[$p]}")" "$(show "$rr")" "$(show "$cr")" \
+    "$st${A_ERR[$p]:+: ${A_ERR[$p]}}"
+
+  rounds_json=()
+  for ((r = 1; r <= ROUNDS; r++)); do
+    k="$p#$r"
+    sse_json=null
+    if [[ -n ${R_SSE_ADD99[$k]:-} ]]; then
+      sse_json="{\"via_proxy\":{\"requests\":${R_SSE_PX_REQ[$k]},\"p50_ms\":${R_SSE_PX_P50[$k]},\"p99_ms\":${R_SSE_PX_P99[$k]},\"max_ms\":${R_SSE_PX_MAX[$k]}},\
+\"direct\":{\"requests\":${R_SSE_DI_REQ[$k]},\"p50_ms\":${R_SSE_DI_P50[$k]},\"p99_ms\":${R_SSE_DI_P99[$k]},\"max_ms\":${R_SSE_DI_MAX[$k]}},\
+\"added_p50_ms\":${R_SSE_ADD50[$k]},\"added_p99_ms\":${R_SSE_ADD99[$k]}}"
+    fi
+    err_json=null
+    [[ -n ${R_ERR[$k]:-} ]] && err_json=$(json_str "${R_ERR[$k]}")
+    rounds_json+=("{\"round\":$r,\"status\":\"${R_STATUS[$k]:-failed}\",\"error\":$err_json,\
+\"requests\":$(nz "${R_REQ[$k]:-}"),\"duration_s\":$(nz "${R_DUR[$k]:-}"),\"rps\":$(nz "${R_RPS[$k]:-}"),\
+\"p50_ms\":$(nz "${R_P50[$k]:-}"),\"p99_ms\":$(nz "${R_P99[$k]:-}"),\"max_ms\":$(nz "${R_MAX[$k]:-}"),\
+\"errors_total\":$(nz "${R_ERRS[$k]:-}"),\"errors\":$(nz "${R_ERRJSON[$k]:-}"),\
+\"proxy_cpu_us_per_req\":$(nz "${R_CPU[$k]:-}"),\"proxy_core_busy_pct\":$(nz "${R_CORE[$k]:-}"),\
+\"backend_cpu_us_per_req\":$(nz "${R_BCPU[$k]:-}"),\"load_core_busy_pct\":$(nz "${R_LCORE[$k]:-}"),\
+\"other_processes_busy_pct\":$(nz "${R_OTHER[$k]:-}"),\
+\"new_upstream_conns\":$(nz "${R_NEWC[$k]:-}"),\"backend_accepts\":$(nz "${R_ACC[$k]:-}"),\
+\"backend_requests\":$(nz "${R_SHARE[$k]:-}"),\"pending_calls\":$(nz "${R_PEND[$k]:-}"),\
+\"confirmed_calls\":$(nz "${R_CONF[$k]:-}"),\"proxy_threads\":$(nz "${R_THREADS[$k]:-}"),\
+\"router_metrics\":$(nz "${R_METRICS[$k]:-}"),\"sse_probe\":$sse_json}")
+  done
   err_json=null
-  if [[ -n ${R_ERR[$p]:-} ]]; then
-    err_json="\"$(printf '%s' "${R_ERR[$p]}" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\000-\037')\""
-  fi
-  desc_json=$(printf '%s' "${DESC[$p]}" | sed 's/\\/\\\\/g; s/"/\\"/g')
-  rows_json+=("    {\"peer\":\"$p\",\"description\":\"$desc_json\",\"status\":\"$st\",\"error\":$err_json,\
-\"requests\":$(nz "${R_REQ[$p]:-}"),\"duration_s\":$(nz "${R_DUR[$p]:-}"),\"rps\":$(nz "${R_RPS[$p]:-}"),\
-\"p50_ms\":$(nz "${R_P50[$p]:-}"),\"p99_ms\":$(nz "${R_P99[$p]:-}"),\"max_ms\":$(nz "${R_MAX[$p]:-}"),\
-\"errors_total\":$(nz "${R_ERRS[$p]:-}"),\"errors\":$(nz "${R_ERRJSON[$p]:-}"),\
-\"proxy_cpu_us_per_req\":$(nz "${R_CPU[$p]:-}"),\"proxy_core_busy_pct\":$(nz "${R_CORE[$p]:-}"),\
-\"backend_cpu_us_per_req\":$(nz "${R_BCPU[$p]:-}"),\"load_core_busy_pct\":$(nz "${R_LCORE[$p]:-}"),\
-\"new_upstream_conns\":$(nz "${R_NEWC[$p]:-}"),\"backend_accepts\":$(nz "${R_ACC[$p]:-}"),\
-\"backend_requests\":$(nz "${R_SHARE[$p]:-}"),\"pending_calls\":$(nz "${R_PEND[$p]:-}"),\
-\"confirmed_calls\":$(nz "${R_CONF[$p]:-}"),\"router_metrics\":$(nz "${R_METRICS[$p]:-}"),\"rps_vs_baseline\":$rr,\"cpu_vs_baseline\":$cr}")
+  [[ -n ${A_ERR[$p]} ]] && err_json=$(json_str "${A_ERR[$p]}")
+  rounds_joined=$(IFS=,; echo "${rounds_json[*]}")
+  rows_json+=("    {\"peer\":\"$p\",\"description\":$(json_str "${DESC[$p]}"),\"status\":\"$st\",\"error\":$err_json,\
+\"rounds_ok\":${A_OKR[$p]},\"rps\":${A_RPS[$p]},\"p50_ms\":${A_P50[$p]},\"p99_ms\":${A_P99[$p]},\"max_ms\":${A_MAX[$p]},\
+\"errors_total\":${A_ERRS[$p]},\"proxy_cpu_us_per_req\":${A_CPU[$p]},\
+\"proxy_cpu_us_per_req_min\":${A_CPUMIN[$p]},\"proxy_cpu_us_per_req_max\":${A_CPUMAX[$p]},\
+\"proxy_core_busy_pct\":${A_CORE[$p]},\"backend_cpu_us_per_req\":${A_BCPU[$p]},\
+\"load_core_busy_pct\":${A_LCORE[$p]},\"other_processes_busy_pct_max\":${A_OTHER[$p]},\"new_upstream_conns\":${A_NEWC[$p]},\"proxy_threads\":${A_THREADS[$p]},\
+\"rps_vs_baseline\":$rr,\"cpu_vs_baseline\":$cr,\"sse_probe\":${A_SSE[$p]},\
+\"rounds\":[$rounds_joined]}")
 done
 echo
-echo "req/s, p50/p99: wrk (1 thread, $CONNS conns, ${DURATION}s after ${WARMUP}s warm-up). CPU us/r: proxy utime+stime per request."
-echo "core%: busy share of the proxy's core. new-up: upstream connections opened during the run that carried requests."
-echo "rps/hap, cpu/hap: ratio to $BASELINE. direct has no proxy: its new-up are wrk's own connections."
+echo "Each number is the median over $ROUNDS round(s); the rounds ran interleaved (every row once per round)."
+echo "req/s, p50/p99: wrk (1 thread, $CONNS conns, ${DURATION}s after ${WARMUP}s warm-up). CPU us/r: proxy utime+stime per request; CPU min-max over the rounds."
+echo "core%: busy share of the proxy's core. new-up: upstream connections opened during the run that carried requests (max over rounds)."
+echo "errors: sum over the rounds. rps/hap, cpu/hap: ratio of the medians to $BASELINE. direct has no proxy: its new-up are wrk's own connections."
+
+noisy=()
+for p in "${PEERS[@]}"; do
+  for ((r = 1; r <= ROUNDS; r++)); do
+    k="$p#$r"
+    awk -v b="${R_OTHER[$k]:-null}" 'BEGIN { exit !(b != "null" && b > 10) }' && noisy+=("$p round $r: ${R_OTHER[$k]}%")
+  done
+done
+if ((${#noisy[@]} > 0)); then
+  echo "WARNING: other processes used more than 10% of the machine during: $(IFS=,; echo "${noisy[*]}" | sed 's/,/, /g')"
+fi
+
+sse_rows=()
+for p in "${PEERS[@]}"; do [[ ${A_SSE[$p]} != null ]] && sse_rows+=("$p"); done
+if ((${#sse_rows[@]} > 0)); then
+  sfmt='%-15s %10s %10s %11s %11s %10s %10s %15s\n'
+  echo
+  echo "SSE answer latency, ms (bench/sse.lua: $SSE_CONNS conns, ${SSE_PAUSE_MS} ms pause between requests, run next to the mix load; medians over rounds)"
+  printf "$sfmt" peer 'proxy p50' 'proxy p99' 'direct p50' 'direct p99' 'added p50' 'added p99' 'added p99 range'
+  get() { local x=${sse#*\"$1\":}; echo "${x%%[,\}]*}"; }  # one number from the $sse object
+  for p in "${sse_rows[@]}"; do
+    sse=${A_SSE[$p]}
+    printf "$sfmt" "$p" "$(get via_proxy_p50_ms)" "$(get via_proxy_p99_ms)" "$(get direct_p50_ms)" \
+      "$(get direct_p99_ms)" "$(get added_p50_ms)" "$(get added_p99_ms)" \
+      "$(get added_p99_ms_min) to $(get added_p99_ms_max)"
+  done
+  echo "added = (through the proxy) - (straight to a backend), per round, for the same percentile: the proxy's share of an SSE answer's latency."
+fi
 
 mkdir -p "$(dirname "$RESULTS")"
 {
@@ -763,8 +1034,9 @@ mkdir -p "$(dirname "$RESULTS")"
   echo "  \"generated_at\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
   echo "  \"ok\": $( ((overall == 0)) && echo true || echo false),"
   echo "  \"baseline\": \"$BASELINE\","
-  echo "  \"settings\": {\"smoke\": $( [[ $SMOKE == 1 ]] && echo true || echo false), \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"connections\": $CONNS, \"wrk_threads\": 1, \"pending_pct\": $PENDING_PCT, \"load_cpus\": \"$LOAD_CPUS\", \"proxy_cpus\": \"$PROXY_CPUS\", \"proxy_cpus_2w\": \"$PROXY_CPUS_2W\", \"clk_tck\": $CLK_TCK, \"nproc\": $NPROC, \"nginx_keepalive\": $NGINX_KEEPALIVE, \"busy_pct_before_run\": $IDLE_CHECK},"
-  echo "  \"versions\": {\"wrk\": \"$(wrk -v 2>&1 | head -n1 | awk '{print $2}')\", \"haproxy\": \"$(haproxy -v 2>&1 | head -n1 | awk '{print $3}')\", \"nginx\": \"$(nginx -v 2>&1 | sed 's|.*/||')\", \"kernel\": \"$(uname -r)\", \"repo_commit\": \"$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo none)\"},"
+  echo "  \"aggregation\": \"per row: median over rounds of rps, p50_ms, p99_ms, proxy_cpu_us_per_req, proxy_core_busy_pct, backend_cpu_us_per_req, load_core_busy_pct and the SSE numbers; max_ms, new_upstream_conns and proxy_threads are the max, errors_total the sum; every round's raw numbers are in rounds[]\","
+  echo "  \"settings\": {\"smoke\": $( [[ $SMOKE == 1 ]] && echo true || echo false), \"rounds\": $ROUNDS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"connections\": $CONNS, \"wrk_threads\": 1, \"pending_pct\": $PENDING_PCT, \"sse_probe\": $( ((SSE_PROBE)) && echo true || echo false), \"sse_connections\": $SSE_CONNS, \"sse_pause_ms\": $SSE_PAUSE_MS, \"load_cpus\": \"$LOAD_CPUS\", \"proxy_cpus\": \"$PROXY_CPUS\", \"proxy_cpus_2w\": \"$PROXY_CPUS_2W\", \"clk_tck\": $CLK_TCK, \"nproc\": $NPROC, \"nginx_keepalive\": $NGINX_KEEPALIVE, \"router_bin\": $(json_str "$ROUTER_BIN"), \"router_bin_modified\": $ROUTER_BIN_MTIME, \"router_bin_sha256_16\": $ROUTER_BIN_SHA, \"busy_pct_before_run\": $IDLE_CHECK, \"wall_time_s\": $SECONDS},"
+  echo "  \"versions\": {\"wrk\": \"$(wrk -v 2>&1 | head -n1 | awk '{print $2}')\", \"haproxy\": \"$(haproxy -v 2>&1 | head -n1 | awk '{print $3}')\", \"nginx\": \"$(nginx -v 2>&1 | sed 's|.*/||')\", \"kernel\": \"$(uname -r)\", \"repo_commit_at_start\": \"$REPO_COMMIT\", \"repo_src_dirty_at_start\": $REPO_DIRTY},"
   echo "  \"rows\": ["
   n=${#rows_json[@]}
   for ((i = 0; i < n; i++)); do
@@ -773,8 +1045,8 @@ mkdir -p "$(dirname "$RESULTS")"
   echo "  ]"
   echo "}"
 } >"$RESULTS"
-echo "results: $RESULTS"
+echo "results: $RESULTS (wall time ${SECONDS}s)"
 if ((overall != 0)); then
-  echo "bench: FAILED: at least one row failed (see status column)" >&2
+  echo "bench: FAILED: at least one row failed in at least one round (see status column)" >&2
   exit 1
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of mrtr-router on a fresh machine: formatting, clippy, the Python
-# MCP SDK venv for the interop tests (created once under .venv-interop/, reused), then all tests.
+# MCP SDK venv for the interop tests (created once under .venv-interop/, reused), then all tests,
+# then a smoke run of the whole-proxy bench (bench/run.sh) with the debug router.
 # Fails loudly on anything missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,3 +20,18 @@ export MRTR_INTEROP_PYTHON
 
 step "cargo test"
 cargo test --all-targets
+
+step "bench smoke run (bench/run.sh with the debug router): proves the bench script still works; not a performance check"
+# cargo test builds target/debug/mrtr-router for the integration tests; build it if it is not there.
+if [[ ! -x target/debug/mrtr-router ]]; then
+  echo "target/debug/mrtr-router is missing after cargo test: cargo build --bin mrtr-router"
+  cargo build --bin mrtr-router
+fi
+echo "BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh"
+echo "(1 round, 1 s per row, 8 connections, about 20-30 s; fails only on errors, misroutes or a proxy that does not start)"
+if ! BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh; then
+  echo >&2
+  echo "==> FAILED: bench smoke run (bench/run.sh exited non-zero; see the status column and the bench: lines above)" >&2
+  exit 1
+fi
+echo "==> bench smoke run passed (results in bench/results/smoke.json)"

@@ -43,14 +43,19 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
+    // One thread: a current-thread runtime, which skips the work-stealing machinery and the
+    // cross-thread wake-ups that a one-worker multi-thread runtime still pays for.
     let threads = std::env::var("MRTR_WORKER_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok());
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        rt.worker_threads(n.max(1));
-    }
-    let rt = rt.enable_all().build()?;
+    let rt = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n.max(1))
+            .enable_all()
+            .build()?,
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+    };
     rt.block_on(async move {
         match cli.command {
             None => serve(cli.config).await,
