@@ -5,7 +5,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mrtr_router::balance::HashRing;
 use mrtr_router::config::{BackendConfig, Config};
 use mrtr_router::dialect;
@@ -25,27 +25,23 @@ fn ttls() -> PinTtls {
 
 fn pins(c: &mut Criterion) {
     let t = ttls();
+    // A table holding 100k calls, as under load; each iteration pins one of them again (a new
+    // round) and looks it up (the follow-up), cycling through the whole key space.
+    let table = PinTable::new();
+    let keys: Vec<PinKey> = (0..100_000u32)
+        .map(|i| PinKey::new(PinKind::Client, &i.to_le_bytes()))
+        .collect();
+    for k in &keys {
+        table.pin(*k, PinKind::Client, BackendKey(1), 1, 1, &t);
+    }
     let mut g = c.benchmark_group("pins");
     g.throughput(Throughput::Elements(2));
-    // A table already holding 100k calls, as under load.
-    let table = PinTable::new();
-    for i in 0..100_000u32 {
-        table.pin(
-            PinKey::new(PinKind::Client, &i.to_le_bytes()),
-            PinKind::Client,
-            BackendKey(1),
-            1,
-            1,
-            &t,
-        );
-    }
-    let mut n = 0u64;
-    g.bench_function("insert_then_lookup", |b| {
+    let mut i = 0;
+    g.bench_function("insert_then_lookup_100k_live", |b| {
         b.iter(|| {
-            n += 1;
-            let key = PinKey::new(PinKind::Client, &n.to_le_bytes());
-            table.pin(key, PinKind::Client, BackendKey(2), 1, 1, &t);
-            black_box(table.lookup(key, &t))
+            i = (i + 1) % keys.len();
+            table.pin(keys[i], PinKind::Client, BackendKey(2), 1, 2, &t);
+            black_box(table.lookup(keys[i], &t))
         })
     });
     g.finish();
@@ -53,9 +49,7 @@ fn pins(c: &mut Criterion) {
     g.bench_function("key_digest_36B", |b| {
         b.iter(|| PinKey::new(PinKind::Client, black_box(b"0f3c9a4e-7d21-4b8a-9c55-2e6f10a7d3b9")))
     });
-    g.bench_function("sweep_100k", |b| {
-        b.iter_batched(|| (), |_| black_box(table.sweep()), BatchSize::SmallInput)
-    });
+    g.bench_function("sweep_100k_live", |b| b.iter(|| black_box(table.sweep())));
     g.finish();
 }
 
