@@ -269,15 +269,6 @@ impl PinTable {
         })
     }
 
-    /// Removes a pin at once (e.g. its session was deleted and the replay window is zero).
-    pub fn remove(&self, key: PinKey) -> bool {
-        let removed = self.shard(key).lock().remove(&key.0);
-        if let Some(e) = removed {
-            self.removed(e.kind);
-        }
-        removed.is_some()
-    }
-
     fn removed(&self, kind: PinKind) {
         self.len.fetch_sub(1, Ordering::Relaxed);
         self.per_kind[kind as usize].fetch_sub(1, Ordering::Relaxed);
@@ -347,8 +338,6 @@ mod tests {
         let p = t.lookup(k, &long).unwrap();
         assert!(p.finished, "a finished call is still found during the replay window");
         assert_eq!((t.len(), t.count(PinKind::Client)), (1, 1));
-        assert!(t.remove(k));
-        assert!(t.is_empty());
     }
 
     #[test]
