@@ -17,7 +17,7 @@ use crate::dialect::{self, Outcome, RequestEnvelope, SESSION_HEADER};
 use crate::error::RouterError;
 use crate::pins::{PinKey, PinKind};
 use crate::route::{self, Decision, Matched, RequestKeys};
-use crate::sealing::{self, Replacement, Sealing};
+use crate::sealing::{self, Replacement};
 use crate::state::{Shared, Snapshot};
 use crate::upstream::{Backend, InflightGuard};
 
@@ -560,7 +560,6 @@ struct CallContext {
     backend_name: Arc<str>,
     /// The session id exactly as the client sent it (maybe sealed), echoed back in answers.
     client_session: Option<HeaderValue>,
-    sealing: Option<Arc<Sealing>>,
 }
 
 /// What observing one message did.
@@ -599,7 +598,6 @@ impl CallContext {
             may_create_pin: keys.may_create_pin(),
             backend_name: backend.name.clone(),
             client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
-            sealing: snap.sealing.clone(),
         }
     }
 
@@ -640,7 +638,7 @@ impl CallContext {
                 let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()).cloned() else {
                     return false;
                 };
-                let visible = match (&c.sealing, id.to_str()) {
+                let visible = match (&c.snap.sealing, id.to_str()) {
                     (Some(s), Ok(raw)) => HeaderValue::from_str(&s.wrap_session(raw, &c.backend_name)).unwrap_or(id),
                     _ => id,
                 };
@@ -654,7 +652,7 @@ impl CallContext {
                     self.finish(session);
                 }
                 if let (Some(_), Some(sent), true) =
-                    (&c.sealing, &c.client_session, headers.contains_key(SESSION_HEADER))
+                    (&c.snap.sealing, &c.client_session, headers.contains_key(SESSION_HEADER))
                 {
                     headers.insert(SESSION_HEADER, sent.clone());
                 }
@@ -690,6 +688,7 @@ impl CallContext {
             Outcome::InputRequired { request_state } => {
                 // The client echoes the sealed state when sealing is on: pin what it will send.
                 seen.replacement = c
+                    .snap
                     .sealing
                     .as_ref()
                     .and_then(|s| s.wrap_request_state(&request_state, &c.backend_name));

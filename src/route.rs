@@ -118,6 +118,9 @@ pub enum Source {
 }
 
 impl Source {
+    /// Every source, in discriminant order (metric children are indexed by `source as usize`).
+    pub const ALL: [Source; 4] = [Source::Token, Source::Pin, Source::Ring, Source::Keyless];
+
     pub fn label(self) -> &'static str {
         match self {
             Source::Token => "token",
@@ -183,6 +186,14 @@ pub fn decide(
         snap.backend(key)
             .filter(|b| b.is_healthy() && epoch.is_none_or(|e| b.epoch() == e))
     };
+    // Explanations (`refresh` false) read pins without extending them.
+    let find = |key: PinKey| {
+        if refresh {
+            pins.lookup(key, &snap.ttls)
+        } else {
+            pins.peek(key)
+        }
+    };
     if let Some(u) = unsealed {
         let key = BackendKey::of(&u.backend);
         if snap.backend(key).is_none() {
@@ -193,11 +204,7 @@ pub fn decide(
         }
         // The local pin, if this replica has one, still counts rounds and finishes the call.
         let matched = keys.pin_candidates().find_map(|(k, _)| {
-            let pin = if refresh {
-                pins.lookup(k, &snap.ttls)
-            } else {
-                pins.peek(k)
-            }?;
+            let pin = find(k)?;
             (pin.backend == key).then_some(Matched { key: k, pin })
         });
         match usable(key, None) {
@@ -225,12 +232,7 @@ pub fn decide(
     }
     if !pin_lost {
         for (key, handle) in keys.pin_candidates() {
-            let found = if refresh {
-                pins.lookup(key, &snap.ttls)
-            } else {
-                pins.peek(key)
-            };
-            let Some(pin) = found else { continue };
+            let Some(pin) = find(key) else { continue };
             let matched = Matched { key, pin };
             match usable(pin.backend, Some(pin.epoch)) {
                 Some(backend) => {
