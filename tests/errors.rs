@@ -209,3 +209,36 @@ async fn a_refused_large_body_still_gets_its_413_not_a_reset() {
         assert_eq!((a.status.as_u16(), a.router_error()), (413, Some("body_too_large")));
     }
 }
+
+#[tokio::test]
+async fn a_json_answer_whose_body_stalls_is_504() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A backend that sends its head and part of a JSON body, then nothing.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                let head =
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\"";
+                let _ = sock.write_all(head.as_bytes()).await;
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let spec = BackendSpec {
+        name: "stall".into(),
+        url: format!("http://{addr}"),
+        weight: 1,
+    };
+    let fleet = Fleet::start_backends(Vec::new(), &[spec], "[server]\nupstream_timeout = \"300ms\"").await;
+    let a = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"x"}}),
+        )
+        .await;
+    assert_router_error(&a, 504, -32004, "upstream_timeout", json!(8));
+}
