@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use crate::pool::DrivenBody;
 use crate::sealing::{replace_once, Replacement};
 use crate::upstream::InflightGuard;
 
@@ -38,7 +38,7 @@ enum Kind {
 }
 
 struct Stream {
-    inner: Incoming,
+    inner: DrivenBody,
     /// Bytes already read from `inner` (a buffered prefix) to send first.
     prefix: Option<Bytes>,
     sse: Option<SseSplitter>,
@@ -74,7 +74,7 @@ impl ProxyBody {
     /// Streams `inner` to the client. With a `sink`, the stream is SSE and each event's data
     /// goes to the sink before the event is sent. `on_error` hears of an upstream failure mid-stream.
     pub fn stream(
-        inner: Incoming,
+        inner: DrivenBody,
         prefix: Option<Bytes>,
         sink: Option<MessageSink>,
         idle_timeout: Duration,

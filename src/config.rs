@@ -44,6 +44,11 @@ pub mod defaults {
     pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
     /// Wrapped session ids live as long as a session may: clients keep them from `initialize` on.
     pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+    /// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Idle keep-alive connections kept per backend, and for how long.
+    pub const MAX_IDLE_PER_BACKEND: usize = 1024;
+    pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 }
 
 /// A configuration problem, with the file and line where it was found when known.

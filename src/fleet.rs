@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
+use http::uri::PathAndQuery;
 use http::{Method, Request};
-use http_body_util::{Either, Full};
+use http_body_util::{BodyExt, Either, Full};
 
 use crate::pins::PinKind;
 use crate::state::{config_digest, Shared};
@@ -51,6 +52,9 @@ pub fn sweep_once(shared: &Shared) {
     }
     shared.update_pin_gauges();
     shared.retire_drained(&busy);
+    for (b, _) in shared.backend_states() {
+        b.pool.evict_idle(crate::config::defaults::UPSTREAM_IDLE_TIMEOUT);
+    }
 }
 
 /// Active health checks of every known backend (serving and draining), every `[health].interval`.
@@ -58,9 +62,7 @@ pub async fn health_checks(shared: Arc<Shared>) {
     loop {
         let health = shared.snapshot().config.health.clone();
         let backends = shared.backend_states();
-        let checks = backends
-            .iter()
-            .map(|(b, _)| check(&shared, b, &health.path, health.timeout));
+        let checks = backends.iter().map(|(b, _)| check(b, &health.path, health.timeout));
         let results = join_all(checks).await;
         let mut changed = false;
         for ((b, _), ok) in backends.iter().zip(results) {
@@ -86,24 +88,36 @@ pub async fn health_checks(shared: Arc<Shared>) {
 }
 
 /// One check: a TCP connect, or an HTTP GET of `path` answered 2xx, within `timeout`.
-async fn check(shared: &Shared, backend: &Backend, path: &str, timeout: Duration) -> bool {
+async fn check(backend: &Backend, path: &str, timeout: Duration) -> bool {
     let attempt = async {
         if path.is_empty() {
             let authority = backend.authority();
             let port = authority.port_u16().unwrap_or(80);
             return tokio::net::TcpStream::connect((authority.host(), port)).await.is_ok();
         }
-        let Ok(uri) = format!("{}{}", backend.url(), path).parse::<http::Uri>() else {
+        let Ok(Ok(target)) = PathAndQuery::try_from(path).map(|pq| backend.target_for(Some(&pq))) else {
             return false;
         };
         let Ok(req) = Request::builder()
             .method(Method::GET)
-            .uri(uri)
+            .uri(target)
+            .header(http::header::HOST, backend.host())
             .body(Either::Left(Full::new(Bytes::new())))
         else {
             return false;
         };
-        matches!(shared.client.request(req).await, Ok(resp) if resp.status().is_success())
+        let conn = match backend.pool.checkout() {
+            Some(conn) => conn,
+            None => match backend.pool.connect(backend.authority()).await {
+                Ok(conn) => conn,
+                Err(_) => return false,
+            },
+        };
+        match conn.send(req).await {
+            // Read to the end, so that the connection can serve the next check.
+            Ok(resp) if resp.status().is_success() => resp.into_body().collect().await.is_ok(),
+            _ => false,
+        }
     };
     tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
 }

@@ -8,7 +8,8 @@
 //! - [`route`]    the routing decision (DESIGN §3), shared with `route` and `/debug/route`
 //! - [`pins`]     the pin table of in-flight calls (DESIGN §4)
 //! - [`balance`]  consistent-hash ring, bounded load, keyless least-outstanding choice
-//! - [`upstream`] backends, in-flight accounting, health state, the pooled client
+//! - [`upstream`] backends, in-flight accounting, health state
+//! - [`pool`]     keep-alive connections per backend, driven by the request holding them
 //! - [`fleet`]    background upkeep: pin expiry, health checks, discovery, config watch, draining
 //! - [`body`]     response bodies: buffered, streamed, SSE split into events
 //! - [`state`]    the hot snapshot (config + backends + ring) swapped as one on reload
@@ -30,6 +31,7 @@ pub mod example;
 pub mod fleet;
 pub mod metrics;
 pub mod pins;
+pub mod pool;
 pub mod proxy;
 pub mod route;
 pub mod sealing;

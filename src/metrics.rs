@@ -20,6 +20,7 @@ pub struct Metrics {
     pub backend_draining: IntGaugeVec,
     pub ring_members: IntGauge,
     pub upstream_errors: IntCounterVec,
+    pub upstream_connections: IntCounterVec,
     pub router_errors: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
@@ -115,6 +116,12 @@ impl Metrics {
                 "mrtr_upstream_errors_total",
                 "Errors talking to backends by kind",
                 &["backend", "kind"],
+            ),
+            upstream_connections: counter(
+                &r,
+                "mrtr_upstream_connections_opened_total",
+                "Keep-alive connections opened to backends",
+                &["backend"],
             ),
             router_errors: counter(
                 &r,

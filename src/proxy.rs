@@ -1,7 +1,10 @@
 //! The request path, in phases: read the request → find its keys → choose the backend →
 //! forward → observe the answer (pin or finish the call) → stream it back.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
@@ -11,15 +14,17 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
+use tokio::time::Sleep;
 
 use crate::body::{ErrorHook, MessageSink, ProxyBody, MAX_OBSERVED_EVENT};
 use crate::dialect::{self, Outcome, RequestEnvelope, SESSION_HEADER};
 use crate::error::RouterError;
 use crate::pins::{PinKey, PinKind};
+use crate::pool::{DrivenBody, PooledConn, SendError};
 use crate::route::{self, Decision, Matched, RequestKeys};
 use crate::sealing::{self, Replacement};
 use crate::state::{Shared, Snapshot};
-use crate::upstream::{Backend, InflightGuard};
+use crate::upstream::{Backend, InflightGuard, UpstreamBody};
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -42,7 +47,7 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderValue, tls: bool) -> Response<ProxyBody> {
     let snap = shared.snapshot();
     let started = Instant::now();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
 
     // Phase 1: read the body of a POST (bounded in size and time) to find its keys.
     let (bytes, stream) = if parts.method == Method::POST {
@@ -86,7 +91,24 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
         shared.metrics.pins_lost.inc();
     }
 
-    // Phase 3: forward.
+    // Phase 3: forward. One timer bounds the whole exchange, up to a JSON answer's last byte.
+    let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+    let upstream = Upstream {
+        shared: &shared,
+        snap: &snap,
+    };
+    let (conn, backend, guard) = match upstream.connect(&decision, keys.client_key(), timer.as_mut()).await {
+        Ok(c) => c,
+        Err(e) => return router_error(&shared, e, keys.id),
+    };
+    // The incarnation the request goes to: an ejection while it is in flight must void any
+    // pin its answer makes.
+    let sent_epoch = backend.epoch();
+    let call = CallContext::new(&shared, &snap, &keys, &decision, (&backend, sent_epoch), &parts.method);
+    let method_label = method_label(&parts.method, keys.method.as_deref());
+    let error_id = keys.id.map(str::to_owned);
+    drop(keys);
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => Either::Right(incoming),
@@ -98,23 +120,21 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
             None => bytes.clone(),
         }),
     };
-    let upstream = Upstream {
-        shared: &shared,
-        snap: &snap,
-        parts: &parts,
-        peer: &peer,
-        tls,
-    };
     let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
-    let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
-    let (resp, guard, backend, sent_epoch) = match upstream.forward(body, &decision, &keys, session, deadline).await {
-        Ok(sent) => sent,
-        Err(e) => return router_error(&shared, e, keys.id),
+    let request = match build_upstream_request(&mut parts, body, &backend, &peer, tls, session) {
+        Ok(r) => r,
+        Err(_) => {
+            return router_error(
+                &shared,
+                RouterError::upstream_unavailable(&backend),
+                error_id.as_deref(),
+            )
+        }
     };
-    let call = CallContext::new(&shared, &snap, &keys, &decision, (&backend, sent_epoch), &parts.method);
-    let method_label = method_label(&parts.method, keys.method.as_deref());
-    let error_id = keys.id.map(str::to_owned);
-    drop(keys);
+    let resp = match upstream.send(conn, &backend, request, timer.as_mut()).await {
+        Ok(resp) => resp,
+        Err(e) => return router_error(&shared, e, error_id.as_deref()),
+    };
 
     // Phase 4: observe the answer; pins are in place before the client can read it.
     let status = resp.status();
@@ -146,7 +166,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
             Some(upstream_error_hook(&shared, &backend)),
         )
     } else if is_json && call.observes_body() {
-        match collect_json(resp_body, deadline).await {
+        match collect_json(resp_body, timer.as_mut()).await {
             Ok(Collected::Whole(bytes)) => {
                 let seen = call.observe_message(&bytes);
                 pinned |= seen.created;
@@ -208,75 +228,103 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
 struct Upstream<'a> {
     shared: &'a Arc<Shared>,
     snap: &'a Snapshot,
-    parts: &'a http::request::Parts,
-    peer: &'a HeaderValue,
-    tls: bool,
 }
 
-type Forwarded = (Response<Incoming>, InflightGuard, Arc<Backend>, u32);
-
 impl Upstream<'_> {
-    /// Sends the request to the chosen backend; returns its answer's head, the in-flight guard,
-    /// the backend that answered and the incarnation it was sent to. A backend that refuses
-    /// the connection never saw the request, so an unpinned request moves once to the next
-    /// candidate; pinned follow-ups never move.
-    async fn forward(
+    /// A connection to the chosen backend: an idle one from its pool, else a new one. A backend
+    /// that refuses the connection never saw the request, so an unpinned request moves once to
+    /// the next candidate on the ring; pinned follow-ups never move. The request counts as in
+    /// flight from here on (bounded load reads that count).
+    async fn connect(
         &self,
-        mut body: Either<Bytes, Incoming>,
         decision: &Decision,
-        keys: &RequestKeys<'_>,
-        session: Option<&str>,
-        deadline: tokio::time::Instant,
-    ) -> Result<Forwarded, RouterError> {
+        fallback_key: Option<&str>,
+        mut timer: Pin<&mut Sleep>,
+    ) -> Result<(PooledConn, Arc<Backend>, InflightGuard), RouterError> {
         let (shared, snap) = (self.shared, self.snap);
         let unpinned = decision.matched.is_none() || decision.pin_lost;
         let mut backend = decision.backend.clone();
         let mut retried = false;
         loop {
-            let resend = match &body {
-                Either::Left(b) if unpinned && !retried => Some(b.clone()),
+            let guard = backend.start_request();
+            if let Some(conn) = backend.pool.checkout() {
+                return Ok((conn, backend, guard));
+            }
+            let Some(result) = within(timer.as_mut(), backend.pool.connect(backend.authority())).await else {
+                passive_failure(shared, snap, &backend, "timeout");
+                return Err(RouterError::UpstreamTimeout {
+                    backend: backend.name.to_string(),
+                });
+            };
+            let e = match result {
+                Ok(conn) => return Ok((conn, backend, guard)),
+                Err(e) => e,
+            };
+            tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
+            passive_failure(shared, snap, &backend, "connect");
+            let next = match (unpinned && !retried, fallback_key) {
+                (true, key) => shared.snapshot().ring.fallback(key, backend.key).cloned(),
                 _ => None,
             };
-            let request = build_upstream_request(self.parts, body, &backend, self.peer, self.tls, session)
-                .map_err(|_| RouterError::upstream_unavailable(&backend))?;
-            // The incarnation the request goes to: an ejection while it is in flight must void
-            // any pin its answer makes.
-            let sent_epoch = backend.epoch();
-            let guard = backend.start_request();
-            match tokio::time::timeout_at(deadline, shared.client.request(request)).await {
-                Ok(Ok(resp)) => {
-                    backend.record_request_success();
-                    return Ok((resp, guard, backend, sent_epoch));
+            let Some(next) = next else {
+                return Err(RouterError::upstream_unavailable(&backend));
+            };
+            backend = next;
+            retried = true;
+        }
+    }
+
+    /// Sends the request and waits for its answer's head. A pooled connection that turns out
+    /// closed before the request went out is replaced once by a new one.
+    async fn send(
+        &self,
+        conn: PooledConn,
+        backend: &Backend,
+        request: Request<UpstreamBody>,
+        mut timer: Pin<&mut Sleep>,
+    ) -> Result<Response<DrivenBody>, RouterError> {
+        let (shared, snap) = (self.shared, self.snap);
+        let exchange = async {
+            let reused = conn.reused;
+            match conn.send(request).await {
+                Err(SendError::Unsent(request, e)) if reused => {
+                    tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; opening a new one");
+                    let conn = backend.pool.connect(backend.authority()).await.map_err(|_| "connect")?;
+                    conn.send(*request).await.map_err(|_| "reset")
                 }
-                Ok(Err(e)) => {
-                    tracing::debug!(backend = %backend.name, error = %e, "upstream request failed");
-                    let connect = e.is_connect();
-                    passive_failure(shared, snap, &backend, if connect { "connect" } else { "reset" });
-                    let next = match resend {
-                        Some(b) if connect => shared
-                            .snapshot()
-                            .ring
-                            .fallback(keys.client_key(), backend.key)
-                            .cloned()
-                            .map(|n| (b, n)),
-                        _ => None,
-                    };
-                    let Some((b, next)) = next else {
-                        return Err(RouterError::upstream_unavailable(&backend));
-                    };
-                    body = Either::Left(b);
-                    backend = next;
-                    retried = true;
-                }
-                Err(_) => {
-                    passive_failure(shared, snap, &backend, "timeout");
-                    return Err(RouterError::UpstreamTimeout {
-                        backend: backend.name.to_string(),
-                    });
-                }
+                other => other.map_err(|_| "reset"),
+            }
+        };
+        match within(timer.as_mut(), exchange).await {
+            Some(Ok(resp)) => {
+                backend.record_request_success();
+                Ok(resp)
+            }
+            Some(Err(kind)) => {
+                passive_failure(shared, snap, backend, kind);
+                Err(RouterError::upstream_unavailable(backend))
+            }
+            None => {
+                passive_failure(shared, snap, backend, "timeout");
+                Err(RouterError::UpstreamTimeout {
+                    backend: backend.name.to_string(),
+                })
             }
         }
     }
+}
+
+/// Runs `f` until `timer` fires (`None`). The timer is registered once, however often it is
+/// used: one per request is enough.
+async fn within<F: Future>(mut timer: Pin<&mut Sleep>, f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = f.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 /// Answers a request with a router error, counted by reason.
@@ -445,7 +493,7 @@ async fn read_limited(body: &mut Incoming, headers: &HeaderMap, snap: &Snapshot)
 enum Collected {
     Whole(Bytes),
     /// Too large to observe: what was read, and the rest still to stream.
-    Prefix(Bytes, Incoming),
+    Prefix(Bytes, DrivenBody),
 }
 
 enum CollectError {
@@ -454,7 +502,7 @@ enum CollectError {
 }
 
 /// Reads a JSON answer whole (up to [`MAX_OBSERVED_EVENT`]) before the upstream deadline.
-async fn collect_json(mut body: Incoming, deadline: tokio::time::Instant) -> Result<Collected, CollectError> {
+async fn collect_json(mut body: DrivenBody, timer: Pin<&mut Sleep>) -> Result<Collected, CollectError> {
     let read = async move {
         let mut acc = BodyBuf::default();
         while let Some(frame) = body.frame().await {
@@ -468,9 +516,7 @@ async fn collect_json(mut body: Incoming, deadline: tokio::time::Instant) -> Res
         }
         Ok(Collected::Whole(acc.finish()))
     };
-    tokio::time::timeout_at(deadline, read)
-        .await
-        .map_err(|_| CollectError::Timeout)?
+    within(timer, read).await.ok_or(CollectError::Timeout)?
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -488,22 +534,23 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
+/// The request for `backend`: the client's headers (moved out of `parts`) less hop-by-hop
+/// ones, plus `Host` and the `X-Forwarded-*` set.
 fn build_upstream_request(
-    parts: &http::request::Parts,
+    parts: &mut http::request::Parts,
     body: Either<Bytes, Incoming>,
     backend: &Backend,
     peer: &HeaderValue,
     tls: bool,
     session_override: Option<&str>,
-) -> Result<Request<crate::upstream::UpstreamBody>, http::Error> {
-    let uri = backend.uri_for(parts.uri.path_and_query())?;
-    let mut headers = parts.headers.clone();
+) -> Result<Request<UpstreamBody>, http::Error> {
+    let target = backend.target_for(parts.uri.path_and_query())?;
+    let mut headers = std::mem::take(&mut parts.headers);
     strip_hop_by_hop(&mut headers);
     if let Some(session) = session_override {
         headers.insert(SESSION_HEADER, HeaderValue::from_str(session)?);
     }
-    // hyper sets Host from the backend URI, as a proxy to that backend should.
-    let host = headers.remove(header::HOST).or_else(|| {
+    let host = headers.insert(header::HOST, backend.host().clone()).or_else(|| {
         parts
             .uri
             .authority()
@@ -530,11 +577,10 @@ fn build_upstream_request(
         }
         Either::Right(incoming) => Either::Right(incoming),
     };
-    let mut req = Request::builder()
-        .method(parts.method.clone())
-        .uri(uri)
-        .version(Version::HTTP_11)
-        .body(body)?;
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = http::Uri::from(target);
+    *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
     Ok(req)
 }

@@ -18,7 +18,7 @@ use crate::config::{BackendConfig, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
 use crate::sealing::Sealing;
-use crate::upstream::{self, Backend, BackendKey, UpstreamClient};
+use crate::upstream::{Backend, BackendKey};
 
 /// Everything a request needs that changes only on reload, read as one consistent unit.
 pub struct Snapshot {
@@ -69,7 +69,6 @@ pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
     pub pins: PinTable,
     pub metrics: Metrics,
-    pub client: UpstreamClient,
     membership: Mutex<Membership>,
     /// Set once shutdown begins: `/readyz` answers 503 from then on.
     pub shutting_down: AtomicBool,
@@ -101,7 +100,6 @@ impl Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             pins: PinTable::new(),
             metrics,
-            client: upstream::client(),
             membership: Mutex::new(membership),
             shutting_down: AtomicBool::new(false),
             resolver: Mutex::new(None),

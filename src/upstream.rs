@@ -2,25 +2,20 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::Uri;
+use http::HeaderValue;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
 use crate::config::BackendConfig;
+use crate::pool::ConnPool;
 
 /// Body sent upstream: the buffered POST body, or the client's stream as received.
 pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
-/// The pooled keep-alive client used for every backend.
-pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
 
 /// Stable identity of a backend: a digest of its name. Pins store this (8 bytes) rather than
 /// the name, and it survives reloads as long as the name does.
@@ -44,7 +39,11 @@ pub struct Backend {
     weight: AtomicU32,
     scheme: Scheme,
     authority: Authority,
+    /// `authority` as the `Host` header of upstream requests.
+    host: HeaderValue,
     base_path: String,
+    /// Idle keep-alive connections to this backend.
+    pub pool: Arc<ConnPool>,
     /// Requests sent and not yet finished (response body done or dropped).
     inflight: AtomicI64,
     /// This backend's metric children, resolved once (label lookups are not free).
@@ -89,6 +88,7 @@ pub enum HealthChange {
 
 impl Backend {
     pub fn new(cfg: &BackendConfig, metrics: Option<&crate::metrics::Metrics>) -> Backend {
+        let opened = metrics.map(|m| m.upstream_connections.with_label_values(&[&cfg.name]));
         let metrics = metrics.map(|m| BackendMetrics {
             inflight: m.backend_inflight.with_label_values(&[&cfg.name]),
             duration: m.request_duration.with_label_values(&[&cfg.name]),
@@ -101,6 +101,8 @@ impl Backend {
             weight: AtomicU32::new(cfg.weight),
             scheme: cfg.scheme.clone(),
             authority: cfg.authority.clone(),
+            host: HeaderValue::from_str(cfg.authority.as_str()).expect("an authority is a valid header value"),
+            pool: ConnPool::new(opened),
             base_path: cfg.base_path.clone(),
             inflight: AtomicI64::new(0),
             metrics,
@@ -165,6 +167,11 @@ impl Backend {
         &self.authority
     }
 
+    /// The `Host` header for requests to this backend.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
     /// Whether this backend object still matches `cfg` (else a reload replaces it).
     pub fn matches(&self, cfg: &BackendConfig) -> bool {
         // Weight is not identity: a re-weighted backend keeps its object, counts and pins.
@@ -217,22 +224,16 @@ impl Backend {
         InflightGuard(self.clone())
     }
 
-    /// The upstream URI for a request path and query, appended to the backend URL.
-    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
-        let pq = path_and_query.map(|p| p.as_str()).unwrap_or("/");
-        let pq: PathAndQuery = if self.base_path.is_empty() {
-            match path_and_query {
-                Some(p) => p.clone(),
-                None => PathAndQuery::from_static("/"),
-            }
-        } else {
-            format!("{}{}", self.base_path, pq).parse()?
-        };
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(pq)
-            .build()
+    /// The request target (origin form) for a request's path and query, under the backend's
+    /// base path.
+    pub fn target_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<PathAndQuery, http::Error> {
+        let pq = path_and_query.map_or("/", |p| p.as_str());
+        if self.base_path.is_empty() {
+            return Ok(path_and_query
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")));
+        }
+        Ok(format!("{}{}", self.base_path, pq).parse()?)
     }
 }
 
@@ -252,18 +253,4 @@ impl Drop for InflightGuard {
             m.inflight.dec();
         }
     }
-}
-
-/// The pooled client: HTTP/1.1 keep-alive to backends, no body or header rewriting of its own.
-pub fn client() -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
 }

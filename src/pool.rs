@@ -1,0 +1,210 @@
+//! Upstream connections: each backend's keep-alive pool of HTTP/1.1 connections, each one
+//! driven by the request that holds it, so a proxied request costs no task hop and no
+//! per-request spawn.
+//!
+//! hyper splits a client connection in two: the `SendRequest` handle and the `Connection`
+//! state machine that does the socket I/O. hyper-util's client runs every `Connection` in a
+//! task of its own and talks to it through channels. Here the request that holds a connection
+//! polls its state machine itself ([`PooledConn::send`] for the answer's head, [`DrivenBody`]
+//! for its body). An idle connection in the pool is polled by nobody; it is checked (one poll,
+//! nobody to wake) when it is taken out and when it is put back.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::config::defaults;
+use crate::upstream::UpstreamBody;
+
+type Driver = Pin<Box<http1::Connection<TokioIo<TcpStream>, UpstreamBody>>>;
+
+/// One HTTP/1.1 connection to a backend.
+struct Conn {
+    sender: http1::SendRequest<UpstreamBody>,
+    /// The socket I/O; `None` once the connection has ended.
+    driver: Option<Driver>,
+}
+
+impl Conn {
+    fn poll_driver(&mut self, cx: &mut Context<'_>) {
+        if let Some(driver) = &mut self.driver {
+            if let Poll::Ready(result) = driver.as_mut().poll(cx) {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                }
+                self.driver = None;
+            }
+        }
+    }
+
+    /// Lets the connection take in what happened while nobody polled it (the end of the last
+    /// answer, or the backend closing it); true if it can carry a request now.
+    fn settle(&mut self) -> bool {
+        self.poll_driver(&mut Context::from_waker(Waker::noop()));
+        self.driver.is_some() && self.sender.is_ready()
+    }
+}
+
+/// The idle keep-alive connections to one backend, most recently used last.
+pub struct ConnPool {
+    idle: parking_lot::Mutex<Vec<(Conn, Instant)>>,
+    /// `mrtr_upstream_connections_opened_total` for this backend.
+    opened: Option<prometheus::IntCounter>,
+}
+
+impl ConnPool {
+    pub fn new(opened: Option<prometheus::IntCounter>) -> Arc<ConnPool> {
+        Arc::new(ConnPool {
+            idle: parking_lot::Mutex::new(Vec::new()),
+            opened,
+        })
+    }
+
+    /// An idle connection that is still open, if there is one.
+    pub fn checkout(self: &Arc<Self>) -> Option<PooledConn> {
+        loop {
+            let (mut conn, _) = self.idle.lock().pop()?;
+            if conn.settle() {
+                return Some(self.hold(conn, true));
+            }
+        }
+    }
+
+    /// Opens a new connection to `authority` (within [`defaults::CONNECT_TIMEOUT`]).
+    pub async fn connect(self: &Arc<Self>, authority: &Authority) -> io::Result<PooledConn> {
+        // `Authority::host` keeps an IPv6 literal's brackets.
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let port = authority.port_u16().unwrap_or(80);
+        let stream = tokio::time::timeout(defaults::CONNECT_TIMEOUT, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+        stream.set_nodelay(true)?;
+        let (sender, driver) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(io::Error::other)?;
+        if let Some(c) = &self.opened {
+            c.inc();
+        }
+        let conn = Conn {
+            sender,
+            driver: Some(Box::pin(driver)),
+        };
+        Ok(self.hold(conn, false))
+    }
+
+    fn hold(self: &Arc<Self>, conn: Conn, reused: bool) -> PooledConn {
+        PooledConn {
+            conn: Some(conn),
+            pool: self.clone(),
+            reused,
+        }
+    }
+
+    fn release(&self, mut conn: Conn) {
+        if !conn.settle() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < defaults::MAX_IDLE_PER_BACKEND {
+            idle.push((conn, Instant::now()));
+        }
+    }
+
+    /// Closes connections idle for longer than `max_idle`.
+    pub fn evict_idle(&self, max_idle: Duration) {
+        let now = Instant::now();
+        self.idle
+            .lock()
+            .retain(|(_, since)| now.duration_since(*since) < max_idle);
+    }
+
+    pub fn idle_len(&self) -> usize {
+        self.idle.lock().len()
+    }
+}
+
+/// A connection taken from a pool; it goes back when dropped if it can carry another request.
+pub struct PooledConn {
+    conn: Option<Conn>,
+    pool: Arc<ConnPool>,
+    /// Taken from the pool rather than opened for this request.
+    pub reused: bool,
+}
+
+/// Why a request got no answer.
+pub enum SendError {
+    /// The connection ended before the request was written: it can go on another connection.
+    Unsent(Box<Request<UpstreamBody>>, hyper::Error),
+    /// The request may have reached the backend.
+    Failed(hyper::Error),
+}
+
+impl PooledConn {
+    /// Sends `req` and waits for the answer's head, driving the connection meanwhile. The
+    /// answer's body keeps the connection, drives it as it is read, and puts it back at its end.
+    pub async fn send(mut self, req: Request<UpstreamBody>) -> Result<Response<DrivenBody>, SendError> {
+        let conn = self.conn.as_mut().expect("held until dropped");
+        let mut answer = pin!(conn.sender.try_send_request(req));
+        let result = poll_fn(|cx| {
+            // The driver first: it writes the request, and reads the answer that completes `answer`.
+            conn.poll_driver(cx);
+            answer.as_mut().poll(cx)
+        })
+        .await;
+        match result {
+            Ok(resp) => Ok(resp.map(|inner| DrivenBody { inner, conn: self })),
+            Err(mut e) => match e.take_message() {
+                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
+                None => Err(SendError::Failed(e.into_error())),
+            },
+        }
+    }
+}
+
+impl Drop for PooledConn {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.release(conn);
+        }
+    }
+}
+
+/// An answer's body from a pooled connection: reading it drives the connection.
+pub struct DrivenBody {
+    inner: Incoming,
+    conn: PooledConn,
+}
+
+impl Body for DrivenBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(conn) = &mut this.conn.conn {
+            conn.poll_driver(cx);
+        }
+        Pin::new(&mut this.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
