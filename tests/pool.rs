@@ -107,17 +107,22 @@ async fn start_closing_backend(close: Arc<Semaphore>) -> (SocketAddr, Arc<Atomic
                         )
                     }
                 });
-                let mut conn = pin!(http1::Builder::new().serve_connection(TokioIo::new(stream), svc));
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = done_rx => {
-                        close.acquire().await.unwrap().forget();
-                        // Idle now: this closes the connection at once.
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.as_mut().await;
-                        drop(conn);
-                        closed.fetch_add(1, Ordering::SeqCst);
+                // The block ends the connection (and closes its socket) before it is counted.
+                let closed_after_answer = {
+                    let mut conn = pin!(http1::Builder::new().serve_connection(TokioIo::new(stream), svc));
+                    tokio::select! {
+                        _ = conn.as_mut() => false,
+                        _ = done_rx => {
+                            close.acquire().await.unwrap().forget();
+                            // Idle now: this closes the connection at once.
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.as_mut().await;
+                            true
+                        }
                     }
+                };
+                if closed_after_answer {
+                    closed.fetch_add(1, Ordering::SeqCst);
                 }
             });
         }
