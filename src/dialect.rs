@@ -57,10 +57,10 @@ impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut env = RequestEnvelope::default();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Str(key)) = map.next_key::<Str<'de>>()? {
             match &*key {
                 "id" => env.id = Some(map.next_value::<&'de RawValue>()?.get()),
-                "method" => env.method = map.next_value::<Option<Cow<'de, str>>>()?,
+                "method" => env.method = map.next_value::<Option<Str<'de>>>()?.map(|m| m.0),
                 "params" => {
                     let p = map.next_value::<ParamsEnvelope<'de>>()?;
                     env.request_state = p.request_state;
@@ -113,6 +113,40 @@ struct ParamsEnvelope<'a> {
     task_id: Option<Cow<'a, str>>,
 }
 
+/// A JSON string, borrowed from the body unless it has escapes. (serde's own `Cow<str>` always
+/// allocates.)
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Str<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StrVisitor;
+        impl<'de> Visitor<'de> for StrVisitor {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(StrVisitor)
+    }
+}
+
+/// The value of a JSON string literal (`raw` includes the quotes), borrowed unless escaped.
+fn json_string(raw: &str) -> Result<Cow<'_, str>, serde_json::Error> {
+    match raw.as_bytes().contains(&b'\\') {
+        false if raw.len() >= 2 => Ok(Cow::Borrowed(&raw[1..raw.len() - 1])),
+        _ => serde_json::from_str::<String>(raw).map(Cow::Owned),
+    }
+}
+
 /// A key field: a string as is, a number by its JSON text; anything else is no key.
 struct KeyValue<'a>(Option<Cow<'a, str>>);
 
@@ -121,7 +155,7 @@ impl<'de> Deserialize<'de> for KeyValue<'de> {
         let raw = <&'de RawValue>::deserialize(d)?;
         let text = raw.get();
         Ok(KeyValue(match text.as_bytes().first() {
-            Some(b'"') => Some(serde_json::from_str::<Cow<'de, str>>(text).map_err(serde::de::Error::custom)?),
+            Some(b'"') => Some(json_string(text).map_err(serde::de::Error::custom)?),
             Some(b'-' | b'0'..=b'9') => Some(Cow::Borrowed(text)),
             _ => None,
         }))
@@ -131,9 +165,7 @@ impl<'de> Deserialize<'de> for KeyValue<'de> {
 fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
     let raw = <&'de RawValue>::deserialize(d)?;
     match raw.get().as_bytes().first() {
-        Some(b'"') => serde_json::from_str(raw.get())
-            .map(Some)
-            .map_err(serde::de::Error::custom),
+        Some(b'"') => json_string(raw.get()).map(Some).map_err(serde::de::Error::custom),
         _ => Ok(None),
     }
 }
@@ -247,6 +279,16 @@ mod tests {
         assert_eq!(e.method.as_deref(), Some("tools/call"));
         assert_eq!(e.message_id.as_deref(), Some("transfer-1"));
         assert_eq!(e.request_state.as_deref(), Some("sA"));
+        // Plain strings are borrowed from the body; escaped ones (keys too) are decoded.
+        assert!(matches!(
+            (&e.method, &e.message_id),
+            (Some(Cow::Borrowed(_)), Some(Cow::Borrowed(_)))
+        ));
+        let e = parse_request(br#"{"m\u0065thod":"a\nb","messageId":"x\"y"}"#, "messageId").unwrap();
+        assert_eq!(
+            (e.method.as_deref(), e.message_id.as_deref()),
+            (Some("a\nb"), Some("x\"y"))
+        );
         assert!(parse_request(b"{not json", "messageId").is_err());
         assert!(parse_request(b"{} trailing", "messageId").is_err());
         assert!(parse_request(b"", "messageId").is_err());

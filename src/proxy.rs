@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::Poll;
 use std::time::{Instant, SystemTime};
 
@@ -14,6 +14,7 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
+use memchr::memmem;
 use tokio::time::Sleep;
 
 use crate::body::{ErrorHook, MessageSink, ProxyBody, MAX_OBSERVED_EVENT};
@@ -26,8 +27,9 @@ use crate::sealing::{self, Replacement};
 use crate::state::{Shared, Snapshot};
 use crate::upstream::{Backend, InflightGuard, UpstreamBody};
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1; `Upgrade` is not proxied).
+const HOP_BY_HOP_COUNT: usize = 9;
+static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -36,6 +38,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -250,7 +253,9 @@ impl Upstream<'_> {
             if let Some(conn) = backend.pool.checkout() {
                 return Ok((conn, backend, guard));
             }
-            let Some(result) = within(timer.as_mut(), backend.pool.connect(backend.authority())).await else {
+            // Boxed: a cold path, kept out of every request's future.
+            let connect = Box::pin(backend.pool.connect(backend.authority()));
+            let Some(result) = within(timer.as_mut(), connect).await else {
                 passive_failure(shared, snap, &backend, "timeout");
                 return Err(RouterError::UpstreamTimeout {
                     backend: backend.name.to_string(),
@@ -289,7 +294,9 @@ impl Upstream<'_> {
             match conn.send(request).await {
                 Err(SendError::Unsent(request, e)) if reused => {
                     tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; opening a new one");
-                    let conn = backend.pool.connect(backend.authority()).await.map_err(|_| "connect")?;
+                    let conn = Box::pin(backend.pool.connect(backend.authority()))
+                        .await
+                        .map_err(|_| "connect")?;
                     conn.send(*request).await.map_err(|_| "reset")
                 }
                 other => other.map_err(|_| "reset"),
@@ -520,18 +527,35 @@ async fn collect_json(mut body: DrivenBody, timer: Pin<&mut Sleep>) -> Result<Co
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers named in Connection are hop-by-hop too.
+    // A look at the names first: most messages carry one hop-by-hop header or none, and each
+    // removal hashes its name.
+    let mut present = [false; HOP_BY_HOP_COUNT];
+    let mut any = false;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+            any = true;
+        }
+    }
+    if !any {
+        return;
+    }
+    // Headers named in Connection are hop-by-hop too (beyond the usual `keep-alive`/`close`).
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|n| !n.eq_ignore_ascii_case("keep-alive") && !n.eq_ignore_ascii_case("close"))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    for name in named
+        .iter()
+        .chain(HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p).map(|(h, _)| h))
+    {
         headers.remove(name);
     }
-    headers.remove(header::UPGRADE);
 }
 
 /// The request for `backend`: the client's headers (moved out of `parts`) less hop-by-hop
@@ -713,13 +737,13 @@ impl CallContext {
         let c = self;
         let mut seen = Observed::default();
         // Cheap pre-check: only responses matter, and they carry "result" or "error".
-        if !contains(msg, b"\"result\"") && !contains(msg, b"\"error\"") {
+        if !RESPONSE_MARKERS.iter().any(|m| m.find(msg).is_some()) {
             return seen;
         }
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
         // Single-round traffic: no pin to finish, and an answer without these fields cannot
         // continue a call, so there is nothing to parse.
-        if prior.is_none() && !CONTINUATION_MARKERS.iter().any(|m| contains(msg, m)) {
+        if prior.is_none() && !CONTINUATION_MARKERS.iter().any(|m| m.find(msg).is_some()) {
             return seen;
         }
         let outcome = dialect::parse_outcome(msg);
@@ -790,9 +814,12 @@ fn starts_with_ignore_case(value: &[u8], prefix: &[u8]) -> bool {
     value.len() >= prefix.len() && value[..prefix.len()].eq_ignore_ascii_case(prefix)
 }
 
-/// Fields one of which every answer that continues a call carries (DESIGN §4).
-const CONTINUATION_MARKERS: [&[u8]; 3] = [b"\"pending\"", b"\"resultType\"", b"\"taskId\""];
+// These markers are searched with searchers built once (`memmem::find` builds one per call).
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(haystack, needle).is_some()
-}
+/// Fields one of which every JSON-RPC response carries.
+static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
+    LazyLock::new(|| [b"\"result\"".as_slice(), b"\"error\""].map(memmem::Finder::new));
+
+/// Fields one of which every answer that continues a call carries (DESIGN §4).
+static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
+    LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId\""].map(memmem::Finder::new));

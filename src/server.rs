@@ -56,7 +56,9 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         let service = service_fn(move |req| {
             let shared = shared.clone();
             let peer_ip = peer_ip.clone();
-            async move { Ok::<_, Infallible>(proxy::handle(shared, req, peer_ip, false).await) }
+            // Boxed: the request's future is large (~4 KiB), and hyper would move it by value.
+            let answer = Box::pin(proxy::handle(shared, req, peer_ip, false));
+            async move { Ok::<_, Infallible>(answer.await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let conn = graceful.watch(conn);
