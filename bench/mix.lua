@@ -12,7 +12,9 @@
 --   wrk -t1 -c64 -d10s --latency -s bench/mix.lua http://127.0.0.1:18080/mcp -- body 20
 --
 -- Arguments (after `--`): key mode `body` (default: messageId only) or `header`
--- (Mcp-Routing-Id + messageId), then the percentage of new calls that are two-round.
+-- (Mcp-Routing-Id + messageId), then the percentage of new calls that are two-round, then a
+-- mean pause in ms between an answer and the next request on each connection (default 0: as
+-- fast as the proxy answers; the `-paced` rows use it to hold the offered load below saturation).
 
 local threads = {}
 
@@ -36,6 +38,16 @@ function init(args)
    pending_pct = tonumber(args[2] or "20")
    if pending_pct == nil or pending_pct < 0 or pending_pct > 100 then
       error("mix.lua: pending percentage must be 0..100")
+   end
+   local pause = tonumber(args[3] or "0")
+   if pause == nil or pause < 0 then
+      error("mix.lua: the pause must be a number of ms >= 0")
+   end
+   if pause > 0 then
+      -- wrk looks for delay() after init(): defined only when asked for, so the unpaced rows
+      -- pay nothing for it. Uniform in [0, 2 * pause]: equal pauses would keep the connections
+      -- in step, and the load would arrive in bursts of one request per connection.
+      delay = function() return math.random() * 2 * pause end
    end
    math.randomseed(os.time() * 1009 + 7919 * (thread_no or 1))
    seq = 0

@@ -44,6 +44,9 @@ SSE_PROBE=${BENCH_SSE_PROBE:-1}
 SSE_CONNS=${BENCH_SSE_CONNECTIONS:-2}
 SSE_PAUSE_MS=${BENCH_SSE_PAUSE_MS:-5}
 PENDING_PCT=${BENCH_PENDING_PCT:-20}
+# The -paced mix rows: pause in ms between an answer and the next request on each connection,
+# so that every proxy gets the same offered load, below what saturates its core.
+MIX_PAUSE_MS=${BENCH_MIX_PAUSE_MS:-8}
 LOAD_CPUS=${BENCH_LOAD_CPUS:-0}
 PROXY_CPUS=${BENCH_PROXY_CPUS:-1}
 PROXY_CPUS_2W=${BENCH_PROXY_CPUS_2W:-$PROXY_CPUS}
@@ -67,8 +70,8 @@ READY_TIMEOUT=${BENCH_READY_TIMEOUT:-20}
 NGINX_KEEPALIVE=${BENCH_NGINX_KEEPALIVE:-$((CONNS * 3))}
 BASELINE=haproxy-header
 
-ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-header-2w
-           haproxy-header haproxy-body haproxy-mix nginx-header)
+ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-header-2w
+           haproxy-header haproxy-body haproxy-mix haproxy-mix-paced nginx-header)
 read -r -a PEERS <<<"${BENCH_PEERS:-${ALL_PEERS[*]}}"
 
 declare -A DESC=(
@@ -76,10 +79,12 @@ declare -A DESC=(
   [mrtr-header]="mrtr-router, 1 worker thread, key in Mcp-Routing-Id header (+ messageId)"
   [mrtr-body]="mrtr-router, 1 worker thread, key only in body messageId"
   [mrtr-mix]="mrtr-router, 1 worker thread, ${PENDING_PCT}% two-round calls (pending, then confirm), body-keyed"
+  [mrtr-mix-paced]="mrtr-router, the mrtr-mix load paced: ${MIX_PAUSE_MS} ms pause per connection between answer and request"
   [mrtr-header-2w]="mrtr-router, MRTR_WORKER_THREADS=2, header-keyed"
   [haproxy-header]="HAProxy: balance hdr(Mcp-Routing-Id), hash-type consistent"
   [haproxy-body]="HAProxy: http-buffer-request + json_query('\$.messageId'), balance hash var(txn.rk)"
   [haproxy-mix]="HAProxy body-keyed config, same two-round mix as mrtr-mix"
+  [haproxy-mix-paced]="HAProxy body-keyed config, the paced mix of mrtr-mix-paced"
   [nginx-header]="nginx: hash \$http_mcp_routing_id consistent, upstream keepalive $NGINX_KEEPALIVE"
 )
 
@@ -101,6 +106,7 @@ is_uint "$ROUNDS" && ((ROUNDS > 0)) || die "BENCH_ROUNDS must be a positive inte
 [[ $SSE_PROBE == 0 || $SSE_PROBE == 1 ]] || die "BENCH_SSE_PROBE must be 0 or 1"
 is_uint "$SSE_CONNS" && ((SSE_CONNS > 0)) || die "BENCH_SSE_CONNECTIONS must be a positive integer"
 is_uint "$SSE_PAUSE_MS" || die "BENCH_SSE_PAUSE_MS must be an integer (ms)"
+is_uint "$MIX_PAUSE_MS" && ((MIX_PAUSE_MS > 0)) || die "BENCH_MIX_PAUSE_MS must be a positive integer (ms)"
 is_uint "$PENDING_PCT" && ((PENDING_PCT <= 100)) || die "BENCH_PENDING_PCT must be 0..100"
 is_uint "$READY_TIMEOUT" && ((READY_TIMEOUT > 0)) || die "BENCH_READY_TIMEOUT must be a positive integer"
 is_uint "$NGINX_KEEPALIVE" && ((NGINX_KEEPALIVE > 0)) || die "BENCH_NGINX_KEEPALIVE must be a positive integer"
@@ -624,7 +630,7 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   local k="$peer#$round" dir=$TMP/rows/$peer/r$round
   mkdir -p "$dir"
   local sse=0
-  ((SSE_PROBE)) && [[ $peer == *-mix ]] && sse=1
+  ((SSE_PROBE)) && [[ $peer == *-mix || $peer == *-mix-paced ]] && sse=1
 
   if ((WARMUP > 0)); then
     run_wrk "$dir/warmup.out" "$WARMUP" "$script" "$url" "$@" \
@@ -784,10 +790,10 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
   log "$peer [round $round/$ROUNDS]: ${DESC[$peer]}"
   case $peer in
     direct) PEER_URL=$DIRECT_URL ;;
-    mrtr-header | mrtr-body | mrtr-mix) start_router 1 "$PROXY_CPUS" && started=1 ;;
+    mrtr-header | mrtr-body | mrtr-mix | mrtr-mix-paced) start_router 1 "$PROXY_CPUS" && started=1 ;;
     mrtr-header-2w) PROXY_CPUS_ROW=$PROXY_CPUS_2W; start_router 2 "$PROXY_CPUS_2W" && started=1 ;;
     haproxy-header) start_haproxy header && started=1 ;;
-    haproxy-body | haproxy-mix) start_haproxy body && started=1 ;;
+    haproxy-body | haproxy-mix | haproxy-mix-paced) start_haproxy body && started=1 ;;
     nginx-header) start_nginx_proxy && started=1 ;;
   esac
   if [[ $peer != direct ]] && ((!started)); then
@@ -801,6 +807,8 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" body || true ;;
       mrtr-mix | haproxy-mix)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" || true ;;
+      mrtr-mix-paced | haproxy-mix-paced)
+        measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" "$MIX_PAUSE_MS" || true ;;
     esac
     if [[ -n $PEER_PID ]] && ! alive "$PEER_PID"; then
       [[ ${R_STATUS[$k]:-} == ok ]] && row_fail "$k" "proxy process died during the run"
