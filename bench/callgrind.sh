@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by valgrind's callgrind: a number that,
+# unlike CPU time on a shared VM, comes out the same run after run (±1%). It leaves out the
+# kernel (about half of every proxy's cost, see BENCHMARKS.md).
+#
+#   bench/callgrind.sh                 # mrtr-router (header-keyed) and HAProxy, side by side
+#   BENCH_CG_PEERS=mrtr bench/callgrind.sh
+#
+# Starts three nginx backends (the bench's fixed JSON-RPC answer), runs each proxy under
+# callgrind, warms it up with wrk for 2 s, zeroes the counters, drives it for 8 s
+# (1 thread, 16 connections, bench/mcp.lua header-keyed), dumps the counters and divides by the
+# requests wrk completed. Leaves the callgrind files in $BENCH_CG_DIR for callgrind_annotate.
+# Needs valgrind, wrk, nginx, haproxy (Debian packages) and a release build of the router.
+set -euo pipefail
+
+REPO_DIR=$(cd "$(dirname "$0")/.." && pwd)
+BENCH_DIR=$REPO_DIR/bench
+ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
+PEERS=${BENCH_CG_PEERS:-mrtr haproxy}
+OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
+PORTS=(19101 19102 19103)
+PROXY_PORT=18180
+ADMIN_PORT=18190
+
+die() { echo "callgrind: error: $*" >&2; exit 2; }
+for tool in valgrind callgrind_control wrk nginx haproxy curl; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install valgrind wrk nginx haproxy curl)"
+done
+[[ -x $ROUTER_BIN ]] || die "no router binary at $ROUTER_BIN (cargo build --release)"
+mkdir -p "$OUT/tmp"
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+cat >"$OUT/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $OUT/nginx.pid;
+error_log $OUT/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/tmp; proxy_temp_path $OUT/tmp; fastcgi_temp_path $OUT/tmp;
+  uwsgi_temp_path $OUT/tmp; scgi_temp_path $OUT/tmp;
+  keepalive_requests 100000000;
+  keepalive_timeout 600s;
+  default_type application/json;
+  server {
+    listen 127.0.0.1:${PORTS[0]}; listen 127.0.0.1:${PORTS[1]}; listen 127.0.0.1:${PORTS[2]};
+    location = /mcp { return 200 '{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}'; }
+  }
+}
+EOF
+nginx -c "$OUT/nginx.conf" >/dev/null 2>&1 &
+PIDS+=($!)
+
+cat >"$OUT/router.toml" <<EOF
+[server]
+listen = "127.0.0.1:$PROXY_PORT"
+[admin]
+listen = "127.0.0.1:$ADMIN_PORT"
+EOF
+for i in 0 1 2; do
+  printf '[[backend]]\nname = "b%d"\nurl = "http://127.0.0.1:%d"\n' "$i" "${PORTS[$i]}" >>"$OUT/router.toml"
+done
+
+cat >"$OUT/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$PROXY_PORT
+  default_backend be
+backend be
+  balance hdr(Mcp-Routing-Id)
+  hash-type consistent
+  server b0 127.0.0.1:${PORTS[0]}
+  server b1 127.0.0.1:${PORTS[1]}
+  server b2 127.0.0.1:${PORTS[2]}
+EOF
+
+ready() {  # ready: the proxy answers a request (bounded: 30 s under valgrind)
+  for _ in $(seq 1 150); do
+    curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' \
+      --data '{"jsonrpc":"2.0","id":1,"method":"ping"}' "http://127.0.0.1:$PROXY_PORT/mcp" && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+measure() {  # measure <name> <command...>
+  local name=$1; shift
+  valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.%p" "$@" >"$OUT/$name.log" 2>&1 &
+  local vp=$!
+  PIDS+=("$vp")
+  ready || die "$name did not answer under valgrind (see $OUT/$name.log)"
+  wrk -t1 -c16 -d2s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- header >/dev/null
+  callgrind_control -z "$vp" >/dev/null 2>&1
+  wrk -t1 -c16 -d8s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- header >"$OUT/$name.wrk"
+  callgrind_control -d "$vp" >/dev/null 2>&1
+  kill "$vp"; wait "$vp" 2>/dev/null || true
+  local req ir
+  req=$(grep -oP 'requests=\K[0-9]+' "$OUT/$name.wrk")
+  ir=$(grep -h '^summary:\|^totals:' "$OUT/$name".*.1 | tail -1 | awk '{print $2}')
+  [[ -n $req && $req -gt 0 && -n $ir ]] || die "$name: no measurement (see $OUT)"
+  printf '%-10s requests %7d   instructions/request %7d\n' "$name" "$req" $((ir / req))
+}
+
+for peer in $PEERS; do
+  case $peer in
+    mrtr) MRTR_WORKER_THREADS=1 measure mrtr "$ROUTER_BIN" --config "$OUT/router.toml" ;;
+    haproxy) measure haproxy haproxy -f "$OUT/haproxy.cfg" -db ;;
+    *) die "unknown peer '$peer' (mrtr, haproxy)" ;;
+  esac
+done
+echo "callgrind files: $OUT (callgrind_annotate --inclusive=yes $OUT/mrtr.<pid>.1)"
