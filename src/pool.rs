@@ -123,12 +123,14 @@ impl ConnPool {
         }
     }
 
-    /// Closes connections idle for longer than `max_idle`.
+    /// Closes connections idle for longer than `max_idle`, and lets go of those the backend
+    /// closed meanwhile (nobody polls an idle connection, so its socket would otherwise wait
+    /// in CLOSE_WAIT until it is taken or expires).
     pub fn evict_idle(&self, max_idle: Duration) {
         let now = Instant::now();
         self.idle
             .lock()
-            .retain(|(_, since)| now.duration_since(*since) < max_idle);
+            .retain_mut(|(conn, since)| now.duration_since(*since) < max_idle && conn.settle());
     }
 
     pub fn idle_len(&self) -> usize {

@@ -153,6 +153,15 @@ async fn backend_closing_idle_connections_costs_no_request() {
     }
     let m = fleet.metrics().await;
     assert_eq!(opened(&m, "closer"), N as f64, "each request needed a new connection");
+    // The last connection, closed by the backend while idle, leaves the pool at the next sweep
+    // rather than waiting for a request or its idle timeout.
+    let backend = fleet.shared.backend_states()[0].0.clone();
+    eventually(
+        Duration::from_secs(10),
+        "closed idle connection swept from the pool",
+        || backend.pool.idle_len() == 0,
+    )
+    .await;
     assert_eq!(
         metric(&m, "mrtr_upstream_errors_total{backend=\"closer\",kind=\"reset\"}"),
         None
