@@ -154,6 +154,14 @@ pub enum SendError {
     Failed(hyper::Error),
 }
 
+impl SendError {
+    pub fn error(&self) -> &hyper::Error {
+        match self {
+            SendError::Unsent(_, e) | SendError::Failed(e) => e,
+        }
+    }
+}
+
 impl PooledConn {
     /// Sends `req` and waits for the answer's head, driving the connection meanwhile. The
     /// answer's body keeps the connection, drives it as it is read, and puts it back at its end.

@@ -69,6 +69,9 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     } else {
         RequestEnvelope::default()
     };
+    // The id borrows only the body, so it outlives `keys` (which also borrow the headers, moved
+    // into the upstream request) without a copy.
+    let error_id = envelope.id;
     let keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
 
     // Phase 2: choose the backend: sealed tokens first, then pins, then the ring.
@@ -110,7 +113,6 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     let sent_epoch = backend.epoch();
     let call = CallContext::new(&shared, &snap, &keys, &decision, (&backend, sent_epoch), &parts.method);
     let method_label = method_label(&parts.method, keys.method.as_deref());
-    let error_id = keys.id.map(str::to_owned);
     drop(keys);
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
@@ -126,17 +128,11 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
     let request = match build_upstream_request(&mut parts, body, &backend, &peer, tls, session) {
         Ok(r) => r,
-        Err(_) => {
-            return router_error(
-                &shared,
-                RouterError::upstream_unavailable(&backend),
-                error_id.as_deref(),
-            )
-        }
+        Err(_) => return router_error(&shared, RouterError::upstream_unavailable(&backend), error_id),
     };
     let resp = match upstream.send(conn, &backend, request, timer.as_mut()).await {
         Ok(resp) => resp,
-        Err(e) => return router_error(&shared, e, error_id.as_deref()),
+        Err(e) => return router_error(&shared, e, error_id),
     };
 
     // Phase 4: observe the answer; pins are in place before the client can read it.
@@ -195,15 +191,11 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
                 let err = RouterError::UpstreamTimeout {
                     backend: backend.name.to_string(),
                 };
-                return router_error(&shared, err, error_id.as_deref());
+                return router_error(&shared, err, error_id);
             }
             Err(CollectError::Upstream) => {
                 passive_failure(&shared, &snap, &backend, "reset");
-                return router_error(
-                    &shared,
-                    RouterError::upstream_unavailable(&backend),
-                    error_id.as_deref(),
-                );
+                return router_error(&shared, RouterError::upstream_unavailable(&backend), error_id);
             }
         }
     } else if resp_body.is_end_stream() {
@@ -267,10 +259,9 @@ impl Upstream<'_> {
             };
             tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
             passive_failure(shared, snap, &backend, "connect");
-            let next = match (unpinned && !retried, fallback_key) {
-                (true, key) => shared.snapshot().ring.fallback(key, backend.key).cloned(),
-                _ => None,
-            };
+            let next = (unpinned && !retried)
+                .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())
+                .flatten();
             let Some(next) = next else {
                 return Err(RouterError::upstream_unavailable(&backend));
             };
@@ -289,6 +280,10 @@ impl Upstream<'_> {
         mut timer: Pin<&mut Sleep>,
     ) -> Result<Response<DrivenBody>, RouterError> {
         let (shared, snap) = (self.shared, self.snap);
+        let failed = |e: SendError| {
+            tracing::debug!(backend = %backend.name, error = %e.error(), "upstream request failed");
+            "reset"
+        };
         let exchange = async {
             let reused = conn.reused;
             match conn.send(request).await {
@@ -297,9 +292,9 @@ impl Upstream<'_> {
                     let conn = Box::pin(backend.pool.connect(backend.authority()))
                         .await
                         .map_err(|_| "connect")?;
-                    conn.send(*request).await.map_err(|_| "reset")
+                    conn.send(*request).await.map_err(failed)
                 }
-                other => other.map_err(|_| "reset"),
+                other => other.map_err(failed),
             }
         };
         match within(timer.as_mut(), exchange).await {
@@ -530,14 +525,12 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // A look at the names first: most messages carry one hop-by-hop header or none, and each
     // removal hashes its name.
     let mut present = [false; HOP_BY_HOP_COUNT];
-    let mut any = false;
     for name in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
             present[i] = true;
-            any = true;
         }
     }
-    if !any {
+    if !present.contains(&true) {
         return;
     }
     // Headers named in Connection are hop-by-hop too (beyond the usual `keep-alive`/`close`).
