@@ -4,6 +4,8 @@
 mod support;
 
 use bytes::Bytes;
+use std::time::Duration;
+
 use http::Method;
 use serde_json::json;
 use support::*;
@@ -241,4 +243,52 @@ async fn a_json_answer_whose_body_stalls_is_504() {
         )
         .await;
     assert_router_error(&a, 504, -32004, "upstream_timeout", json!(8));
+}
+
+#[tokio::test]
+async fn a_connect_that_hangs_is_504_at_upstream_timeout() {
+    // A listener whose accept queue is full drops new SYNs: a connect to it hangs.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    let mut hung = false;
+    for _ in 0..16 {
+        match tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => queued.push(s),
+            Ok(Err(e)) => panic!("connect to the full listener failed instead of hanging: {e}"),
+            Err(_) => {
+                hung = true;
+                break;
+            }
+        }
+    }
+    assert!(hung, "the listener's accept queue never filled");
+    let spec = BackendSpec {
+        name: "hang".into(),
+        url: format!("http://{addr}"),
+        weight: 1,
+    };
+    let fleet = Fleet::start_backends(Vec::new(), &[spec], "[server]\nupstream_timeout = \"300ms\"").await;
+    let started = std::time::Instant::now();
+    let a = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"x"}}),
+        )
+        .await;
+    // Not the 5 s connect timeout's 502: the request's own deadline bounds the connect.
+    assert_router_error(&a, 504, -32004, "upstream_timeout", json!(9));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_upstream_errors_total{backend=\"hang\",kind=\"timeout\"}"),
+        Some(1.0)
+    );
+    drop((queued, listener));
 }
