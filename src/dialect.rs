@@ -2,17 +2,22 @@
 //! answer reports. Only the envelope fields the router uses are parsed; everything else is
 //! skipped without allocating.
 
-use std::borrow::Cow;
-use std::fmt;
+mod scan;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use std::borrow::Cow;
+
+use http::HeaderName;
+use serde::de::{Deserializer, IgnoredAny};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// Header that carries a legacy session id.
-pub const SESSION_HEADER: &str = "mcp-session-id";
+pub use scan::NotJson;
+
+/// Header that carries a legacy session id. (Names, not strings: a lookup by string parses
+/// the name first.)
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 /// Header that carries the tool/prompt/resource name or, on `tasks/*`, the task id.
-pub const NAME_HEADER: &str = "mcp-name";
+pub const NAME_HEADER: HeaderName = HeaderName::from_static("mcp-name");
 
 /// What the router needs from a JSON-RPC request body.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -28,115 +33,11 @@ pub struct RequestEnvelope<'a> {
     pub task_id: Option<Cow<'a, str>>,
 }
 
-/// Parses a request body. Returns `Err` when it is not JSON. A batch (array) yields the first
-/// element's envelope.
-pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let env = EnvelopeSeed { body_field }.deserialize(&mut de)?;
-    de.end()?;
-    Ok(env)
-}
-
-struct EnvelopeSeed<'f> {
-    body_field: &'f str,
-}
-
-impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
-    type Value = RequestEnvelope<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
-    type Value = RequestEnvelope<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON-RPC message")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut env = RequestEnvelope::default();
-        while let Some(Str(key)) = map.next_key::<Str<'de>>()? {
-            match &*key {
-                "id" => env.id = Some(map.next_value::<&'de RawValue>()?.get()),
-                "method" => env.method = map.next_value::<Option<Str<'de>>>()?.map(|m| m.0),
-                "params" => {
-                    let p = map.next_value::<ParamsEnvelope<'de>>()?;
-                    env.request_state = p.request_state;
-                    env.task_id = p.task_id;
-                }
-                k if k == self.body_field => env.message_id = map.next_value::<KeyValue<'de>>()?.0,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(env)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let first = seq
-            .next_element_seed(EnvelopeSeed {
-                body_field: self.body_field,
-            })?
-            .unwrap_or_default();
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(first)
-    }
-
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(RequestEnvelope::default())
-    }
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(RequestEnvelope::default())
-    }
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(RequestEnvelope::default())
-    }
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(RequestEnvelope::default())
-    }
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(RequestEnvelope::default())
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-        Ok(RequestEnvelope::default())
-    }
-}
-
-#[derive(Default, serde::Deserialize)]
-struct ParamsEnvelope<'a> {
-    #[serde(rename = "requestState", borrow, default, deserialize_with = "opt_string")]
-    request_state: Option<Cow<'a, str>>,
-    #[serde(rename = "taskId", borrow, default, deserialize_with = "opt_string")]
-    task_id: Option<Cow<'a, str>>,
-}
-
-/// A JSON string, borrowed from the body unless it has escapes. (serde's own `Cow<str>` always
-/// allocates.)
-struct Str<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Str<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct StrVisitor;
-        impl<'de> Visitor<'de> for StrVisitor {
-            type Value = Str<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(StrVisitor)
-    }
+/// Parses a request body. Returns `Err` when it is not JSON. A batch (array) yields its first
+/// element's envelope. Each field is read by its last occurrence; `params` other than an object
+/// carries none.
+pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, NotJson> {
+    scan::request(body, body_field)
 }
 
 /// The value of a JSON string literal (`raw` includes the quotes), borrowed unless escaped.
@@ -144,21 +45,6 @@ fn json_string(raw: &str) -> Result<Cow<'_, str>, serde_json::Error> {
     match raw.as_bytes().contains(&b'\\') {
         false if raw.len() >= 2 => Ok(Cow::Borrowed(&raw[1..raw.len() - 1])),
         _ => serde_json::from_str::<String>(raw).map(Cow::Owned),
-    }
-}
-
-/// A key field: a string as is, a number by its JSON text; anything else is no key.
-struct KeyValue<'a>(Option<Cow<'a, str>>);
-
-impl<'de> Deserialize<'de> for KeyValue<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = <&'de RawValue>::deserialize(d)?;
-        let text = raw.get();
-        Ok(KeyValue(match text.as_bytes().first() {
-            Some(b'"') => Some(json_string(text).map_err(serde::de::Error::custom)?),
-            Some(b'-' | b'0'..=b'9') => Some(Cow::Borrowed(text)),
-            _ => None,
-        }))
     }
 }
 

@@ -4,7 +4,8 @@
 //! Map of the modules, in the order a request meets them:
 //! - [`server`]   listeners, HTTP/1.1 + h2c connections, graceful shutdown, upkeep task
 //! - [`proxy`]    the request path: read → keys → choose backend → forward → observe answer
-//! - [`dialect`]  reading keys out of requests and outcomes out of answers (DESIGN §2)
+//! - [`dialect`]  reading keys out of requests (one validating scan, `dialect::scan`) and
+//!   outcomes out of answers (DESIGN §2)
 //! - [`route`]    the routing decision (DESIGN §3), shared with `route` and `/debug/route`
 //! - [`pins`]     the pin table of in-flight calls (DESIGN §4)
 //! - [`balance`]  consistent-hash ring, bounded load, keyless least-outstanding choice

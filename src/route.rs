@@ -44,9 +44,9 @@ fn header_str(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Opt
 impl<'a> RequestKeys<'a> {
     pub fn new(headers: &'a HeaderMap, routing_header: &http::HeaderName, envelope: RequestEnvelope<'a>) -> Self {
         let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
-        let task_id = match header_str(headers, NAME_HEADER) {
-            Some(name) if is_task_method => Some(Cow::Borrowed(name)),
-            _ => envelope.task_id,
+        let task_id = match is_task_method.then(|| header_str(headers, NAME_HEADER)).flatten() {
+            Some(name) => Some(Cow::Borrowed(name)),
+            None => envelope.task_id,
         };
         RequestKeys {
             method: envelope.method,
