@@ -173,9 +173,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
                     Some(r) => sealing::replace_once(&bytes, r.from.as_bytes(), r.to.as_bytes()).unwrap_or(bytes),
                     None => bytes,
                 };
-                resp_parts
-                    .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                set_content_length(&mut resp_parts.headers, bytes.len());
                 ProxyBody::full(bytes)
             }
             Ok(Collected::Prefix(prefix, rest)) => ProxyBody::stream(
@@ -526,28 +524,59 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // removal hashes its name.
     let mut present = [false; HOP_BY_HOP_COUNT];
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+        if let Some(i) = hop_by_hop_index(name) {
             present[i] = true;
         }
     }
     if !present.contains(&true) {
         return;
     }
-    // Headers named in Connection are hop-by-hop too (beyond the usual `keep-alive`/`close`).
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|n| !n.eq_ignore_ascii_case("keep-alive") && !n.eq_ignore_ascii_case("close"))
-        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-        .collect();
-    for name in named
-        .iter()
-        .chain(HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p).map(|(h, _)| h))
-    {
+    // Headers named in `Connection` are hop-by-hop too. Usually it says only `keep-alive` or
+    // `close`, which names none.
+    if present[0] {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter(|v| !is_plain_connection_value(v.as_bytes()))
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|n| !is_plain_connection_value(n.as_bytes()))
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .collect();
+        for name in &named {
+            headers.remove(name);
+        }
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(name);
+    }
+}
+
+/// Sets `Content-Length` to `len` unless it says so already: the usual case, a body passed on
+/// unchanged, then costs one lookup instead of formatting and inserting a value.
+fn set_content_length(headers: &mut HeaderMap, len: usize) {
+    let mut current = headers.get_all(header::CONTENT_LENGTH).iter();
+    let says_len = match (current.next(), current.next()) {
+        (Some(v), None) => v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len),
+        _ => false,
+    };
+    if !says_len {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+}
+
+/// `keep-alive` and `close`: the `Connection` values that name no header.
+fn is_plain_connection_value(v: &[u8]) -> bool {
+    v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+}
+
+/// Which of [`HOP_BY_HOP`] `name` is. Most names are rejected by their length alone.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    let name = name.as_str();
+    match name.len() {
+        2 | 7 | 10 | 16..=19 => HOP_BY_HOP.iter().position(|h| h.as_str() == name),
+        _ => None,
     }
 }
 
@@ -588,7 +617,7 @@ fn build_upstream_request(
     let body = match body {
         Either::Left(bytes) => {
             if !bytes.is_empty() || parts.method == Method::POST {
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                set_content_length(&mut headers, bytes.len());
             }
             Either::Left(Full::new(bytes))
         }
@@ -816,3 +845,55 @@ static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
 /// Fields one of which every answer that continues a call carries (DESIGN §4).
 static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
     LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId\""].map(memmem::Finder::new));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_stripped_and_only_those() {
+        let mut h = HeaderMap::new();
+        for name in &HOP_BY_HOP {
+            h.append(name.clone(), HeaderValue::from_static("v"));
+        }
+        h.append(header::CONNECTION, HeaderValue::from_static("Keep-Alive, X-A,x-b"));
+        h.append(header::CONNECTION, HeaderValue::from_static("close"));
+        for n in [
+            "x-a",
+            "x-b",
+            "x-c",
+            "content-type",
+            "mcp-session-id",
+            "te-x",
+            "upgrades",
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static("v"));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "mcp-session-id", "te-x", "upgrades", "x-c"]);
+
+        // Only `keep-alive`: the common answer from nginx.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), [header::CONTENT_LENGTH]);
+    }
+
+    #[test]
+    fn content_length_is_set_unless_it_already_says_the_length() {
+        let lengths = |h: &HeaderMap| h.get_all(header::CONTENT_LENGTH).iter().cloned().collect::<Vec<_>>();
+        let mut h = HeaderMap::new();
+        set_content_length(&mut h, 12);
+        assert_eq!(lengths(&h), ["12"]);
+        set_content_length(&mut h, 12);
+        assert_eq!(lengths(&h), ["12"]);
+        set_content_length(&mut h, 7);
+        assert_eq!(lengths(&h), ["7"]);
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("7"));
+        set_content_length(&mut h, 7);
+        assert_eq!(lengths(&h), ["7"], "duplicates collapse to one");
+    }
+}
