@@ -226,7 +226,7 @@ impl<'a> Scanner<'a> {
         loop {
             // A value starts here.
             match self.peek().ok_or(Invalid)? {
-                b'"' => self.string().map(drop)?,
+                b'"' => self.skip_string().map(drop)?,
                 b'{' => {
                     self.i += 1;
                     self.ws();
@@ -283,7 +283,7 @@ impl<'a> Scanner<'a> {
 
     /// A member's key and colon, up to its value.
     fn member_key(&mut self) -> Scan<()> {
-        self.string()?;
+        self.skip_string()?;
         self.ws();
         self.eat(b':')?;
         self.ws();
@@ -367,35 +367,52 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string, from its opening quote.
-    #[inline]
     fn string(&mut self) -> Scan<RawStr<'a>> {
-        let (b, start) = (self.b, self.i);
-        if b.get(start) != Some(&b'"') {
+        let start = self.i;
+        let escaped = self.skip_string()?;
+        Ok(RawStr {
+            quoted: &self.b[start..self.i],
+            escaped,
+        })
+    }
+
+    /// Skips a string, from its opening quote; says whether it has escapes. Most strings end
+    /// at the first stop byte.
+    #[inline]
+    fn skip_string(&mut self) -> Scan<bool> {
+        let b = self.b;
+        if b.get(self.i) != Some(&b'"') {
             return Err(Invalid);
         }
-        let mut i = start + 1;
-        let mut escaped = false;
+        let end = self.i + 1 + plain_run(&b[self.i + 1..]).ok_or(Invalid)?;
+        match b[end] {
+            b'"' => {
+                self.i = end + 1;
+                Ok(false)
+            }
+            _ => {
+                self.i = end;
+                self.rest_of_escaped_string()
+            }
+        }
+    }
+
+    /// The rest of a string from its first backslash (or control character, refused).
+    #[cold]
+    fn rest_of_escaped_string(&mut self) -> Scan<bool> {
         loop {
-            i += plain_run(&b[i..]).ok_or(Invalid)?;
-            match b[i] {
+            match self.b[self.i] {
                 b'"' => {
-                    self.i = i + 1;
-                    return Ok(RawStr {
-                        quoted: &b[start..=i],
-                        escaped,
-                    });
+                    self.i += 1;
+                    return Ok(true);
                 }
                 b'\\' => {
-                    escaped = true;
-                    self.i = i + 1;
+                    self.i += 1;
                     self.escape()?;
-                    i = self.i;
                 }
-                _ => {
-                    self.i = i;
-                    return Err(Invalid);
-                }
+                _ => return Err(Invalid),
             }
+            self.i += plain_run(&self.b[self.i..]).ok_or(Invalid)?;
         }
     }
 
@@ -471,19 +488,19 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// The containers a skipped value has open: `true` for an object. The first 128 levels live
+/// The containers a skipped value has open: `true` for an object. The first 64 levels live
 /// in a bit set; deeper ones (rare, bounded by the body size) spill to the heap.
 #[derive(Default)]
 struct Containers {
-    bits: u128,
+    bits: u64,
     depth: usize,
     deeper: Vec<bool>,
 }
 
 impl Containers {
     fn push(&mut self, object: bool) {
-        match self.depth < 128 {
-            true => self.bits = (self.bits & !(1 << self.depth)) | (u128::from(object) << self.depth),
+        match self.depth < 64 {
+            true => self.bits = (self.bits & !(1 << self.depth)) | (u64::from(object) << self.depth),
             false => self.deeper.push(object),
         }
         self.depth += 1;
@@ -491,7 +508,7 @@ impl Containers {
 
     fn pop(&mut self) {
         self.depth -= 1;
-        if self.depth >= 128 {
+        if self.depth >= 64 {
             self.deeper.pop();
         }
     }
@@ -499,7 +516,7 @@ impl Containers {
     fn top(&self) -> Option<bool> {
         match self.depth {
             0 => None,
-            d if d <= 128 => Some(self.bits >> (d - 1) & 1 == 1),
+            d if d <= 64 => Some(self.bits >> (d - 1) & 1 == 1),
             _ => self.deeper.last().copied(),
         }
     }
