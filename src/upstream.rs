@@ -67,8 +67,9 @@ struct BackendMetrics {
     inflight: prometheus::IntGauge,
     duration: prometheus::Histogram,
     requests_vec: prometheus::IntCounterVec,
-    /// `mrtr_requests_total` children by (method label, status).
-    requests: parking_lot::RwLock<std::collections::HashMap<(&'static str, u16), prometheus::IntCounter>>,
+    /// `mrtr_requests_total` children by (method label, status): a few dozen pairs at most
+    /// (labels are a fixed set), so a scan beats hashing.
+    requests: parking_lot::RwLock<Vec<(&'static str, u16, prometheus::IntCounter)>>,
 }
 
 /// Source of backend epochs: unique in the process, so a backend removed and added again
@@ -197,14 +198,19 @@ impl Backend {
     pub fn observe_request(&self, method: &'static str, status: http::StatusCode, seconds: f64) {
         let Some(m) = &self.metrics else { return };
         m.duration.observe(seconds);
-        let key = (method, status.as_u16());
-        if let Some(c) = m.requests.read().get(&key) {
+        let status_code = status.as_u16();
+        let is_key = |&&(m, s, _): &&(&str, u16, prometheus::IntCounter)| s == status_code && m == method;
+        if let Some((_, _, c)) = m.requests.read().iter().find(is_key) {
             c.inc();
             return;
         }
-        let c = m.requests_vec.with_label_values(&[&self.name, method, status.as_str()]);
+        let mut seen = m.requests.write();
+        if !seen.iter().any(|e| is_key(&e)) {
+            let c = m.requests_vec.with_label_values(&[&self.name, method, status.as_str()]);
+            seen.push((method, status_code, c));
+        }
+        let (_, _, c) = seen.iter().find(is_key).expect("just added");
         c.inc();
-        m.requests.write().insert(key, c);
     }
 
     pub fn url(&self) -> String {
