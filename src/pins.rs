@@ -181,8 +181,11 @@ impl PinTable {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// Whether the table holds no pin at all: then a request has nothing to look up, and
+    /// skips hashing its keys. Acquire pairs with the Release count in [`PinTable::pin`], which
+    /// comes before the answer that makes the client send a follow-up.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len.load(Ordering::Acquire) == 0
     }
 
     /// Pins of one kind in the table.
@@ -239,7 +242,7 @@ impl PinTable {
         let old = self.shard(key).lock().insert(key.0, entry);
         match old {
             None => {
-                self.len.fetch_add(1, Ordering::Relaxed);
+                self.len.fetch_add(1, Ordering::Release);
                 self.per_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
                 true
             }

@@ -77,9 +77,14 @@ impl<'a> RequestKeys<'a> {
             self.task_id.as_deref().map(|s| (PinKind::Task, s)),
             self.session_id.map(|s| (PinKind::Session, s)),
         ];
+        // The same string in both is one key, looked up once.
+        let header = self.call_header();
         let client = [
-            self.call_header().map(|s| (PinKind::Client, s)),
-            self.message_id.as_deref().map(|s| (PinKind::Client, s)),
+            header.map(|s| (PinKind::Client, s)),
+            self.message_id
+                .as_deref()
+                .filter(|m| Some(*m) != header)
+                .map(|s| (PinKind::Client, s)),
         ];
         learned
             .into_iter()
@@ -230,7 +235,7 @@ pub fn decide(
             }
         }
     }
-    if !pin_lost {
+    if !pin_lost && !pins.is_empty() {
         for (key, handle) in keys.pin_candidates() {
             let Some(pin) = find(key) else { continue };
             let matched = Matched { key, pin };
@@ -286,4 +291,27 @@ fn check_rounds(matched: Option<Matched>, keys: &RequestKeys, max_rounds: u32) -
         return Err(RouterError::TooManyRounds { key, max: max_rounds });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_in_both_header_and_body_is_one_candidate() {
+        let mut headers = HeaderMap::new();
+        let routing = http::HeaderName::from_static("mcp-routing-id");
+        headers.insert(routing.clone(), http::HeaderValue::from_static("k-1"));
+        let body = br#"{"id":1,"method":"tools/call","messageId":"k-1"}"#;
+        let env = crate::dialect::parse_request(body, "messageId").unwrap();
+        let keys = RequestKeys::new(&headers, &routing, env);
+        assert_eq!(keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(), ["k-1"]);
+        let other = br#"{"id":1,"method":"tools/call","messageId":"k-2"}"#;
+        let env = crate::dialect::parse_request(other, "messageId").unwrap();
+        let keys = RequestKeys::new(&headers, &routing, env);
+        assert_eq!(
+            keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(),
+            ["k-1", "k-2"]
+        );
+    }
 }
