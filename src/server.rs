@@ -22,18 +22,7 @@ use crate::{admin, proxy};
 /// requests and streams finish for up to `server.shutdown_grace`.
 pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let cfg = shared.snapshot().config.server.clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_headers(cfg.max_headers)
-        .max_buf_size(64 * 1024);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(1024)
-        .max_header_list_size(64 * 1024);
+    let builders = Arc::new(Builders::new(&cfg));
     let drain = Arc::new(Drain::default());
     // Connections live in a set so that, past the grace period, the ones left can be closed.
     let mut conns = tokio::task::JoinSet::new();
@@ -62,10 +51,27 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
             let answer = Box::pin(proxy::handle(shared, req, peer_ip, false));
             async move { Ok::<_, Infallible>(answer.await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        let conn = drain.clone().watch(conn);
+        let (builders, drain) = (builders.clone(), drain.clone());
         conns.spawn(async move {
-            if let Err(e) = conn.await {
+            let served: Result<(), BoxError> = match sniff(&stream, builders.first_bytes_timeout).await {
+                Some(Protocol::Http1) => {
+                    let conn = builders.http1.serve_connection(TokioIo::new(stream), service);
+                    drain.watch(conn).await.map_err(Into::into)
+                }
+                Some(Protocol::Http2) => {
+                    let conn = builders.http2.serve_connection(TokioIo::new(stream), service);
+                    drain.watch(conn).await.map_err(Into::into)
+                }
+                Some(Protocol::TooFewBytes) => {
+                    let conn = builders
+                        .auto
+                        .serve_connection(TokioIo::new(stream), service)
+                        .into_owned();
+                    drain.watch(conn).await
+                }
+                None => Ok(()),
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
         });
@@ -80,6 +86,83 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     }
     conns.abort_all();
     while conns.join_next().await.is_some() {}
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4), with which an h2c client opens.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The proxy's connection builders, configured once. A connection goes to hyper's HTTP/1 or
+/// HTTP/2 server directly once its first bytes (peeked, not read) tell which it speaks, so no
+/// replay buffer sits under every later read; hyper-util's auto-detection only takes the rare
+/// connection whose first segment is too short to tell.
+struct Builders {
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    auto: auto::Builder<TokioExecutor>,
+    /// How long a new connection may stay silent (the header read timeout).
+    first_bytes_timeout: Duration,
+}
+
+impl Builders {
+    fn new(cfg: &crate::config::ServerConfig) -> Builders {
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(cfg.header_read_timeout)
+            .max_headers(cfg.max_headers)
+            .max_header_size(MAX_HEAD_BYTES)
+            .max_buf_size(MAX_HEAD_BYTES);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(1024)
+            .max_header_list_size(MAX_HEAD_BYTES as u32);
+        // hyper-util's HTTP/1 builder has no `max_header_size`: on this rare path the head
+        // limit is hyper's buffer check alone, which a large last read can overshoot.
+        let mut auto = auto::Builder::new(TokioExecutor::new());
+        auto.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(cfg.header_read_timeout)
+            .max_headers(cfg.max_headers)
+            .max_buf_size(MAX_HEAD_BYTES);
+        auto.http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(1024)
+            .max_header_list_size(MAX_HEAD_BYTES as u32);
+        Builders {
+            http1,
+            http2,
+            auto,
+            first_bytes_timeout: cfg.header_read_timeout,
+        }
+    }
+}
+
+/// The largest request head (HTTP/1 buffer, HTTP/2 header list): 64 KiB, then 431.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+enum Protocol {
+    Http1,
+    Http2,
+    /// The bytes so far begin the HTTP/2 preface but do not complete it.
+    TooFewBytes,
+}
+
+/// Which protocol a new connection speaks, from its first bytes. `None`: it closed, failed,
+/// or sent nothing within `timeout`.
+async fn sniff(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<Protocol> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    let n = match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => n,
+        _ => return None,
+    };
+    Some(match &first[..n] {
+        seen if seen == H2_PREFACE => Protocol::Http2,
+        seen if H2_PREFACE.starts_with(seen) => Protocol::TooFewBytes,
+        _ => Protocol::Http1,
+    })
 }
 
 /// Graceful shutdown of the proxy's connections: once it starts, each connection finishes the
