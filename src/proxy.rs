@@ -244,8 +244,11 @@ impl Upstream<'_> {
                 return Ok((conn, backend, guard));
             }
             // Boxed: a cold path, kept out of every request's future.
-            let connect = Box::pin(backend.pool.connect(backend.authority()));
-            let Some(result) = within(timer.as_mut(), connect).await else {
+            let connected = {
+                let mut connect = Box::pin(backend.pool.connect(backend.authority()));
+                within(timer.as_mut(), connect.as_mut()).await
+            };
+            let Some(result) = connected else {
                 passive_failure(shared, snap, &backend, "timeout");
                 return Err(RouterError::UpstreamTimeout {
                     backend: backend.name.to_string(),
@@ -282,19 +285,21 @@ impl Upstream<'_> {
             tracing::debug!(backend = %backend.name, error = %e.error(), "upstream request failed");
             "reset"
         };
-        let exchange = async {
+        let exchange = std::pin::pin!(async {
             let reused = conn.reused;
             match conn.send(request).await {
                 Err(SendError::Unsent(request, e)) if reused => {
                     tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; opening a new one");
-                    let conn = Box::pin(backend.pool.connect(backend.authority()))
-                        .await
-                        .map_err(|_| "connect")?;
-                    conn.send(*request).await.map_err(failed)
+                    // Boxed: a cold path, kept out of every request's future.
+                    Box::pin(async {
+                        let conn = backend.pool.connect(backend.authority()).await.map_err(|_| "connect")?;
+                        conn.send(*request).await.map_err(failed)
+                    })
+                    .await
                 }
                 other => other.map_err(failed),
             }
-        };
+        });
         match within(timer.as_mut(), exchange).await {
             Some(Ok(resp)) => {
                 backend.record_request_success();
@@ -315,16 +320,18 @@ impl Upstream<'_> {
 }
 
 /// Runs `f` until `timer` fires (`None`). The timer is registered once, however often it is
-/// used: one per request is enough.
-async fn within<F: Future>(mut timer: Pin<&mut Sleep>, f: F) -> Option<F::Output> {
-    let mut f = std::pin::pin!(f);
-    std::future::poll_fn(|cx| {
+/// used: one per request is enough. `f` comes pinned by the caller, so its state is stored once,
+/// in the caller's future (an `async fn` taking it by value would hold it twice).
+fn within<'a, F: Future + ?Sized>(
+    mut timer: Pin<&'a mut Sleep>,
+    mut f: Pin<&'a mut F>,
+) -> impl Future<Output = Option<F::Output>> + 'a {
+    std::future::poll_fn(move |cx| {
         if let Poll::Ready(out) = f.as_mut().poll(cx) {
             return Poll::Ready(Some(out));
         }
         timer.as_mut().poll(cx).map(|()| None)
     })
-    .await
 }
 
 /// Answers a request with a router error, counted by reason.
@@ -516,7 +523,7 @@ async fn collect_json(mut body: DrivenBody, timer: Pin<&mut Sleep>) -> Result<Co
         }
         Ok(Collected::Whole(acc.finish()))
     };
-    within(timer, read).await.ok_or(CollectError::Timeout)?
+    within(timer, std::pin::pin!(read)).await.ok_or(CollectError::Timeout)?
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
