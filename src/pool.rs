@@ -91,7 +91,10 @@ impl ConnPool {
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
         stream.set_nodelay(true)?;
+        // Head and body copied into one buffer and written with one `write`: for MCP's small
+        // bodies cheaper than queueing both for `writev`.
         let (sender, driver) = http1::Builder::new()
+            .writev(false)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(io::Error::other)?;

@@ -113,7 +113,9 @@ impl Builders {
             .header_read_timeout(cfg.header_read_timeout)
             .max_headers(cfg.max_headers)
             .max_header_size(MAX_HEAD_BYTES)
-            .max_buf_size(MAX_HEAD_BYTES);
+            .max_buf_size(MAX_HEAD_BYTES)
+            // One buffer, one `write`: see `pool::ConnPool::connect`.
+            .writev(false);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
