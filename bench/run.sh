@@ -235,6 +235,15 @@ proc_ticks() {  # utime+stime (all threads) of a process and its direct children
   echo "$total"
 }
 
+proc_sleeps() {  # voluntary context switches (all threads) of a process and its direct children
+  local total=0 p n
+  for p in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
+    n=$(cat /proc/"$p"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }')
+    total=$((total + n))
+  done
+  echo "$total"
+}
+
 cpu_sample() {  # "total idle" jiffies summed over a cpu list, from /proc/stat
   local cpus
   cpus=$(expand_cpus "$1")
@@ -554,7 +563,7 @@ EOF
 # One row in one round. Every R_* array is keyed by "<peer>#<round>".
 # ---------------------------------------------------------------------------------------------
 declare -A R_STATUS R_ERR R_REQ R_DUR R_RPS R_P50 R_P99 R_MAX R_ERRS R_ERRJSON R_CPU R_CORE \
-  R_BCPU R_LCORE R_NEWC R_ACC R_SHARE R_PEND R_CONF R_MIS R_METRICS R_THREADS R_OTHER \
+  R_BCPU R_BSLEEP R_LCORE R_NEWC R_ACC R_SHARE R_PEND R_CONF R_MIS R_METRICS R_THREADS R_OTHER \
   R_SSE_PX_REQ R_SSE_PX_P50 R_SSE_PX_P99 R_SSE_PX_MAX R_SSE_DI_REQ R_SSE_DI_P50 R_SSE_DI_P99 \
   R_SSE_DI_MAX R_SSE_ADD50 R_SSE_ADD99
 
@@ -642,13 +651,14 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   log_off=$(stat -c %s "$BACKEND_LOG" 2>/dev/null || echo 0)
   c0=$(probe_conn "$t0") && is_uint "$c0" || { row_fail "$k" "backend probe failed"; return 1; }
 
-  local pt0=0 pt1=0 bt0 bt1 cs0 cs1 ls0 ls1 metrics=0
+  local pt0=0 pt1=0 bt0 bt1 bs0 bs1 cs0 cs1 ls0 ls1 metrics=0
   if [[ $peer == mrtr-* ]]; then  # router counters, when its /metrics answers (optional)
     curl -sf --max-time 2 "http://$HOST:$ROUTER_ADMIN_PORT/metrics" >"$dir/metrics.before" 2>/dev/null \
       && metrics=1
   fi
   [[ -n $PEER_PID ]] && pt0=$(proc_ticks "$PEER_PID")
   bt0=$(proc_ticks "$BACKEND_PID")
+  bs0=$(proc_sleeps "$BACKEND_PID")
   cs0=$(cpu_sample "$PROXY_CPUS_ROW")
   ls0=$(cpu_sample "$LOAD_CPUS")
   # Other processes' share of the machine: all busy time minus the proxy's, the backend's and
@@ -672,6 +682,7 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   as1=$(cpu_sample "$ALL_CPUS")
   [[ -n $PEER_PID ]] && { pt1=$(proc_ticks "$PEER_PID"); R_THREADS[$k]=$(proc_threads "$PEER_PID"); }
   bt1=$(proc_ticks "$BACKEND_PID")
+  bs1=$(proc_sleeps "$BACKEND_PID")
   cs1=$(cpu_sample "$PROXY_CPUS_ROW")
   ls1=$(cpu_sample "$LOAD_CPUS")
 
@@ -742,6 +753,8 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   fi
   R_BCPU[$k]=$( ((breq > 0)) && awk -v t=$((bt1 - bt0)) -v hz="$CLK_TCK" -v r="$breq" \
     'BEGIN { printf "%.2f", t * 1e6 / hz / r }' || echo null)
+  # How often the backend went to sleep (and had to be woken): per 1000 requests.
+  R_BSLEEP[$k]=$( ((breq > 0)) && awk -v n=$((bs1 - bs0)) -v r="$breq" 'BEGIN { printf "%.0f", n * 1000 / r }' || echo null)
   R_LCORE[$k]=$(busy_pct "$ls0" "$ls1")
   local wt=$(($(children_ticks "$dir/times.after") - $(children_ticks "$dir/times.before")))
   R_OTHER[$k]=$(other_busy_pct "$as0" "$as1" $((pt1 - pt0 + bt1 - bt0 + wt)))
@@ -903,7 +916,7 @@ agg() {  # agg <median|min|max|sum> <printf format> <values...>: over the numeri
     }'
 }
 
-declare -A A_STATUS A_ERR A_RPS A_P50 A_P99 A_MAX A_ERRS A_CPU A_CPUMIN A_CPUMAX A_CORE A_BCPU \
+declare -A A_STATUS A_ERR A_RPS A_P50 A_P99 A_MAX A_ERRS A_CPU A_CPUMIN A_CPUMAX A_CORE A_BCPU A_BSLEEP \
   A_LCORE A_NEWC A_THREADS A_OKR A_SSE A_OTHER
 for p in "${PEERS[@]}"; do
   okr=0 errs=()
@@ -931,6 +944,7 @@ for p in "${PEERS[@]}"; do
   A_CPUMAX[$p]=$(agg max %.2f $(vals R_CPU "$p"))
   A_CORE[$p]=$(agg median %.1f $(vals R_CORE "$p"))
   A_BCPU[$p]=$(agg median %.2f $(vals R_BCPU "$p"))
+  A_BSLEEP[$p]=$(agg median %d $(vals R_BSLEEP "$p"))
   A_LCORE[$p]=$(agg median %.1f $(vals R_LCORE "$p"))
   A_NEWC[$p]=$(agg max %d $(vals R_NEWC "$p"))
   A_THREADS[$p]=$(agg max %d $(vals R_THREADS "$p"))
@@ -947,9 +961,9 @@ done
 base_ok=0
 [[ ${A_STATUS[$BASELINE]:-} == ok ]] && base_ok=1
 overall=0
-fmt='%-15s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s  %s\n'
+fmt='%-15s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s %8s  %s\n'
 printf "\n$fmt" peer 'req/s' 'p50 ms' 'p99 ms' errors 'CPU us/r' 'CPU min-max' 'core%' 'new-up' \
-  'rps/hap' 'cpu/hap' status
+  'be-sleep' 'rps/hap' 'cpu/hap' status
 rows_json=()
 for p in "${PEERS[@]}"; do
   st=${A_STATUS[$p]}
@@ -964,7 +978,7 @@ for p in "${PEERS[@]}"; do
   printf "$fmt" "$p" \
     "$(show "${A_RPS[$p]}")" "$(show "${A_P50[$p]}")" "$(show "${A_P99[$p]}")" \
     "$(show "${A_ERRS[$p]}")" "$(show "${A_CPU[$p]}")" "$range" "$(show "${A_CORE[$p]}")" \
-    "$(show "${A_NEWC[$p]}")" "$(show "$rr")" "$(show "$cr")" \
+    "$(show "${A_NEWC[$p]}")" "$(show "${A_BSLEEP[$p]}")" "$(show "$rr")" "$(show "$cr")" \
     "$st${A_ERR[$p]:+: ${A_ERR[$p]}}"
 
   rounds_json=()
@@ -983,7 +997,7 @@ for p in "${PEERS[@]}"; do
 \"p50_ms\":$(nz "${R_P50[$k]:-}"),\"p99_ms\":$(nz "${R_P99[$k]:-}"),\"max_ms\":$(nz "${R_MAX[$k]:-}"),\
 \"errors_total\":$(nz "${R_ERRS[$k]:-}"),\"errors\":$(nz "${R_ERRJSON[$k]:-}"),\
 \"proxy_cpu_us_per_req\":$(nz "${R_CPU[$k]:-}"),\"proxy_core_busy_pct\":$(nz "${R_CORE[$k]:-}"),\
-\"backend_cpu_us_per_req\":$(nz "${R_BCPU[$k]:-}"),\"load_core_busy_pct\":$(nz "${R_LCORE[$k]:-}"),\
+\"backend_cpu_us_per_req\":$(nz "${R_BCPU[$k]:-}"),\"backend_sleeps_per_1k_req\":$(nz "${R_BSLEEP[$k]:-}"),\"load_core_busy_pct\":$(nz "${R_LCORE[$k]:-}"),\
 \"other_processes_busy_pct\":$(nz "${R_OTHER[$k]:-}"),\
 \"new_upstream_conns\":$(nz "${R_NEWC[$k]:-}"),\"backend_accepts\":$(nz "${R_ACC[$k]:-}"),\
 \"backend_requests\":$(nz "${R_SHARE[$k]:-}"),\"pending_calls\":$(nz "${R_PEND[$k]:-}"),\
@@ -997,7 +1011,7 @@ for p in "${PEERS[@]}"; do
 \"rounds_ok\":${A_OKR[$p]},\"rps\":${A_RPS[$p]},\"p50_ms\":${A_P50[$p]},\"p99_ms\":${A_P99[$p]},\"max_ms\":${A_MAX[$p]},\
 \"errors_total\":${A_ERRS[$p]},\"proxy_cpu_us_per_req\":${A_CPU[$p]},\
 \"proxy_cpu_us_per_req_min\":${A_CPUMIN[$p]},\"proxy_cpu_us_per_req_max\":${A_CPUMAX[$p]},\
-\"proxy_core_busy_pct\":${A_CORE[$p]},\"backend_cpu_us_per_req\":${A_BCPU[$p]},\
+\"proxy_core_busy_pct\":${A_CORE[$p]},\"backend_cpu_us_per_req\":${A_BCPU[$p]},\"backend_sleeps_per_1k_req\":${A_BSLEEP[$p]},\
 \"load_core_busy_pct\":${A_LCORE[$p]},\"other_processes_busy_pct_max\":${A_OTHER[$p]},\"new_upstream_conns\":${A_NEWC[$p]},\"proxy_threads\":${A_THREADS[$p]},\
 \"rps_vs_baseline\":$rr,\"cpu_vs_baseline\":$cr,\"sse_probe\":${A_SSE[$p]},\
 \"rounds\":[$rounds_joined]}")
@@ -1006,6 +1020,7 @@ echo
 echo "Each number is the median over $ROUNDS round(s); the rounds ran interleaved (every row once per round)."
 echo "req/s, p50/p99: wrk (1 thread, $CONNS conns, ${DURATION}s after ${WARMUP}s warm-up). CPU us/r: proxy utime+stime per request; CPU min-max over the rounds."
 echo "core%: busy share of the proxy's core. new-up: upstream connections opened during the run that carried requests (max over rounds)."
+echo "be-sleep: times the backend nginx went to sleep per 1000 requests (each one a wake-up the proxy paid for in its send): fewer means the proxy sends in bursts."
 echo "errors: sum over the rounds. rps/hap, cpu/hap: ratio of the medians to $BASELINE. direct has no proxy: its new-up are wrk's own connections."
 
 noisy=()
