@@ -54,7 +54,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
 
     // Phase 1: read the body of a POST (bounded in size and time) to find its keys.
     let (bytes, stream) = if parts.method == Method::POST {
-        match read_body(body, &parts.headers, &snap).await {
+        match read_body(body, &snap).await {
             Ok(bytes) => (bytes, None),
             Err(e) => return router_error(&shared, e, None),
         }
@@ -449,8 +449,8 @@ impl BodyBuf {
 }
 
 /// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
-async fn read_body(mut body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
-    let result = read_limited(&mut body, headers, snap).await;
+async fn read_body(mut body: Incoming, snap: &Snapshot) -> Result<Bytes, RouterError> {
+    let result = read_limited(&mut body, snap).await;
     if let Err(RouterError::BodyTooLarge { .. }) = result {
         // A lingering close: read and drop what the client is still sending (bounded), so
         // that it reads the 413 instead of a connection reset.
@@ -472,13 +472,10 @@ async fn read_body(mut body: Incoming, headers: &HeaderMap, snap: &Snapshot) -> 
 const LINGER_BYTES: usize = 16 * 1024 * 1024;
 const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
-async fn read_limited(body: &mut Incoming, headers: &HeaderMap, snap: &Snapshot) -> Result<Bytes, RouterError> {
+async fn read_limited(body: &mut Incoming, snap: &Snapshot) -> Result<Bytes, RouterError> {
     let limit = snap.config.server.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+    // hyper has parsed `Content-Length` already: a declared length is the body's exact size.
+    if body.size_hint().exact().is_some_and(|n| n > limit as u64) {
         return Err(RouterError::BodyTooLarge { limit });
     }
     let mut acc = BodyBuf::default();

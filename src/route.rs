@@ -34,28 +34,36 @@ pub struct RequestKeys<'a> {
     pub session_id: Option<&'a str>,
 }
 
-fn header_str(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Option<&str> {
-    headers
-        .get(name)
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .filter(|s| !s.is_empty())
+/// A header's first value as text, if it has one.
+fn header_text(v: &http::HeaderValue) -> Option<&str> {
+    std::str::from_utf8(v.as_bytes()).ok().filter(|s| !s.is_empty())
 }
 
 impl<'a> RequestKeys<'a> {
     pub fn new(headers: &'a HeaderMap, routing_header: &http::HeaderName, envelope: RequestEnvelope<'a>) -> Self {
         let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
-        let task_id = match is_task_method.then(|| header_str(headers, NAME_HEADER)).flatten() {
-            Some(name) => Some(Cow::Borrowed(name)),
-            None => envelope.task_id,
-        };
+        // One pass over the headers (a handful) instead of a hashed lookup per name; the first
+        // value of each counts, as with `HeaderMap::get`.
+        let (mut header_key, mut session_id, mut name) = (None, None, None);
+        for (n, v) in headers {
+            if n == routing_header {
+                header_key.get_or_insert(v);
+            }
+            if n == SESSION_HEADER {
+                session_id.get_or_insert(v);
+            }
+            if is_task_method && n == NAME_HEADER {
+                name.get_or_insert(v);
+            }
+        }
         RequestKeys {
             method: envelope.method,
             id: envelope.id,
-            header_key: header_str(headers, routing_header),
+            header_key: header_key.and_then(header_text),
             message_id: envelope.message_id,
             request_state: envelope.request_state,
-            task_id,
-            session_id: header_str(headers, SESSION_HEADER),
+            task_id: name.and_then(header_text).map(Cow::Borrowed).or(envelope.task_id),
+            session_id: session_id.and_then(header_text),
         }
     }
 
@@ -313,5 +321,24 @@ mod tests {
             keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(),
             ["k-1", "k-2"]
         );
+    }
+
+    #[test]
+    fn headers_are_read_by_their_first_value_and_mcp_name_only_on_tasks() {
+        let routing = http::HeaderName::from_static("mcp-routing-id");
+        let mut headers = HeaderMap::new();
+        headers.append(SESSION_HEADER, http::HeaderValue::from_static("s-1"));
+        headers.append(SESSION_HEADER, http::HeaderValue::from_static("s-2"));
+        headers.append(NAME_HEADER, http::HeaderValue::from_static("t-header"));
+        headers.append(routing.clone(), http::HeaderValue::from_static(""));
+        let keys_of = |body: &'static [u8]| {
+            let env = crate::dialect::parse_request(body, "messageId").unwrap();
+            let k = RequestKeys::new(&headers, &routing, env);
+            (k.session_id, k.header_key, k.task_id.map(|t| t.into_owned()))
+        };
+        let call = keys_of(br#"{"id":1,"method":"tools/call","params":{"taskId":"t-body"}}"#);
+        assert_eq!(call, (Some("s-1"), None, Some("t-body".to_string())));
+        let task = keys_of(br#"{"id":1,"method":"tasks/get","params":{"taskId":"t-body"}}"#);
+        assert_eq!(task, (Some("s-1"), None, Some("t-header".to_string())));
     }
 }
