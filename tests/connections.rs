@@ -90,10 +90,6 @@ async fn silent_and_stalled_connections_are_closed_after_the_header_read_timeout
     read_to_close(&mut stalled, Duration::from_secs(10))
         .await
         .expect("a stalled head is closed");
-    let reached: u64 = fleet
-        .workers
-        .iter()
-        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
-        .sum();
+    let reached = fleet.total_requests();
     assert_eq!(reached, 0, "neither reached a backend");
 }

@@ -36,11 +36,7 @@ async fn body_not_json_is_a_parse_error() {
         metric(&m, "mrtr_router_errors_total{reason=\"parse_error\"}"),
         Some(4.0)
     );
-    let served: u64 = fleet
-        .workers
-        .iter()
-        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
-        .sum();
+    let served = fleet.total_requests();
     assert_eq!(served, 0, "nothing unparseable is forwarded");
 }
 
@@ -170,11 +166,7 @@ async fn too_many_or_too_large_headers_are_431_before_any_body_is_read() {
     let huge = "x".repeat(80 * 1024);
     let a = send(&fleet.client, Method::POST, &fleet.url(), &[("x-big", &huge)], body).await;
     assert_eq!(a.status, 431);
-    let served: u64 = fleet
-        .workers
-        .iter()
-        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
-        .sum();
+    let served = fleet.total_requests();
     assert_eq!(served, 0);
 }
 

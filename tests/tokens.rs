@@ -142,11 +142,7 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
             "unknown_backend",
         ),
     ];
-    let served_before: u64 = fleet
-        .workers
-        .iter()
-        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
-        .sum();
+    let served_before = fleet.total_requests();
     for (what, token, reason) in &cases {
         let a = fleet.post(&[("mcp-routing-id", token)], &confirm("bad-1", 2)).await;
         assert_eq!(a.status, 400, "{what}");
@@ -174,11 +170,7 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
         fleet.post(&[], &body).await.router_error(),
         Some("invalid_routing_token")
     );
-    let served_after: u64 = fleet
-        .workers
-        .iter()
-        .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
-        .sum();
+    let served_after = fleet.total_requests();
     assert_eq!(served_before, served_after, "no refused request reached a backend");
     // The good token still works.
     let ok = fleet.post(&[("mcp-routing-id", &good)], &confirm("bad-1", 2)).await;

@@ -227,27 +227,19 @@ impl<'a> Scanner<'a> {
             // A value starts here.
             match self.peek().ok_or(Invalid)? {
                 b'"' => self.skip_string().map(drop)?,
-                b'{' => {
+                opening @ (b'{' | b'[') => {
+                    let object = opening == b'{';
                     self.i += 1;
                     self.ws();
-                    match self.peek() {
-                        Some(b'}') => self.i += 1,
-                        _ => {
-                            open.push(true);
+                    let closing = if object { b'}' } else { b']' };
+                    if self.peek() == Some(closing) {
+                        self.i += 1;
+                    } else {
+                        open.push(object);
+                        if object {
                             self.member_key()?;
-                            continue;
                         }
-                    }
-                }
-                b'[' => {
-                    self.i += 1;
-                    self.ws();
-                    match self.peek() {
-                        Some(b']') => self.i += 1,
-                        _ => {
-                            open.push(false);
-                            continue;
-                        }
+                        continue;
                     }
                 }
                 b't' => self.literal(b"true")?,

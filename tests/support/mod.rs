@@ -161,6 +161,14 @@ impl Fleet {
             .sum()
     }
 
+    /// Requests that reached any worker.
+    pub fn total_requests(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.state.requests.load(std::sync::atomic::Ordering::SeqCst))
+            .sum()
+    }
+
     pub fn total_executions(&self) -> u64 {
         self.workers
             .iter()
