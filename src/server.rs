@@ -47,7 +47,7 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         let service = service_fn(move |req| {
             let shared = shared.clone();
             let peer_ip = peer_ip.clone();
-            // Boxed: the request's future is large (~4 KiB), and hyper would move it by value.
+            // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
             let answer = Box::pin(proxy::handle(shared, req, peer_ip, false));
             async move { Ok::<_, Infallible>(answer.await) }
         });
