@@ -551,20 +551,18 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     // Headers named in `Connection` are hop-by-hop too. Usually it says only `keep-alive` or
-    // `close`, which names none.
-    if present[0] {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter(|v| !is_plain_connection_value(v.as_bytes()))
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|n| !is_plain_connection_value(n.as_bytes()))
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-            .collect();
-        for name in &named {
-            headers.remove(name);
+    // `close`, which names none. One lookup takes `Connection` out with all its values.
+    if std::mem::take(&mut present[0]) {
+        if let header::Entry::Occupied(e) = headers.entry(header::CONNECTION) {
+            let named: Vec<HeaderName> = e
+                .remove_entry_mult()
+                .1
+                .filter(|v| !is_plain_connection_value(v.as_bytes()))
+                .flat_map(|v| names_in_connection_value(&v))
+                .collect();
+            for name in &named {
+                headers.remove(name);
+            }
         }
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
@@ -583,6 +581,17 @@ fn set_content_length(headers: &mut HeaderMap, len: usize) {
     if !says_len {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
+}
+
+/// The header names a `Connection` value lists (besides `keep-alive` and `close`).
+fn names_in_connection_value(v: &HeaderValue) -> Vec<HeaderName> {
+    v.to_str()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !is_plain_connection_value(n.as_bytes()))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect()
 }
 
 /// `keep-alive` and `close`: the `Connection` values that name no header.
@@ -624,11 +633,18 @@ fn build_upstream_request(
     if let Some(host) = host {
         headers.insert(X_FORWARDED_HOST, host);
     }
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", peer.to_str().unwrap_or("unknown"))).ok(),
-        None => None,
-    };
-    headers.insert(X_FORWARDED_FOR, xff.unwrap_or_else(|| peer.clone()));
+    // One lookup: the entry both reads a client's list and replaces it.
+    match headers.entry(X_FORWARDED_FOR) {
+        header::Entry::Occupied(mut e) => {
+            let joined = e.get().to_str().ok().and_then(|prev| {
+                HeaderValue::from_str(&format!("{prev}, {}", peer.to_str().unwrap_or("unknown"))).ok()
+            });
+            e.insert(joined.unwrap_or_else(|| peer.clone()));
+        }
+        header::Entry::Vacant(e) => {
+            e.insert(peer.clone());
+        }
+    }
     headers.insert(
         X_FORWARDED_PROTO,
         HeaderValue::from_static(if tls { "https" } else { "http" }),

@@ -127,6 +127,24 @@ async fn mcp_headers_pass_verbatim_once_and_hop_by_hop_ones_do_not() {
         "{got:?}"
     );
     assert_eq!(all("x-forwarded-for"), ["10.0.0.9, 127.0.0.1"]);
+    // Without a list from the client, the router starts one.
+    let plain = send(
+        &fleet.client,
+        Method::POST,
+        &url,
+        &[],
+        Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}"),
+    )
+    .await
+    .json();
+    let forwarded: Vec<&str> = plain["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0] == "x-forwarded-for")
+        .map(|h| h[1].as_str().unwrap())
+        .collect();
+    assert_eq!(forwarded, ["127.0.0.1"]);
     assert_eq!(all("x-forwarded-proto"), ["http"]);
     assert_eq!(all("host"), [fleet.workers[0].addr.to_string().as_str()]);
     assert_eq!(v["path"], "/echo", "path forwarded as received");
