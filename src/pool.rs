@@ -7,7 +7,7 @@
 //! task of its own and talks to it through channels. Here the request that holds a connection
 //! polls its state machine itself ([`PooledConn::send`] for the answer's head, [`DrivenBody`]
 //! for its body). An idle connection in the pool is polled by nobody; it is checked (one poll,
-//! nobody to wake) when it is taken out and when it is put back.
+//! nobody to wake) when it is put back, and when it is taken out after a while idle.
 
 use std::future::{poll_fn, Future};
 use std::io;
@@ -29,6 +29,11 @@ use crate::config::defaults;
 use crate::upstream::UpstreamBody;
 
 type Driver = Pin<Box<http1::Connection<TokioIo<TcpStream>, UpstreamBody>>>;
+
+/// How long a connection may have been idle and still be taken without a check: a backend that
+/// closes keep-alive connections does so after seconds, not within the moment between two
+/// requests; the check costs a poll of the connection's state machine (~700 instructions).
+const CHECK_AFTER_IDLE: Duration = Duration::from_millis(250);
 
 /// One HTTP/1.1 connection to a backend.
 struct Conn {
@@ -72,11 +77,14 @@ impl ConnPool {
         })
     }
 
-    /// An idle connection that is still open, if there is one.
+    /// An idle connection that is still open, if there is one. One idle for a while is checked
+    /// first (the backend may have closed it); a recently released one is not: the request's
+    /// first poll of the connection (in [`PooledConn::send`]) takes in a close all the same, and
+    /// hands back the request unsent, to go on a new connection.
     pub fn checkout(self: &Arc<Self>) -> Option<PooledConn> {
         loop {
-            let (mut conn, _) = self.idle.lock().pop()?;
-            if conn.settle() {
+            let (mut conn, since) = self.idle.lock().pop()?;
+            if since.elapsed() < CHECK_AFTER_IDLE || conn.settle() {
                 return Some(self.hold(conn, true));
             }
         }

@@ -150,6 +150,13 @@ async fn backend_closing_idle_connections_costs_no_request() {
             closed.load(Ordering::SeqCst) == i as u64 + 1
         })
         .await;
+        if i >= N / 2 {
+            // Not a synchronisation: the second half lets the closed connection sit idle past
+            // the router's check-on-take threshold (250 ms), so both ways of noticing the
+            // close are exercised: the first request's poll (short idle) and the check when
+            // the connection is taken (long idle).
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
     let m = fleet.metrics().await;
     assert_eq!(opened(&m, "closer"), N as f64, "each request needed a new connection");
