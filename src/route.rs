@@ -85,15 +85,7 @@ impl<'a> RequestKeys<'a> {
             self.task_id.as_deref().map(|s| (PinKind::Task, s)),
             self.session_id.map(|s| (PinKind::Session, s)),
         ];
-        // The same string in both is one key, looked up once.
-        let header = self.call_header();
-        let client = [
-            header.map(|s| (PinKind::Client, s)),
-            self.message_id
-                .as_deref()
-                .filter(|m| Some(*m) != header)
-                .map(|s| (PinKind::Client, s)),
-        ];
+        let client = self.client_handles().map(|h| h.map(|s| (PinKind::Client, s)));
         learned
             .into_iter()
             .chain(client)
@@ -103,12 +95,16 @@ impl<'a> RequestKeys<'a> {
 
     /// Client pin keys a `pending` answer is recorded under (routing id and messageId).
     pub fn client_pin_keys(&self) -> impl Iterator<Item = PinKey> + '_ {
-        let header = self.call_header();
-        let mid = self.message_id.as_deref().filter(|m| Some(*m) != header);
-        header
+        self.client_handles()
             .into_iter()
-            .chain(mid)
+            .flatten()
             .map(|s| PinKey::new(PinKind::Client, s.as_bytes()))
+    }
+
+    /// The call's routing header and its body key; the same string in both is one handle.
+    fn client_handles(&self) -> [Option<&str>; 2] {
+        let header = self.call_header();
+        [header, self.message_id.as_deref().filter(|m| Some(*m) != header)]
     }
 
     /// Whether this request may start a call that needs a pin (refused when the table is full).
