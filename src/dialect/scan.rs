@@ -229,12 +229,7 @@ impl<'a> Scanner<'a> {
                 b'"' => self.skip_string().map(drop)?,
                 opening @ (b'{' | b'[') => {
                     let object = opening == b'{';
-                    self.i += 1;
-                    self.ws();
-                    let closing = if object { b'}' } else { b']' };
-                    if self.peek() == Some(closing) {
-                        self.i += 1;
-                    } else {
+                    if !self.enter(object)? {
                         open.push(object);
                         if object {
                             self.member_key()?;
@@ -307,10 +302,7 @@ impl<'a> Scanner<'a> {
 
     /// Walks an object; `member` gets each key and must consume its value.
     fn object(&mut self, mut member: impl FnMut(&mut Self, RawStr<'a>) -> Scan<()>) -> Scan<()> {
-        self.eat(b'{')?;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
+        if self.enter(true)? {
             return Ok(());
         }
         loop {
@@ -327,10 +319,7 @@ impl<'a> Scanner<'a> {
 
     /// Walks an array; `element` must consume each element.
     fn array(&mut self, mut element: impl FnMut(&mut Self) -> Scan<()>) -> Scan<()> {
-        self.eat(b'[')?;
-        self.ws();
-        if self.peek() == Some(b']') {
-            self.i += 1;
+        if self.enter(false)? {
             return Ok(());
         }
         loop {
@@ -339,6 +328,19 @@ impl<'a> Scanner<'a> {
                 return Ok(());
             }
         }
+    }
+
+    /// Steps into an object or array at its opening bracket; `true` if it is empty (and so
+    /// already left).
+    fn enter(&mut self, object: bool) -> Scan<bool> {
+        let (opening, closing) = if object { (b'{', b'}') } else { (b'[', b']') };
+        self.eat(opening)?;
+        self.ws();
+        let empty = self.peek() == Some(closing);
+        if empty {
+            self.i += 1;
+        }
+        Ok(empty)
     }
 
     /// After a member or element: `true` at the container's end, `false` after a comma.
