@@ -224,7 +224,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
 /// burst, not once per request. Waking an idle peer costs the writer a cross-CPU interrupt, and
 /// the peer a sleep and a wake-up; without this, nginx behind the router slept ~440 times per
 /// 1000 requests (~80 behind HAProxy, which batches its sends the same way) and the router
-/// spent ~5 µs per request in those wake-ups (`bench/README.md`). The cost is one more poll of
+/// spent ~5 µs per request in those wake-ups (BENCHMARKS.md, be-sleep in `bench/README.md`). The cost is one more poll of
 /// the request's task.
 async fn join_the_write_burst() {
     // Deferred, not rewoken at once: the scheduler runs every other ready task and polls the
@@ -557,7 +557,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
             let named: Vec<HeaderName> = e
                 .remove_entry_mult()
                 .1
-                .filter(|v| !is_plain_connection_value(v.as_bytes()))
                 .flat_map(|v| names_in_connection_value(&v))
                 .collect();
             for name in &named {
@@ -583,8 +582,12 @@ fn set_content_length(headers: &mut HeaderMap, len: usize) {
     }
 }
 
-/// The header names a `Connection` value lists (besides `keep-alive` and `close`).
+/// The header names a `Connection` value lists (besides `keep-alive` and `close`). The usual
+/// value is just one of those two, which names none and is not split.
 fn names_in_connection_value(v: &HeaderValue) -> Vec<HeaderName> {
+    if is_plain_connection_value(v.as_bytes()) {
+        return Vec::new();
+    }
     v.to_str()
         .unwrap_or("")
         .split(',')
