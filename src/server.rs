@@ -128,7 +128,8 @@ impl Builders {
             .timer(TokioTimer::new())
             .header_read_timeout(cfg.header_read_timeout)
             .max_headers(cfg.max_headers)
-            .max_buf_size(MAX_HEAD_BYTES);
+            .max_buf_size(MAX_HEAD_BYTES)
+            .writev(false);
         auto.http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(1024)
