@@ -132,7 +132,7 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Largest request body the router reads to find a key; larger is 413.
     pub max_body_bytes: usize,
-    /// Time a client has to send its request headers (HTTP/1).
+    /// Time a client has to send its request headers (HTTP/1): kept by `server::head_timeout`.
     pub header_read_timeout: Duration,
     /// Time a client has to send the whole request body once headers are in.
     pub body_read_timeout: Duration,

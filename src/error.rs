@@ -15,6 +15,8 @@ pub enum RouterError {
     BodyTooLarge { limit: usize },
     #[error("request body was not received within body_read_timeout")]
     BodyTimeout,
+    #[error("request headers were not received within header_read_timeout")]
+    HeaderTimeout,
     #[error("invalid routing token: {reason}")]
     InvalidToken { reason: &'static str },
     #[error("call {key:?} exceeded max_rounds ({max})")]
@@ -45,6 +47,7 @@ impl RouterError {
             Parse => (StatusCode::BAD_REQUEST, -32700, "parse_error"),
             BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, -32600, "body_too_large"),
             BodyTimeout => (StatusCode::REQUEST_TIMEOUT, -32600, "body_timeout"),
+            HeaderTimeout => (StatusCode::REQUEST_TIMEOUT, -32600, "header_timeout"),
             InvalidToken { .. } => (StatusCode::BAD_REQUEST, -32600, "invalid_routing_token"),
             TooManyRounds { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "too_many_rounds"),
             PinCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "pin_capacity"),

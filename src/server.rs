@@ -1,18 +1,23 @@
 //! Listeners: accepting connections (HTTP/1.1 and h2c), the admin endpoints, background
 //! upkeep, and graceful shutdown.
 
+mod head_timeout;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Waker;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
+use tokio::io::Interest;
 use tokio::net::TcpListener;
 
 use crate::state::Shared;
@@ -44,29 +49,34 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let peer_ip = http::HeaderValue::from_str(&peer.ip().to_string()).expect("an IP is a valid header value");
-        let service = service_fn(move |req| {
-            let shared = shared.clone();
-            let peer_ip = peer_ip.clone();
-            // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
-            let answer = Box::pin(proxy::handle(shared, req, peer_ip, false));
-            async move { Ok::<_, Infallible>(answer.await) }
-        });
+        let activity = Arc::new(head_timeout::Activity::default());
+        let service = {
+            let (shared, activity) = (shared.clone(), activity.clone());
+            service_fn(move |req| {
+                let done = activity.start();
+                // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
+                let answer = Box::pin(proxy::handle(shared.clone(), req, peer_ip.clone(), false));
+                async move { Ok::<_, Infallible>(answer.await.map(|body| head_timeout::Tracked::new(body, done))) }
+            })
+        };
         let (builders, drain) = (builders.clone(), drain.clone());
         conns.spawn(async move {
-            let served: Result<(), BoxError> = match sniff(&stream, builders.first_bytes_timeout).await {
+            let served: Result<(), hyper::Error> = match sniff(&stream, builders.header_read_timeout).await {
                 Some(Protocol::Http1) => {
                     let conn = builders.http1.serve_connection(TokioIo::new(stream), service);
-                    drain.watch(conn).await.map_err(Into::into)
+                    let mut watch = drain.register();
+                    let each_poll = |cx: &mut Context<'_>, conn: Pin<&mut _>| watch.poll(cx, conn);
+                    match head_timeout::serve(conn, &activity, builders.header_read_timeout, each_poll).await {
+                        head_timeout::Served::Ended(r) => r,
+                        head_timeout::Served::TimedOut(conn) => {
+                            let parts = conn.into_parts();
+                            head_timeout::answer(&shared, parts.io, parts.read_buf).await;
+                            Ok(())
+                        }
+                    }
                 }
                 Some(Protocol::Http2) => {
                     let conn = builders.http2.serve_connection(TokioIo::new(stream), service);
-                    drain.watch(conn).await.map_err(Into::into)
-                }
-                Some(Protocol::TooFewBytes) => {
-                    let conn = builders
-                        .auto
-                        .serve_connection(TokioIo::new(stream), service)
-                        .into_owned();
                     drain.watch(conn).await
                 }
                 None => Ok(()),
@@ -88,29 +98,24 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     while conns.join_next().await.is_some() {}
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// The HTTP/2 connection preface (RFC 9113 §3.4), with which an h2c client opens.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The proxy's connection builders, configured once. A connection goes to hyper's HTTP/1 or
 /// HTTP/2 server directly once its first bytes (peeked, not read) tell which it speaks, so no
-/// replay buffer sits under every later read; hyper-util's auto-detection only takes the rare
-/// connection whose first segment is too short to tell.
+/// replay buffer sits under every later read.
 struct Builders {
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
-    auto: auto::Builder<TokioExecutor>,
-    /// How long a new connection may stay silent (the header read timeout).
-    first_bytes_timeout: Duration,
+    /// How long a new connection may stay silent, and an HTTP/1 request head may take
+    /// ([`head_timeout`] keeps it; hyper's own would cost a timer per request).
+    header_read_timeout: Duration,
 }
 
 impl Builders {
     fn new(cfg: &crate::config::ServerConfig) -> Builders {
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1
-            .timer(TokioTimer::new())
-            .header_read_timeout(cfg.header_read_timeout)
             .max_headers(cfg.max_headers)
             .max_header_size(MAX_HEAD_BYTES)
             .max_buf_size(MAX_HEAD_BYTES)
@@ -121,24 +126,10 @@ impl Builders {
             .timer(TokioTimer::new())
             .max_concurrent_streams(1024)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
-        // hyper-util's HTTP/1 builder has no `max_header_size`: on this rare path the head
-        // limit is hyper's buffer check alone, which a large last read can overshoot.
-        let mut auto = auto::Builder::new(TokioExecutor::new());
-        auto.http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(cfg.header_read_timeout)
-            .max_headers(cfg.max_headers)
-            .max_buf_size(MAX_HEAD_BYTES)
-            .writev(false);
-        auto.http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(1024)
-            .max_header_list_size(MAX_HEAD_BYTES as u32);
         Builders {
             http1,
             http2,
-            auto,
-            first_bytes_timeout: cfg.header_read_timeout,
+            header_read_timeout: cfg.header_read_timeout,
         }
     }
 }
@@ -149,23 +140,32 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 enum Protocol {
     Http1,
     Http2,
-    /// The bytes so far begin the HTTP/2 preface but do not complete it.
-    TooFewBytes,
 }
 
 /// Which protocol a new connection speaks, from its first bytes. `None`: it closed, failed,
-/// or sent nothing within `timeout`.
+/// or did not send enough to tell within `timeout`.
 async fn sniff(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<Protocol> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut first = [0u8; H2_PREFACE.len()];
-    let n = match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
-        Ok(Ok(n)) if n > 0 => n,
-        _ => return None,
-    };
-    Some(match &first[..n] {
-        seen if seen == H2_PREFACE => Protocol::Http2,
-        seen if H2_PREFACE.starts_with(seen) => Protocol::TooFewBytes,
-        _ => Protocol::Http1,
-    })
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return None,
+        };
+        match &first[..n] {
+            seen if seen == H2_PREFACE => return Some(Protocol::Http2),
+            seen if !H2_PREFACE.starts_with(seen) => return Some(Protocol::Http1),
+            // A first segment that begins the preface but is too short to tell ("P" could also
+            // begin a POST): wait for more. A peek leaves the socket readable, so that
+            // readiness is cleared first; bytes that arrive after it set it again.
+            _ => {
+                let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+                if tokio::time::timeout_at(deadline, stream.readable()).await.is_err() {
+                    return None;
+                }
+            }
+        }
+    }
 }
 
 /// Graceful shutdown of the proxy's connections: once it starts, each connection finishes the
@@ -189,26 +189,22 @@ impl Drain {
         }
     }
 
+    /// A connection's watch on the drain, to be [`Watch::poll`]ed before each poll of it.
+    fn register(&self) -> Watch<'_> {
+        Watch {
+            drain: self,
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            waker: None,
+            draining: false,
+        }
+    }
+
     /// Serves `conn` until it ends, shutting it down gracefully once the drain starts.
-    async fn watch<C: GracefulConnection>(self: Arc<Self>, conn: C) -> C::Output {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let registration = Registration { drain: &self, id };
+    async fn watch<C: GracefulConnection>(&self, conn: C) -> C::Output {
+        let mut watch = self.register();
         let mut conn = std::pin::pin!(conn);
-        let mut waker: Option<Waker> = None;
-        let mut draining = false;
-        std::future::poll_fn(|cx| {
-            if !draining {
-                // Registered before the flag is read: a drain that starts in between still
-                // finds this task (it sets the flag before it wakes the tasks).
-                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    registration.drain.tasks.lock().insert(id, cx.waker().clone());
-                    waker = Some(cx.waker().clone());
-                }
-                if registration.drain.started.load(Ordering::SeqCst) {
-                    conn.as_mut().graceful_shutdown();
-                    draining = true;
-                }
-            }
+        poll_fn(|cx| {
+            watch.poll(cx, conn.as_mut());
             conn.as_mut().poll(cx)
         })
         .await
@@ -216,14 +212,38 @@ impl Drain {
 }
 
 /// A connection's place in [`Drain::tasks`], given up when the connection ends or is dropped.
-struct Registration<'a> {
+struct Watch<'a> {
     drain: &'a Drain,
     id: u64,
+    /// The waker registered in `drain.tasks`, if any.
+    waker: Option<Waker>,
+    draining: bool,
 }
 
-impl Drop for Registration<'_> {
+impl Watch<'_> {
+    /// Shuts `conn` down gracefully if the drain has started.
+    fn poll<C: GracefulConnection>(&mut self, cx: &mut Context<'_>, conn: Pin<&mut C>) {
+        if self.draining {
+            return;
+        }
+        // Registered before the flag is read: a drain that starts in between still finds this
+        // task (it sets the flag before it wakes the tasks).
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.drain.tasks.lock().insert(self.id, cx.waker().clone());
+            self.waker = Some(cx.waker().clone());
+        }
+        if self.drain.started.load(Ordering::SeqCst) {
+            conn.graceful_shutdown();
+            self.draining = true;
+        }
+    }
+}
+
+impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        self.drain.tasks.lock().remove(&self.id);
+        if self.waker.is_some() {
+            self.drain.tasks.lock().remove(&self.id);
+        }
     }
 }
 

@@ -34,6 +34,21 @@ async fn read_to_close(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
     }
 }
 
+/// Reads one answer with a JSON-RPC result (the connection stays open).
+async fn read_answer(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"result\"") {
+        let n = tokio::time::timeout(REQUEST_DEADLINE, s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 #[tokio::test]
 async fn requests_are_served_whatever_their_first_segment_holds() {
     let fleet = Fleet::start(1, "").await;
@@ -53,23 +68,13 @@ async fn requests_are_served_whatever_their_first_segment_holds() {
                 s.write_all(&request.as_bytes()[at..]).await.unwrap();
             }
         }
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&got).contains("\"result\"") {
-            let n = tokio::time::timeout(REQUEST_DEADLINE, s.read(&mut buf))
-                .await
-                .expect("an answer")
-                .unwrap();
-            assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&got));
-            got.extend_from_slice(&buf[..n]);
-        }
-        let text = String::from_utf8_lossy(&got);
+        let text = read_answer(&mut s).await;
         assert!(text.starts_with("HTTP/1.1 200"), "split {split:?}: {text}");
     }
 }
 
 #[tokio::test]
-async fn silent_and_stalled_connections_are_closed_after_the_header_read_timeout() {
+async fn a_silent_connection_is_closed_and_a_stalled_head_gets_408_after_the_header_read_timeout() {
     let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"400ms\"").await;
 
     let started = Instant::now();
@@ -85,11 +90,102 @@ async fn silent_and_stalled_connections_are_closed_after_the_header_read_timeout
     );
 
     // Part of a head, then nothing.
+    let started = Instant::now();
     let mut stalled = TcpStream::connect(fleet.router).await.unwrap();
     stalled.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\n").await.unwrap();
-    read_to_close(&mut stalled, Duration::from_secs(10))
+    let got = read_to_close(&mut stalled, Duration::from_secs(10))
         .await
         .expect("a stalled head is closed");
-    let reached = fleet.total_requests();
-    assert_eq!(reached, 0, "neither reached a backend");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_header_timeout(&got);
+    assert_eq!(fleet.total_requests(), 0, "neither reached a backend");
+    let metrics = fleet.metrics().await;
+    assert_eq!(
+        metric(&metrics, r#"mrtr_router_errors_total{reason="header_timeout"}"#),
+        Some(1.0),
+        "only the stalled head counts"
+    );
+}
+
+/// The answer to a head that came too slowly: 408 `header_timeout` (DESIGN §6), then close.
+fn assert_header_timeout(got: &[u8]) {
+    let text = String::from_utf8_lossy(got);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("a whole answer: {text:?}"));
+    assert!(head.starts_with("HTTP/1.1 408 "), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nmcp-router-error: header_timeout"),
+        "{head}"
+    );
+    let v: serde_json::Value = serde_json::from_str(body).expect("a JSON-RPC error body");
+    assert_eq!(v["error"]["code"], -32600);
+}
+
+#[tokio::test]
+async fn a_head_trickled_a_byte_at_a_time_still_times_out() {
+    // The timeout bounds the whole head, not the gap between its bytes.
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"400ms\"").await;
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let started = Instant::now();
+    let head = b"POST /mcp HTTP/1.1\r\nHost: x\r\nX-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // One byte every 50 ms (the pace of a slow client, not a synchronisation) until the router
+    // closes; the head has bytes enough for 4.5 s.
+    for byte in head {
+        match s.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        if s.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A write after the router closed may draw a reset, which can drop the 408 unread: the
+    // answer is checked when it arrived, and the close always.
+    if let Some(rest) = read_to_close(&mut s, Duration::from_millis(100)).await {
+        got.extend_from_slice(&rest);
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(400), "closed after {took:?}");
+    assert!(took < Duration::from_millis(2500), "still open after {took:?}");
+    if !got.is_empty() {
+        assert_header_timeout(&got);
+    }
+    assert_eq!(fleet.total_requests(), 0);
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_without_an_answer_and_a_slow_answer_is_not_cut() {
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"300ms\"").await;
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    // An answer that takes four header read timeouts: the connection waits for it, not for a head.
+    let slow = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":1200}}}"#;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{slow}",
+        slow.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+    // Then idle: closed with no bytes at all.
+    let idle_from = Instant::now();
+    let rest = read_to_close(&mut s, Duration::from_secs(10))
+        .await
+        .expect("the idle connection is closed");
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    assert!(
+        idle_from.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        idle_from.elapsed()
+    );
 }

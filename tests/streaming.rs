@@ -50,6 +50,21 @@ async fn sse_first_event_arrives_before_the_backend_finishes() {
 }
 
 #[tokio::test]
+async fn an_sse_stream_outlives_the_header_read_timeout() {
+    // The header read timeout is for a head the client has not sent; an answer still being
+    // written keeps its connection however long it takes.
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"200ms\"").await;
+    let resp = open(&fleet, &stream_call(None, json!({"events": 2, "gated": true}))).await;
+    let mut body = resp.into_body();
+    read_until(&mut body, ": ping").await;
+    // The subject of the test is time passing: five header read timeouts mid-stream.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    fleet.workers[0].state.release();
+    let rest = read_until(&mut body, "\"result\"").await;
+    assert!(rest.contains("\"progress\":2"), "{rest}");
+}
+
+#[tokio::test]
 async fn sse_pending_answer_is_pinned_before_the_client_reads_it() {
     let fleet = Fleet::start(3, "").await;
     for i in 0..20 {
