@@ -237,26 +237,28 @@ async fn a_json_answer_whose_body_stalls_is_504() {
     assert_router_error(&a, 504, -32004, "upstream_timeout", json!(8));
 }
 
-#[tokio::test]
-async fn a_connect_that_hangs_is_504_at_upstream_timeout() {
-    // A listener whose accept queue is full drops new SYNs: a connect to it hangs.
+/// A listener whose accept queue is full, so that the kernel drops new SYNs and a connect to
+/// it hangs; with the connections that fill it, to keep until the test ends.
+async fn listener_that_never_accepts() -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = socket.listen(1).unwrap();
     let addr = listener.local_addr().unwrap();
     let mut queued = Vec::new();
-    let mut hung = false;
     for _ in 0..16 {
         match tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(s)) => queued.push(s),
             Ok(Err(e)) => panic!("connect to the full listener failed instead of hanging: {e}"),
-            Err(_) => {
-                hung = true;
-                break;
-            }
+            Err(_) => return (listener, queued),
         }
     }
-    assert!(hung, "the listener's accept queue never filled");
+    panic!("the listener's accept queue never filled");
+}
+
+#[tokio::test]
+async fn a_connect_that_hangs_is_504_at_upstream_timeout() {
+    let (listener, queued) = listener_that_never_accepts().await;
+    let addr = listener.local_addr().unwrap();
     let spec = BackendSpec {
         name: "hang".into(),
         url: format!("http://{addr}"),
@@ -280,6 +282,40 @@ async fn a_connect_that_hangs_is_504_at_upstream_timeout() {
     let m = fleet.metrics().await;
     assert_eq!(
         metric(&m, "mrtr_upstream_errors_total{backend=\"hang\",kind=\"timeout\"}"),
+        Some(1.0)
+    );
+    drop((queued, listener));
+}
+
+#[tokio::test]
+async fn a_connect_that_hangs_is_502_after_the_connect_timeout() {
+    let (listener, queued) = listener_that_never_accepts().await;
+    let spec = BackendSpec {
+        name: "hang".into(),
+        url: format!("http://{}", listener.local_addr().unwrap()),
+        weight: 1,
+    };
+    // The default upstream_timeout (300 s) is longer than the 5 s connect timeout, which ends
+    // the attempt. Time is paused from here and jumps to the next timer whenever every task
+    // waits, so the 5 s pass at once; sockets are real.
+    tokio::time::pause();
+    let fleet = Fleet::start_backends(Vec::new(), &[spec], "").await;
+    let started = tokio::time::Instant::now();
+    let a = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"x"}}),
+        )
+        .await;
+    assert_router_error(&a, 502, -32003, "upstream_unavailable", json!(8));
+    let took = started.elapsed();
+    assert!(
+        took >= mrtr_router::config::defaults::CONNECT_TIMEOUT && took < Duration::from_secs(6),
+        "took {took:?}"
+    );
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_upstream_errors_total{backend=\"hang\",kind=\"connect\"}"),
         Some(1.0)
     );
     drop((queued, listener));

@@ -64,6 +64,55 @@ async fn an_sse_stream_outlives_the_header_read_timeout() {
     assert!(rest.contains("\"progress\":2"), "{rest}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_stream_silent_for_stream_idle_timeout_is_ended_and_closed_upstream() {
+    // Time is paused and jumps to the next timer whenever every task waits, so the 60 s (the
+    // smallest `stream_idle_timeout` allowed) pass at once; sockets are real.
+    let fleet = Fleet::start(1, "[server]\nstream_idle_timeout = \"60s\"").await;
+    let resp = open(&fleet, &stream_call(None, json!({"events": 2, "gated": true}))).await;
+    let mut body = resp.into_body();
+    read_until(&mut body, ": ping").await;
+    let silent_from = tokio::time::Instant::now();
+    // The worker now says nothing until released, which never happens.
+    let end = tokio::time::timeout(Duration::from_secs(600), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => assert!(
+                    frame
+                        .data_ref()
+                        .is_none_or(|d| !String::from_utf8_lossy(d).contains("\"result\"")),
+                    "the result cannot come"
+                ),
+                other => return other.map(|r| r.map(|_| ())),
+            }
+        }
+    })
+    .await
+    .expect("the router ends a silent stream");
+    assert!(
+        end.is_some_and(|r| r.is_err()),
+        "the client sees the stream fail, not finish"
+    );
+    let silent_for = silent_from.elapsed();
+    assert!(
+        silent_for >= Duration::from_secs(60) && silent_for < Duration::from_secs(70),
+        "ended after {silent_for:?} of silence"
+    );
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"mrtr_upstream_errors_total{backend="worker-0",kind="stream_idle"}"#
+        ),
+        Some(1.0)
+    );
+    let worker = &fleet.workers[0].state;
+    eventually(REQUEST_DEADLINE, "the worker sees its stream closed", || {
+        worker.streams_closed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn sse_pending_answer_is_pinned_before_the_client_reads_it() {
     let fleet = Fleet::start(3, "").await;
