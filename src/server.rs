@@ -10,7 +10,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -64,11 +64,9 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
             let served: Result<(), hyper::Error> = match sniff(&stream, builders.header_read_timeout).await {
                 Some(Protocol::Http1) => {
                     let conn = builders.http1.serve_connection(TokioIo::new(stream), service);
-                    let mut watch = drain.register();
-                    let each_poll = |cx: &mut Context<'_>, conn: Pin<&mut _>| watch.poll(cx, conn);
-                    match head_timeout::serve(conn, &activity, builders.header_read_timeout, each_poll).await {
-                        head_timeout::Served::Ended(r) => r,
-                        head_timeout::Served::TimedOut(conn) => {
+                    match serve(conn, &drain, &activity, builders.header_read_timeout).await {
+                        Served::Ended(r) => r,
+                        Served::TimedOut(conn) => {
                             let parts = conn.into_parts();
                             head_timeout::answer(&shared, parts.io, parts.read_buf).await;
                             Ok(())
@@ -77,7 +75,14 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
                 }
                 Some(Protocol::Http2) => {
                     let conn = builders.http2.serve_connection(TokioIo::new(stream), service);
-                    drain.watch(conn).await
+                    match serve(conn, &drain, &activity, builders.header_read_timeout).await {
+                        Served::Ended(r) => r,
+                        // No stream for the whole timeout: GOAWAY, and the connection ends.
+                        Served::TimedOut(mut conn) => {
+                            Pin::new(&mut conn).graceful_shutdown();
+                            conn.await
+                        }
+                    }
                 }
                 None => Ok(()),
             };
@@ -96,6 +101,37 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     }
     conns.abort_all();
     while conns.join_next().await.is_some() {}
+}
+
+/// What became of a connection served by [`serve`].
+enum Served<C> {
+    /// The connection ended by itself.
+    Ended(hyper::Result<()>),
+    /// It waited `header_read_timeout` for a request; handed back, unpolled since.
+    TimedOut(C),
+}
+
+/// Serves `conn` until it ends or has waited `header_read_timeout` for a request (see
+/// [`head_timeout`]), shutting it down gracefully if the drain starts meanwhile.
+async fn serve<C>(mut conn: C, drain: &Drain, activity: &head_timeout::Activity, timeout: Duration) -> Served<C>
+where
+    C: GracefulConnection<Error = hyper::Error> + Unpin,
+{
+    let mut watch = drain.register();
+    let mut timer = head_timeout::HeadTimer::new(timeout);
+    let ended = poll_fn(|cx| {
+        watch.poll(cx, Pin::new(&mut conn));
+        if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        // After the connection: what it just did is in the counters the timer reads.
+        timer.poll_expired(cx, activity).map(|()| None)
+    })
+    .await;
+    match ended {
+        Some(r) => Served::Ended(r),
+        None => Served::TimedOut(conn),
+    }
 }
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4), with which an h2c client opens.
@@ -197,17 +233,6 @@ impl Drain {
             waker: None,
             draining: false,
         }
-    }
-
-    /// Serves `conn` until it ends, shutting it down gracefully once the drain starts.
-    async fn watch<C: GracefulConnection>(&self, conn: C) -> C::Output {
-        let mut watch = self.register();
-        let mut conn = std::pin::pin!(conn);
-        poll_fn(|cx| {
-            watch.poll(cx, conn.as_mut());
-            conn.as_mut().poll(cx)
-        })
-        .await
     }
 }
 

@@ -189,3 +189,37 @@ async fn an_idle_keep_alive_connection_is_closed_without_an_answer_and_a_slow_an
         idle_from.elapsed()
     );
 }
+
+#[tokio::test]
+async fn an_h2c_connection_without_a_stream_for_the_header_read_timeout_is_closed() {
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"300ms\"").await;
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(fleet.router).await.unwrap());
+    let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, http_body_util::Full<bytes::Bytes>>(
+        hyper_util::rt::TokioExecutor::new(),
+        io,
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/mcp", fleet.router))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(PING)))
+        .unwrap();
+    let resp = tokio::time::timeout(REQUEST_DEADLINE, sender.send_request(req))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let idle_from = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("the router closes the idle connection")
+        .unwrap()
+        .expect("with a GOAWAY, not an error");
+    assert!(
+        idle_from.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        idle_from.elapsed()
+    );
+}

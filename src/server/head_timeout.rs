@@ -1,15 +1,18 @@
-//! The HTTP/1 header read timeout (`server.header_read_timeout`), kept per connection rather
-//! than per request, and the 408 a client gets when its request head is too slow.
+//! The header read timeout (`server.header_read_timeout`), kept per connection rather than per
+//! request: the 408 an HTTP/1 client gets when its request head is too slow, and the close of a
+//! connection (HTTP/1 keep-alive, or h2c with no stream) that waits that long for a request.
 //!
-//! hyper's own `header_read_timeout` arms a fresh timer for every request head: a boxed
+//! hyper's own HTTP/1 `header_read_timeout` arms a fresh timer for every request head: a boxed
 //! `Sleep`, a clock read, an insert into and removal from the timer wheel, and an extra read
 //! poll after each answer. Replacing it took a proxied request from 48.4k to 46.2k
-//! instructions (callgrind, BENCHMARKS.md). It also closes a slow head without an answer. Here each connection has one timer that fires every quarter of the timeout and
-//! looks at two counters the requests keep: a connection whose requests neither started nor
-//! finished for four checks in a row, with none in flight, has been waiting for a head for
-//! between 1 and 1.25 times the timeout. A request costs two counter bumps and no timer.
+//! instructions (callgrind, BENCHMARKS.md). It also closes a slow head without an answer, and
+//! HTTP/2 has no such timeout at all. Here each connection has one timer that fires every
+//! quarter of the timeout and looks at two counters the requests keep: a connection whose
+//! requests neither started nor finished for four checks in a row, with none in flight, has
+//! been waiting for a request for between 1 and 1.25 times the timeout. A request costs two
+//! counter bumps and no timer.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -147,40 +150,6 @@ impl HeadTimer {
         // Registers the waker for the new deadline (a fired timer forgets it).
         let _ = self.tick.as_mut().poll(cx);
         Poll::Pending
-    }
-}
-
-/// What became of an HTTP/1 connection served under a [`HeadTimer`].
-pub enum Served<C> {
-    /// The connection ended by itself.
-    Ended(hyper::Result<()>),
-    /// The header read timeout passed; the connection is handed back, unpolled since.
-    TimedOut(C),
-}
-
-/// Serves `conn` until it ends or its head timer expires. `each_poll` runs before every poll
-/// of the connection (the graceful drain's check).
-pub async fn serve<C>(
-    mut conn: C,
-    activity: &Activity,
-    timeout: Duration,
-    mut each_poll: impl FnMut(&mut Context<'_>, Pin<&mut C>),
-) -> Served<C>
-where
-    C: Future<Output = hyper::Result<()>> + Unpin,
-{
-    let mut timer = HeadTimer::new(timeout);
-    let ended = poll_fn(|cx| {
-        each_poll(cx, Pin::new(&mut conn));
-        if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
-            return Poll::Ready(Some(r));
-        }
-        timer.poll_expired(cx, activity).map(|()| None)
-    })
-    .await;
-    match ended {
-        Some(r) => Served::Ended(r),
-        None => Served::TimedOut(conn),
     }
 }
 
