@@ -183,6 +183,7 @@ enum Protocol {
 async fn sniff(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<Protocol> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut first = [0u8; H2_PREFACE.len()];
+    let mut read_closed = false;
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
             Ok(Ok(n)) if n > 0 => n,
@@ -191,13 +192,17 @@ async fn sniff(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<Prot
         match &first[..n] {
             seen if seen == H2_PREFACE => return Some(Protocol::Http2),
             seen if !H2_PREFACE.starts_with(seen) => return Some(Protocol::Http1),
+            // Too short to tell, and no more is coming.
+            _ if read_closed => return None,
             // A first segment that begins the preface but is too short to tell ("P" could also
             // begin a POST): wait for more. A peek leaves the socket readable, so that
-            // readiness is cleared first; bytes that arrive after it set it again.
+            // readiness is cleared first; bytes that arrive after it set it again. A client's
+            // FIN keeps it readable for good: then one more look, and no more waiting.
             _ => {
                 let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
-                if tokio::time::timeout_at(deadline, stream.readable()).await.is_err() {
-                    return None;
+                match tokio::time::timeout_at(deadline, stream.ready(Interest::READABLE)).await {
+                    Ok(Ok(ready)) => read_closed = ready.is_read_closed(),
+                    _ => return None,
                 }
             }
         }

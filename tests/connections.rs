@@ -223,3 +223,22 @@ async fn an_h2c_connection_without_a_stream_for_the_header_read_timeout_is_close
         idle_from.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_connection_that_closes_before_its_protocol_is_known_is_let_go_at_once() {
+    // The header read timeout is long here: these closes must be noticed, not timed out.
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"30s\"").await;
+    for first in [&b""[..], b"P", b"PRI * HTTP/2.0\r\n"] {
+        let mut s = TcpStream::connect(fleet.router).await.unwrap();
+        s.write_all(first).await.unwrap();
+        s.shutdown().await.unwrap();
+        let got = read_to_close(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("after {first:?}, the router keeps a half-closed connection"));
+        assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    }
+    // And it still serves.
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+}
