@@ -215,6 +215,12 @@ impl Body for DrivenBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
+        // What the connection has read already is taken without polling it: a small answer
+        // usually came whole with its head, and a poll of the connection's state machine
+        // (with a read attempt that finds nothing) costs hundreds of instructions.
+        if let ready @ Poll::Ready(_) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return ready;
+        }
         if let Some(conn) = &mut this.conn.conn {
             conn.poll_driver(cx);
         }
