@@ -21,6 +21,7 @@ pub struct Metrics {
     pub ring_members: IntGauge,
     pub upstream_errors: IntCounterVec,
     pub upstream_connections: IntCounterVec,
+    pub upstream_resends: IntCounterVec,
     pub router_errors: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
@@ -121,6 +122,12 @@ impl Metrics {
                 &r,
                 "mrtr_upstream_connections_opened_total",
                 "Keep-alive connections opened to backends",
+                &["backend"],
+            ),
+            upstream_resends: counter(
+                &r,
+                "mrtr_upstream_resends_total",
+                "Requests sent again on a new connection: the pooled one they were given had been closed by the backend",
                 &["backend"],
             ),
             router_errors: counter(

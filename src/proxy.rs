@@ -305,6 +305,11 @@ impl Upstream<'_> {
             match conn.send(request).await {
                 Err(SendError::Unsent(request, e)) if reused => {
                     tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; opening a new one");
+                    shared
+                        .metrics
+                        .upstream_resends
+                        .with_label_values(&[&backend.name])
+                        .inc();
                     // Boxed: a cold path, kept out of every request's future.
                     Box::pin(async {
                         let conn = backend.pool.connect(backend.authority()).await.map_err(|_| "connect")?;

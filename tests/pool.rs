@@ -160,6 +160,15 @@ async fn backend_closing_idle_connections_costs_no_request() {
     }
     let m = fleet.metrics().await;
     assert_eq!(opened(&m, "closer"), N as f64, "each request needed a new connection");
+    // After a short idle the request itself finds the connection closed, and is sent again on a
+    // new one; after a long idle the check on take finds it, and nothing is sent twice. (The
+    // once-a-second sweep may find a closed connection first, so a short idle may go without a
+    // resend too; a long idle never has one.)
+    let resends = metric(&m, "mrtr_upstream_resends_total{backend=\"closer\"}").unwrap_or(0.0);
+    assert!(
+        (1.0..=(N / 2) as f64).contains(&resends),
+        "{resends} resends: at most one for each of requests 1 to N/2 (after a short idle), none after a long idle"
+    );
     // The last connection, closed by the backend while idle, leaves the pool at the next sweep
     // rather than waiting for a request or its idle timeout.
     let backend = fleet.shared.backend_states()[0].0.clone();
