@@ -237,9 +237,10 @@ async fn a_json_answer_whose_body_stalls_is_504() {
     assert_router_error(&a, 504, -32004, "upstream_timeout", json!(8));
 }
 
-/// A listener whose accept queue is full, so that the kernel drops new SYNs and a connect to
-/// it hangs; with the connections that fill it, to keep until the test ends.
-async fn listener_that_never_accepts() -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+/// A backend named `hang` whose connects hang: its listener's accept queue is full, so the
+/// kernel drops new SYNs. The listener and the connections that fill it are to be kept until
+/// the test ends.
+async fn hanging_backend() -> (BackendSpec, (tokio::net::TcpListener, Vec<tokio::net::TcpStream>)) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = socket.listen(1).unwrap();
@@ -249,7 +250,14 @@ async fn listener_that_never_accepts() -> (tokio::net::TcpListener, Vec<tokio::n
         match tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(s)) => queued.push(s),
             Ok(Err(e)) => panic!("connect to the full listener failed instead of hanging: {e}"),
-            Err(_) => return (listener, queued),
+            Err(_) => {
+                let spec = BackendSpec {
+                    name: "hang".into(),
+                    url: format!("http://{addr}"),
+                    weight: 1,
+                };
+                return (spec, (listener, queued));
+            }
         }
     }
     panic!("the listener's accept queue never filled");
@@ -257,13 +265,7 @@ async fn listener_that_never_accepts() -> (tokio::net::TcpListener, Vec<tokio::n
 
 #[tokio::test]
 async fn a_connect_that_hangs_is_504_at_upstream_timeout() {
-    let (listener, queued) = listener_that_never_accepts().await;
-    let addr = listener.local_addr().unwrap();
-    let spec = BackendSpec {
-        name: "hang".into(),
-        url: format!("http://{addr}"),
-        weight: 1,
-    };
+    let (spec, held) = hanging_backend().await;
     let fleet = Fleet::start_backends(Vec::new(), &[spec], "[server]\nupstream_timeout = \"300ms\"").await;
     let started = std::time::Instant::now();
     let a = fleet
@@ -284,17 +286,12 @@ async fn a_connect_that_hangs_is_504_at_upstream_timeout() {
         metric(&m, "mrtr_upstream_errors_total{backend=\"hang\",kind=\"timeout\"}"),
         Some(1.0)
     );
-    drop((queued, listener));
+    drop(held);
 }
 
 #[tokio::test]
 async fn a_connect_that_hangs_is_502_after_the_connect_timeout() {
-    let (listener, queued) = listener_that_never_accepts().await;
-    let spec = BackendSpec {
-        name: "hang".into(),
-        url: format!("http://{}", listener.local_addr().unwrap()),
-        weight: 1,
-    };
+    let (spec, held) = hanging_backend().await;
     // The default upstream_timeout (300 s) is longer than the 5 s connect timeout, which ends
     // the attempt. Time is paused from here and jumps to the next timer whenever every task
     // waits, so the 5 s pass at once; sockets are real.
@@ -318,5 +315,5 @@ async fn a_connect_that_hangs_is_502_after_the_connect_timeout() {
         metric(&m, "mrtr_upstream_errors_total{backend=\"hang\",kind=\"connect\"}"),
         Some(1.0)
     );
-    drop((queued, listener));
+    drop(held);
 }

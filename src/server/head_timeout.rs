@@ -49,7 +49,8 @@ impl Activity {
     /// Called as a request's head reaches the service; its answer's body must carry the
     /// returned guard, so that the request counts as in flight until the answer is written.
     pub fn start(self: &Arc<Self>) -> RequestDone {
-        // Relaxed: the counters are read by the same connection's task, or only compared.
+        // Relaxed: the counters only grow, and the timer compares them a quarter timeout apart
+        // (an HTTP/2 stream may bump them from another task).
         self.started.fetch_add(1, Ordering::Relaxed);
         RequestDone(self.clone())
     }
