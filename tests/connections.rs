@@ -91,6 +91,16 @@ async fn a_silent_connection_is_closed_and_a_stalled_head_gets_408_after_the_hea
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
     assert_waited(started, Duration::from_millis(300));
 
+    // Part of the HTTP/2 preface (too little to tell the protocol), then nothing.
+    let started = Instant::now();
+    let mut undecided = TcpStream::connect(fleet.router).await.unwrap();
+    undecided.write_all(b"PRI * HTTP/2").await.unwrap();
+    let got = read_to_close(&mut undecided, Duration::from_secs(10))
+        .await
+        .expect("a connection stuck in the preface is closed");
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    assert_waited(started, Duration::from_millis(400));
+
     // Part of a head, then nothing.
     let started = Instant::now();
     let mut stalled = TcpStream::connect(fleet.router).await.unwrap();
