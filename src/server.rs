@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -63,9 +64,11 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         conns.spawn(async move {
             let served: Result<(), hyper::Error> = match sniff(&stream, builders.header_read_timeout).await {
                 Some(Protocol::Http1) => {
+                    let client = Some(stream.as_raw_fd());
                     let conn = builders.http1.serve_connection(TokioIo::new(stream), service);
-                    match serve(conn, &drain, &activity, builders.header_read_timeout).await {
+                    match serve(conn, &drain, &activity, builders.header_read_timeout, client).await {
                         Served::Ended(r) => r,
+                        Served::ClientLeft => Ok(()),
                         Served::TimedOut(conn) => {
                             let parts = conn.into_parts();
                             head_timeout::answer(&shared, parts.io, parts.read_buf).await;
@@ -75,8 +78,9 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
                 }
                 Some(Protocol::Http2) => {
                     let conn = builders.http2.serve_connection(TokioIo::new(stream), service);
-                    match serve(conn, &drain, &activity, builders.header_read_timeout).await {
+                    match serve(conn, &drain, &activity, builders.header_read_timeout, None).await {
                         Served::Ended(r) => r,
+                        Served::ClientLeft => Ok(()),
                         // No stream for the whole timeout: GOAWAY, and the connection ends.
                         Served::TimedOut(mut conn) => {
                             Pin::new(&mut conn).graceful_shutdown();
@@ -109,28 +113,43 @@ enum Served<C> {
     Ended(hyper::Result<()>),
     /// It waited `header_read_timeout` for a request; handed back, unpolled since.
     TimedOut(C),
+    /// Its client left while a request was in flight: the connection is dropped, and the
+    /// request with it (its upstream connection closes).
+    ClientLeft,
 }
 
-/// Serves `conn` until it ends or has waited `header_read_timeout` for a request (see
-/// [`head_timeout`]), shutting it down gracefully if the drain starts meanwhile.
-async fn serve<C>(mut conn: C, drain: &Drain, activity: &head_timeout::Activity, timeout: Duration) -> Served<C>
+/// Serves `conn` until it ends, has waited `header_read_timeout` for a request, or its client
+/// (at `client`, an HTTP/1 socket owned by `conn`) has left mid-request (see [`head_timeout`]),
+/// shutting it down gracefully if the drain starts meanwhile.
+async fn serve<C>(
+    mut conn: C,
+    drain: &Drain,
+    activity: &head_timeout::Activity,
+    timeout: Duration,
+    client: Option<RawFd>,
+) -> Served<C>
 where
     C: GracefulConnection<Error = hyper::Error> + Unpin,
 {
     let mut watch = drain.register();
-    let mut timer = head_timeout::HeadTimer::new(timeout);
+    // `conn` owns the socket and outlives the timer: both are dropped when this returns.
+    let mut timer = head_timeout::HeadTimer::new(timeout, client);
     let ended = poll_fn(|cx| {
         watch.poll(cx, Pin::new(&mut conn));
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
-            return Poll::Ready(Some(r));
+            return Poll::Ready(Ok(r));
         }
         // After the connection: what it just did is in the counters the timer reads.
-        timer.poll_expired(cx, activity).map(|()| None)
+        timer.poll_expired(cx, activity).map(Err)
     })
     .await;
     match ended {
-        Some(r) => Served::Ended(r),
-        None => Served::TimedOut(conn),
+        Ok(r) => Served::Ended(r),
+        Err(head_timeout::Expiry::HeadTimeout) => Served::TimedOut(conn),
+        Err(head_timeout::Expiry::ClientLeft) => {
+            tracing::debug!("client left while its request was in flight");
+            Served::ClientLeft
+        }
     }
 }
 
@@ -156,7 +175,11 @@ impl Builders {
             .max_header_size(MAX_HEAD_BYTES)
             .max_buf_size(MAX_HEAD_BYTES)
             // One buffer, one `write`: see `pool::ConnPool::connect`.
-            .writev(false);
+            .writev(false)
+            // No read on every poll to notice a client that leaves mid-request: the
+            // connection's timer looks for that (`head_timeout`). A client that half-closes
+            // while its request is in flight is still taken as gone, as hyper would.
+            .half_close(true);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())

@@ -195,6 +195,33 @@ async fn an_idle_keep_alive_connection_is_closed_without_an_answer_and_a_slow_an
 }
 
 #[tokio::test]
+async fn a_request_sent_while_another_is_in_flight_is_not_taken_for_the_client_leaving() {
+    // The timer peeks at the socket every 50 ms while the first request is in flight: it must
+    // find the second request's bytes there (hyper reads them only after the first answer), not
+    // an end of stream.
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"200ms\"").await;
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    let slow = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":600}}}"#;
+    let first = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{slow}",
+        slow.len()
+    );
+    s.write_all(first.as_bytes()).await.unwrap();
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    while fleet.total_requests() == 0 {
+        assert!(Instant::now() < deadline, "the first request never reached the worker");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+    let mut got = read_answer(&mut s).await;
+    while got.matches("\"result\"").count() < 2 {
+        got.push_str(&read_answer(&mut s).await);
+    }
+    assert_eq!(got.matches("HTTP/1.1 200").count(), 2, "{got}");
+    assert_eq!(fleet.total_requests(), 2);
+}
+
+#[tokio::test]
 async fn an_h2c_connection_without_a_stream_for_the_header_read_timeout_is_closed() {
     let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"300ms\"").await;
     let io = hyper_util::rt::TokioIo::new(TcpStream::connect(fleet.router).await.unwrap());

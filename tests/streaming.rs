@@ -247,7 +247,9 @@ async fn status_codes_and_bodies_pass_unchanged() {
 
 #[tokio::test]
 async fn client_disconnect_closes_the_upstream_stream() {
-    let fleet = Fleet::start(1, "").await;
+    // A client that leaves a silent stream is noticed on the connection timer's checks, every
+    // quarter of `header_read_timeout` (nothing is written to it that could fail).
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"400ms\"").await;
     let resp = open(&fleet, &stream_call(None, json!({"events": 2, "gated": true}))).await;
     let mut body = resp.into_body();
     read_until(&mut body, "notifications/progress").await;
