@@ -332,6 +332,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A member's key and colon, up to its value.
+    #[inline(always)]
     fn member_key(&mut self) -> Scan<()> {
         self.skip_string()?;
         self.ws();
@@ -435,7 +436,7 @@ impl<'a> Scanner<'a> {
 
     /// Skips a string, from its opening quote; says what it holds. Most strings end at the
     /// first stop byte.
-    #[inline]
+    #[inline(always)]
     fn skip_string(&mut self) -> Scan<Text> {
         let b = self.b;
         if b.get(self.i) != Some(&b'"') {
