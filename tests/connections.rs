@@ -20,6 +20,17 @@ fn raw_post(fleet: &Fleet) -> String {
     )
 }
 
+/// A request whose answer the worker holds back for `ms` milliseconds.
+fn raw_slow_post(ms: u64) -> String {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":{ms}}}}}}}"#
+    );
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Reads until the peer closes (or `limit` passes) and returns what came.
 async fn read_to_close(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
     let mut got = Vec::new();
@@ -178,12 +189,7 @@ async fn an_idle_keep_alive_connection_is_closed_without_an_answer_and_a_slow_an
     let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"300ms\"").await;
     let mut s = TcpStream::connect(fleet.router).await.unwrap();
     // An answer that takes four header read timeouts: the connection waits for it, not for a head.
-    let slow = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":1200}}}"#;
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{slow}",
-        slow.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
+    s.write_all(raw_slow_post(1200).as_bytes()).await.unwrap();
     assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
     // Then idle: closed with no bytes at all.
     let idle_from = Instant::now();
@@ -201,12 +207,7 @@ async fn a_request_sent_while_another_is_in_flight_is_not_taken_for_the_client_l
     // an end of stream.
     let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"200ms\"").await;
     let mut s = TcpStream::connect(fleet.router).await.unwrap();
-    let slow = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":600}}}"#;
-    let first = format!(
-        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{slow}",
-        slow.len()
-    );
-    s.write_all(first.as_bytes()).await.unwrap();
+    s.write_all(raw_slow_post(600).as_bytes()).await.unwrap();
     let deadline = Instant::now() + REQUEST_DEADLINE;
     while fleet.total_requests() == 0 {
         assert!(Instant::now() < deadline, "the first request never reached the worker");
