@@ -23,6 +23,8 @@ pub struct Metrics {
     pub upstream_connections: IntCounterVec,
     pub upstream_resends: IntCounterVec,
     pub router_errors: IntCounterVec,
+    /// HTTP/1 connections closed because their client left while a request was in flight.
+    pub client_aborts: IntCounter,
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
     pub discovery_resolutions: IntCounterVec,
@@ -87,6 +89,12 @@ impl Metrics {
         let pins_lost =
             IntCounter::new("mrtr_pins_lost_total", "Follow-ups whose pinned backend was gone").expect("valid metric");
         r.register(Box::new(pins_lost.clone())).expect("unique metric");
+        let client_aborts = IntCounter::new(
+            "mrtr_client_aborts_total",
+            "Requests given up because their HTTP/1 client closed the connection while they were in flight",
+        )
+        .expect("valid metric");
+        r.register(Box::new(client_aborts.clone())).expect("unique metric");
         let ring_members = IntGauge::new("mrtr_ring_members", "Backends on the hash ring (healthy, not draining)")
             .expect("valid metric");
         r.register(Box::new(ring_members.clone())).expect("unique metric");
@@ -155,6 +163,7 @@ impl Metrics {
             request_duration,
             rounds_per_call,
             pins_lost,
+            client_aborts,
             ring_members,
             registry: r,
         }

@@ -68,7 +68,10 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
                     let conn = builders.http1.serve_connection(TokioIo::new(stream), service);
                     match serve(conn, &drain, &activity, builders.header_read_timeout, client).await {
                         Served::Ended(r) => r,
-                        Served::ClientLeft => Ok(()),
+                        Served::ClientLeft => {
+                            shared.metrics.client_aborts.inc();
+                            Ok(())
+                        }
                         Served::TimedOut(conn) => {
                             let parts = conn.into_parts();
                             head_timeout::answer(&shared, parts.io, parts.read_buf).await;

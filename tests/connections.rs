@@ -220,6 +220,7 @@ async fn a_request_sent_while_another_is_in_flight_is_not_taken_for_the_client_l
     }
     assert_eq!(got.matches("HTTP/1.1 200").count(), 2, "{got}");
     assert_eq!(fleet.total_requests(), 2);
+    assert_eq!(metric(&fleet.metrics().await, "mrtr_client_aborts_total"), Some(0.0));
 }
 
 #[tokio::test]

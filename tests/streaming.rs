@@ -270,6 +270,8 @@ async fn client_disconnect_closes_the_upstream_stream() {
         assert!(tokio::time::Instant::now() < deadline, "in-flight count not released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let metrics = fleet.metrics().await;
+    assert_eq!(metric(&metrics, "mrtr_client_aborts_total"), Some(1.0));
 }
 
 #[tokio::test]
