@@ -2,8 +2,9 @@
 //! multi-round call to the instance holding it (see `../shared/DESIGN.md` and README.md).
 //!
 //! Map of the modules, in the order a request meets them:
-//! - [`server`]   listeners, HTTP/1.1 + h2c connections, the header read timeout
-//!   (`server::head_timeout`), graceful shutdown, upkeep task
+//! - [`server`]   listeners, HTTP/1.1 + h2c connections, the per-connection timer (header
+//!   read timeout, a client that leaves mid-request: `server::head_timeout`), graceful
+//!   shutdown, upkeep task
 //! - [`proxy`]    the request path: read → keys → choose backend → forward → observe answer
 //! - [`dialect`]  reading keys out of requests (one validating scan, `dialect::scan`) and
 //!   outcomes out of answers (DESIGN §2)
