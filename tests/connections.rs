@@ -94,32 +94,27 @@ async fn requests_are_served_whatever_their_first_segment_holds() {
 async fn a_silent_connection_is_closed_and_a_stalled_head_gets_408_after_the_header_read_timeout() {
     let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"400ms\"").await;
 
-    let started = Instant::now();
-    let mut silent = TcpStream::connect(fleet.router).await.unwrap();
-    let got = read_to_close(&mut silent, Duration::from_secs(10))
-        .await
-        .expect("a silent connection is closed");
+    let got = sent_then_closed(&fleet, b"", Duration::from_millis(300), "a silent connection is closed").await;
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
-    assert_waited(started, Duration::from_millis(300));
 
     // Part of the HTTP/2 preface (too little to tell the protocol), then nothing.
-    let started = Instant::now();
-    let mut undecided = TcpStream::connect(fleet.router).await.unwrap();
-    undecided.write_all(b"PRI * HTTP/2").await.unwrap();
-    let got = read_to_close(&mut undecided, Duration::from_secs(10))
-        .await
-        .expect("a connection stuck in the preface is closed");
+    let got = sent_then_closed(
+        &fleet,
+        b"PRI * HTTP/2",
+        Duration::from_millis(400),
+        "a connection stuck in the preface is closed",
+    )
+    .await;
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
-    assert_waited(started, Duration::from_millis(400));
 
     // Part of a head, then nothing.
-    let started = Instant::now();
-    let mut stalled = TcpStream::connect(fleet.router).await.unwrap();
-    stalled.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\n").await.unwrap();
-    let got = read_to_close(&mut stalled, Duration::from_secs(10))
-        .await
-        .expect("a stalled head is closed");
-    assert_waited(started, Duration::from_millis(400));
+    let got = sent_then_closed(
+        &fleet,
+        b"POST /mcp HTTP/1.1\r\nHost: x\r\n",
+        Duration::from_millis(400),
+        "a stalled head is closed",
+    )
+    .await;
     assert_header_timeout(&got);
     assert_eq!(fleet.total_requests(), 0, "neither reached a backend");
     let metrics = fleet.metrics().await;
@@ -128,6 +123,18 @@ async fn a_silent_connection_is_closed_and_a_stalled_head_gets_408_after_the_hea
         Some(1.0),
         "only the stalled head counts"
     );
+}
+
+/// Opens a connection, sends `first` (maybe nothing) and reads until the router closes it
+/// (`what` says the close expected), no sooner than `at_least` after the connect; returns
+/// what came back.
+async fn sent_then_closed(fleet: &Fleet, first: &[u8], at_least: Duration, what: &str) -> Vec<u8> {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(first).await.unwrap();
+    let got = read_to_close(&mut s, Duration::from_secs(10)).await.expect(what);
+    assert_waited(started, at_least);
+    got
 }
 
 /// The answer to a head that came too slowly: 408 `header_timeout` (DESIGN §6), then close.
