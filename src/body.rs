@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::pool::DrivenBody;
-use crate::sealing::{replace_once, Replacement};
+use crate::sealing::Replacement;
 use crate::upstream::InflightGuard;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -259,7 +259,7 @@ impl SseSplitter {
         let mut pos = 0;
         for (start, end, r) in rewrites {
             rewritten.extend_from_slice(&out[pos..start]);
-            match replace_once(&out[start..end], r.from.as_bytes(), r.to.as_bytes()) {
+            match r.apply(&out[start..end]) {
                 Some(event) => rewritten.extend_from_slice(&event),
                 None => rewritten.extend_from_slice(&out[start..end]),
             }
@@ -281,7 +281,7 @@ impl SseSplitter {
         self.line_start = 0;
         let rest = self.buf.split().freeze();
         match rewrite {
-            Some(r) => replace_once(&rest, r.from.as_bytes(), r.to.as_bytes()).unwrap_or(rest),
+            Some(r) => r.apply(&rest).unwrap_or(rest),
             None => rest,
         }
     }
@@ -344,10 +344,8 @@ mod tests {
     #[test]
     fn events_can_be_rewritten() {
         let sink = |d: &[u8]| {
-            (d.starts_with(b"{\"result\"")).then(|| Replacement {
-                from: "\"s1\"".into(),
-                to: "\"mrt1.x\"".into(),
-            })
+            let at = memchr::memmem::find(d, b"\"s1\"")?;
+            (d.starts_with(b"{\"result\"")).then(|| Replacement::new(d, at..at + 4, "mrt1.x"))
         };
         let mut sp = SseSplitter::new(Box::new(sink));
         let out = sp.feed(

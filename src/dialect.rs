@@ -5,6 +5,7 @@
 mod scan;
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use http::HeaderName;
 use serde::de::{Deserializer, IgnoredAny};
@@ -29,6 +30,9 @@ pub struct RequestEnvelope<'a> {
     pub message_id: Option<Cow<'a, str>>,
     /// `params.requestState` (2026-07-28 multi-round retry).
     pub request_state: Option<Cow<'a, str>>,
+    /// Where `request_state`'s literal (quotes included) sits in the body, as the client wrote
+    /// it: a wrapped state is put back there, whatever escapes the client's encoder chose.
+    pub request_state_at: Option<Range<usize>>,
     /// `params.taskId` (tasks extension).
     pub task_id: Option<Cow<'a, str>>,
 }
@@ -61,8 +65,9 @@ fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, 
 pub enum Outcome {
     /// 2a: `"pending": true` — the call continues on this backend.
     Pending,
-    /// 2b: `resultType: "input_required"` with the state the client will echo.
-    InputRequired { request_state: String },
+    /// 2b: `resultType: "input_required"` with the state the client will echo, and where its
+    /// literal (quotes included) sits in the message, written as the backend wrote it.
+    InputRequired { request_state: String, at: Range<usize> },
     /// 2b tasks: the call became (or still is) a task with this id.
     Task { task_id: String, terminal: bool },
     /// A final result: the call is over.
@@ -87,8 +92,9 @@ struct ResultEnvelope<'a> {
     pending: Option<serde_json::Value>,
     #[serde(rename = "resultType", borrow, default, deserialize_with = "opt_string")]
     result_type: Option<Cow<'a, str>>,
-    #[serde(rename = "requestState", borrow, default, deserialize_with = "opt_string")]
-    request_state: Option<Cow<'a, str>>,
+    /// Kept raw: where it sits in the message matters too (see [`Outcome::InputRequired`]).
+    #[serde(rename = "requestState", borrow, default)]
+    request_state: Option<&'a RawValue>,
     #[serde(rename = "taskId", borrow, default, deserialize_with = "opt_string")]
     task_id: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "opt_string")]
@@ -127,12 +133,20 @@ pub fn parse_outcome(message: &[u8]) -> Outcome {
     }
     let task = result.task.unwrap_or_default();
     match result.result_type.as_deref() {
-        Some("input_required") => match result.request_state {
-            Some(s) => Outcome::InputRequired {
-                request_state: s.into_owned(),
-            },
-            None => Outcome::Final,
-        },
+        Some("input_required") => {
+            // A borrowed `RawValue` is a slice of the message itself.
+            let literal = result.request_state.map(RawValue::get).filter(|l| l.starts_with('"'));
+            match literal.map(|l| (json_string(l), l)) {
+                Some((Ok(s), l)) => {
+                    let start = l.as_ptr() as usize - message.as_ptr() as usize;
+                    Outcome::InputRequired {
+                        request_state: s.into_owned(),
+                        at: start..start + l.len(),
+                    }
+                }
+                _ => Outcome::Final,
+            }
+        }
         _ => {
             let task_id = result.task_id.or(task.task_id);
             let status = result.status.or(task.status);
@@ -207,9 +221,17 @@ mod tests {
                 br#"{"id":1,"result":{"resultType":"input_required","inputRequests":{},"requestState":"abc"}}"#
             ),
             Outcome::InputRequired {
-                request_state: "abc".into()
+                request_state: "abc".into(),
+                at: 82..87
             }
         );
+        // Escaped as the backend chose; the place is the literal's, escapes and all.
+        let escaped = br#"{"result":{"resultType":"input_required", "requestState" : "a\/b\u00e9","x":1}}"#;
+        let Outcome::InputRequired { request_state, at } = parse_outcome(escaped) else {
+            panic!("not input_required")
+        };
+        assert_eq!(request_state, "a/b\u{e9}");
+        assert_eq!(&escaped[at], br#""a\/b\u00e9""#);
         assert_eq!(
             parse_outcome(br#"{"id":1,"result":{"resultType":"task","task":{"taskId":"t1","status":"working"}}}"#),
             Outcome::Task {

@@ -2,6 +2,7 @@
 //! is routed and forwarded (the backend always sees its own bytes), and sealing the backend
 //! into what an answer hands out (`Mcp-Routing-Id`, `requestState`, `Mcp-Session-Id`).
 
+use std::ops::Range;
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
@@ -25,15 +26,40 @@ pub struct Unsealed {
     pub backend: String,
     /// The backend's own session id, when the request's `Mcp-Session-Id` was wrapped.
     pub session_id: Option<String>,
-    /// `(wrapped, original)` when the request's `params.requestState` was wrapped.
-    pub request_state: Option<(String, String)>,
+    /// The backend's own `params.requestState`, when the request's was wrapped.
+    pub request_state: Option<String>,
 }
 
-/// A JSON string in an answer to replace by its wrapped form (both quoted).
+/// A JSON string literal in an answer to replace by a wrapped value. The literal is found by
+/// its bytes as the backend wrote them (escapes and all) and by which occurrence of those bytes
+/// it is, so that the same literal earlier in the message (a tool echoing the state in its
+/// text) stays, and so that it is found again in an SSE event, whose bytes frame the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replacement {
-    pub from: String,
-    pub to: String,
+    from: Box<[u8]>,
+    nth: usize,
+    to: String,
+}
+
+impl Replacement {
+    /// Replaces the literal at `at` in `message` by `wrapped` (a token: nothing in it needs
+    /// escaping).
+    pub fn new(message: &[u8], at: Range<usize>, wrapped: &str) -> Replacement {
+        // In valid JSON no occurrence can straddle the literal's opening quote (what precedes
+        // a string is structure, never a backslash), so counting whole ones before it is exact.
+        let nth = memchr::memmem::find_iter(&message[..at.start], &message[at.clone()]).count();
+        Replacement {
+            from: message[at].into(),
+            nth,
+            to: format!("\"{wrapped}\""),
+        }
+    }
+
+    /// `body` with the literal replaced, if `body` holds it.
+    pub fn apply(&self, body: &[u8]) -> Option<Bytes> {
+        let at = memchr::memmem::find_iter(body, &self.from).nth(self.nth)?;
+        Some(splice(body, at..at + self.from.len(), self.to.as_bytes()))
+    }
 }
 
 impl Sealing {
@@ -56,7 +82,7 @@ impl Sealing {
         if let Some(s) = keys.request_state.as_deref().filter(|s| token::is_token(s)) {
             let (original, claims) = self.calls.unwrap(s, now)?;
             backend.get_or_insert(claims.backend);
-            request_state = Some((s.to_string(), original.into_owned()));
+            request_state = Some(original.into_owned());
         }
         let mut session_id = None;
         if let Some(s) = keys.session_id.filter(|s| token::is_token(s)) {
@@ -81,35 +107,27 @@ impl Sealing {
         self.sessions.wrap(session_id, backend, SystemTime::now())
     }
 
-    /// The wrapped form of a `requestState` and where it goes in the answer, or `None` when
-    /// the state is not written as a plain JSON string (then only the local pin table knows it).
-    pub fn wrap_request_state(&self, state: &str, backend: &str) -> Option<Replacement> {
-        if state.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-            return None;
-        }
-        let wrapped = self.calls.wrap(state, backend, SystemTime::now());
-        Some(Replacement {
-            from: format!("\"{state}\""),
-            to: format!("\"{wrapped}\""),
-        })
+    /// A `requestState` wrapped so that it also names `backend`; any string can be wrapped,
+    /// and the wrapped form is plain ASCII that no JSON encoder escapes.
+    pub fn wrap_request_state(&self, state: &str, backend: &str) -> String {
+        self.calls.wrap(state, backend, SystemTime::now())
     }
 }
 
-/// `body` with the first occurrence of `from` replaced by `to`, if there is one.
-pub fn replace_once(body: &[u8], from: &[u8], to: &[u8]) -> Option<Bytes> {
-    let at = memchr::memmem::find(body, from)?;
-    let mut out = BytesMut::with_capacity(body.len() - from.len() + to.len());
-    out.extend_from_slice(&body[..at]);
-    out.extend_from_slice(to);
-    out.extend_from_slice(&body[at + from.len()..]);
-    Some(out.freeze())
+/// `body` with the bytes at `at` replaced by `with`.
+fn splice(body: &[u8], at: Range<usize>, with: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(body.len() - at.len() + with.len());
+    out.extend_from_slice(&body[..at.start]);
+    out.extend_from_slice(with);
+    out.extend_from_slice(&body[at.end..]);
+    out.freeze()
 }
 
-/// The request body with the client's wrapped `requestState` back to the backend's own bytes.
-pub fn restore_request_state(body: &[u8], wrapped: &str, original: &str) -> Option<Bytes> {
-    let from = format!("\"{wrapped}\"");
-    let to = serde_json::to_string(original).ok()?;
-    replace_once(body, from.as_bytes(), to.as_bytes())
+/// The request body with the client's wrapped `requestState`, whose literal is at `at`, back to
+/// the backend's own state (the same string; its JSON escapes are serde_json's).
+pub fn restore_request_state(body: &[u8], at: Range<usize>, original: &str) -> Bytes {
+    let literal = serde_json::to_vec(original).expect("a string always serializes");
+    splice(body, at, &literal)
 }
 
 #[cfg(test)]
@@ -126,31 +144,74 @@ mod tests {
         Sealing::new(&cfg).unwrap()
     }
 
-    #[test]
-    fn request_state_round_trip_in_a_body() {
+    /// An answer's state is wrapped where it stands, the client echoes the token, and the
+    /// backend gets its state back.
+    fn round_trip(answer: &[u8], echo: impl Fn(&str) -> String) -> (String, Bytes, String) {
         let s = sealing();
-        let answer =
-            br#"{"id":1,"result":{"resultType":"input_required","requestState":"v1.abc-_=","inputRequests":{}}}"#;
-        let r = s.wrap_request_state("v1.abc-_=", "w1").unwrap();
-        let rewritten = replace_once(answer, r.from.as_bytes(), r.to.as_bytes()).unwrap();
+        let crate::dialect::Outcome::InputRequired { request_state, at } = crate::dialect::parse_outcome(answer) else {
+            panic!("not input_required: {}", String::from_utf8_lossy(answer))
+        };
+        let wrapped = s.wrap_request_state(&request_state, "w1");
+        let rewritten = Replacement::new(answer, at, &wrapped).apply(answer).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
-        let wrapped = v["result"]["requestState"].as_str().unwrap().to_string();
+        assert_eq!(v["result"]["requestState"], wrapped.as_str());
         assert!(token::is_token(&wrapped));
-        // The client echoes it; the router restores the backend's bytes.
-        let retry = format!(r#"{{"id":2,"method":"tools/call","params":{{"requestState":"{wrapped}","name":"x"}}}}"#);
+        let retry = format!(
+            r#"{{"id":2,"method":"tools/call","params":{{"requestState":{},"name":"x"}}}}"#,
+            echo(&wrapped)
+        );
         let env = crate::dialect::parse_request(retry.as_bytes(), "messageId").unwrap();
+        let at = env.request_state_at.clone().unwrap();
         let headers = http::HeaderMap::new();
         let keys = RequestKeys::new(&headers, &http::HeaderName::from_static("mcp-routing-id"), env);
         let u = s.unseal(&keys, SystemTime::now()).unwrap().unwrap();
         assert_eq!(u.backend, "w1");
-        let (w, orig) = u.request_state.unwrap();
-        let restored = restore_request_state(retry.as_bytes(), &w, &orig).unwrap();
+        let original = u.request_state.unwrap();
+        assert_eq!(original, request_state);
+        let restored = restore_request_state(retry.as_bytes(), at, &original);
+        (String::from_utf8(rewritten.to_vec()).unwrap(), restored, wrapped)
+    }
+
+    #[test]
+    fn request_state_round_trip_in_a_body() {
+        let quoted = |w: &str| format!("\"{w}\"");
+        let (_, restored, _) = round_trip(
+            br#"{"id":1,"result":{"resultType":"input_required","requestState":"v1.abc-_=","inputRequests":{}}}"#,
+            quoted,
+        );
         assert_eq!(
             &restored[..],
             br#"{"id":2,"method":"tools/call","params":{"requestState":"v1.abc-_=","name":"x"}}"#
         );
-        // States that need JSON escaping are not wrapped (the local pin table still routes them).
-        assert!(s.wrap_request_state("a\"b", "w1").is_none());
+        // Escapes the backend chose (`\/`, `\u00e9`, a quote): wrapped all the same, and the
+        // backend gets the same string back.
+        let (_, restored, _) = round_trip(
+            br#"{"id":1,"result":{"resultType":"input_required","requestState":"a\/b\u00e9\"c"}}"#,
+            quoted,
+        );
+        let v: serde_json::Value = serde_json::from_slice(&restored).unwrap();
+        assert_eq!(v["params"]["requestState"], "a/b\u{e9}\"c");
+        // A client whose encoder escapes `/` in the token it echoes.
+        let (_, restored, wrapped) = round_trip(
+            br#"{"id":1,"result":{"resultType":"input_required","requestState":"a/b"}}"#,
+            |w| format!("\"{}\"", w.replace('/', "\\/")),
+        );
+        assert!(wrapped.contains('/'), "the state rides in the token as is: {wrapped}");
+        assert_eq!(
+            &restored[..],
+            br#"{"id":2,"method":"tools/call","params":{"requestState":"a/b","name":"x"}}"#
+        );
+        // The same literal earlier in the answer (a tool echoing the state) stays as it was.
+        let (rewritten, _, wrapped) = round_trip(
+            br#"{"id":1,"result":{"content":[{"type":"text","text":"s1"}],"resultType":"input_required","requestState":"s1"}}"#,
+            quoted,
+        );
+        assert_eq!(
+            rewritten,
+            format!(
+                r#"{{"id":1,"result":{{"content":[{{"type":"text","text":"s1"}}],"resultType":"input_required","requestState":"{wrapped}"}}}}"#
+            )
+        );
     }
 
     #[test]

@@ -21,6 +21,17 @@ struct Fields {
 
 fn scanned(body: &[u8], field: &str) -> Option<Fields> {
     let e = parse_request(body, field).ok()?;
+    // Where the router puts a wrapped state back: the literal there is the state's.
+    let at_state = e
+        .request_state_at
+        .clone()
+        .map(|at| serde_json::from_slice::<String>(&body[at]).unwrap());
+    assert_eq!(
+        at_state.as_deref(),
+        e.request_state.as_deref(),
+        "{:?}",
+        String::from_utf8_lossy(body)
+    );
     Some(Fields {
         id: e.id.map(str::to_owned),
         method: e.method.map(|m| m.into_owned()),

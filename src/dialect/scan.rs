@@ -278,6 +278,7 @@ impl<'a> Scanner<'a> {
                 Some(KeyText::String(s)) => Some(s.value()?),
                 None => None,
             },
+            request_state_at: request_state.map(|r| self.at(r.quoted)),
             request_state: decode(request_state)?,
             task_id: decode(task_id)?,
         })
@@ -339,6 +340,12 @@ impl<'a> Scanner<'a> {
         self.eat(b':')?;
         self.ws();
         Ok(())
+    }
+
+    /// Where `part`, a piece of the body this scanner reads, sits in it.
+    fn at(&self, part: &[u8]) -> std::ops::Range<usize> {
+        let start = part.as_ptr() as usize - self.b.as_ptr() as usize;
+        start..start + part.len()
     }
 
     /// Skips one value and returns its text, which must be UTF-8 (serde_json's `RawValue`).
