@@ -71,7 +71,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     };
     // The id borrows only the body, so it outlives `keys` (which also borrow the headers, moved
     // into the upstream request) without a copy.
-    let error_id = envelope.id;
+    let (error_id, state_at) = (envelope.id, envelope.request_state_at.clone());
     let keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
 
     // Phase 2: choose the backend: sealed tokens first, then pins, then the ring.
@@ -90,7 +90,12 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     };
     let decision = match route::decide(&snap, &shared.pins, &keys, unsealed.as_ref(), true) {
         Ok(d) => d,
-        Err(e) => return router_error(&shared, e, keys.id),
+        Err(e) => {
+            if matches!(e, RouterError::PinnedBackendUnavailable { .. }) {
+                shared.metrics.pins_lost.inc();
+            }
+            return router_error(&shared, e, keys.id);
+        }
     };
     shared.metrics.decisions_by_source[decision.source as usize].inc();
     if decision.pin_lost {
@@ -117,13 +122,14 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => Either::Right(incoming),
-        // The backend gets back exactly the bytes it issued.
-        None => Either::Left(match unsealed.as_ref().and_then(|u| u.request_state.as_ref()) {
-            Some((wrapped, original)) => {
-                sealing::restore_request_state(&bytes, wrapped, original).unwrap_or_else(|| bytes.clone())
-            }
-            None => bytes.clone(),
-        }),
+        // The backend gets back the state it issued (wrapped and unwrapped in one scan, so
+        // the literal's place is known whenever the state was wrapped).
+        None => Either::Left(
+            match (unsealed.as_ref().and_then(|u| u.request_state.as_deref()), state_at) {
+                (Some(original), Some(at)) => sealing::restore_request_state(&bytes, at, original),
+                _ => bytes.clone(),
+            },
+        ),
     };
     let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
     let request = match build_upstream_request(&mut parts, body, &backend, &peer, tls, session) {
@@ -171,7 +177,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
                 let seen = call.observe_message(&bytes);
                 pinned |= seen.created;
                 let bytes = match seen.replacement {
-                    Some(r) => sealing::replace_once(&bytes, r.from.as_bytes(), r.to.as_bytes()).unwrap_or(bytes),
+                    Some(r) => r.apply(&bytes).unwrap_or(bytes),
                     None => bytes,
                 };
                 set_content_length(&mut resp_parts.headers, bytes.len());
@@ -241,8 +247,9 @@ struct Upstream<'a> {
 impl Upstream<'_> {
     /// A connection to the chosen backend: an idle one from its pool, else a new one. A backend
     /// that refuses the connection never saw the request, so an unpinned request moves once to
-    /// the next candidate on the ring; pinned follow-ups never move. The request counts as in
-    /// flight from here on (bounded load reads that count).
+    /// the next candidate on the ring; pinned follow-ups never move, nor do requests whose token
+    /// names the backend (this replica may hold no pin for a call another one started). The
+    /// request counts as in flight from here on (bounded load reads that count).
     async fn connect(
         &self,
         decision: &Decision,
@@ -250,7 +257,7 @@ impl Upstream<'_> {
         mut timer: Pin<&mut Sleep>,
     ) -> Result<(PooledConn, Arc<Backend>, InflightGuard), RouterError> {
         let (shared, snap) = (self.shared, self.snap);
-        let unpinned = decision.matched.is_none() || decision.pin_lost;
+        let unpinned = decision.pin_lost || (decision.matched.is_none() && decision.source != route::Source::Token);
         let mut backend = decision.backend.clone();
         let mut retried = false;
         loop {
@@ -819,23 +826,20 @@ impl CallContext {
                     seen.created |= self.pin(*key, PinKind::Client, rounds);
                 }
             }
-            Outcome::InputRequired { request_state } => {
+            Outcome::InputRequired { request_state, at } => {
                 // The client echoes the sealed state when sealing is on: pin what it will send.
-                seen.replacement = c
+                let wrapped = c
                     .snap
                     .sealing
                     .as_ref()
-                    .and_then(|s| s.wrap_request_state(&request_state, &c.backend_name));
-                let visible = match &seen.replacement {
-                    Some(r) => r.to.trim_matches('"'),
-                    None => request_state.as_str(),
-                };
-                seen.created = self.pin(
-                    PinKey::new(PinKind::RequestState, visible.as_bytes()),
-                    PinKind::RequestState,
-                    rounds,
-                );
-                if let Some(m) = prior.filter(|m| m.pin.kind == PinKind::RequestState) {
+                    .map(|s| s.wrap_request_state(&request_state, &c.backend_name));
+                let visible = wrapped.as_deref().unwrap_or(&request_state);
+                seen.replacement = wrapped.as_deref().map(|w| Replacement::new(msg, at, w));
+                let key = PinKey::new(PinKind::RequestState, visible.as_bytes());
+                seen.created = self.pin(key, PinKind::RequestState, rounds);
+                // The previous round's state is done with, unless the server asked again with
+                // the same one: then the pin just made is that state's, and it goes on.
+                if let Some(m) = prior.filter(|m| m.pin.kind == PinKind::RequestState && m.key != key) {
                     self.finish(m.key);
                 }
             }

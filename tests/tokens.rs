@@ -84,6 +84,25 @@ async fn a_restarted_replica_routes_by_token() {
     a.shutdown().await;
 }
 
+/// A replica that holds no pin for a call still never moves a follow-up its token names: when
+/// the named instance refuses the connection, the client gets 502 (and may retry), never
+/// another instance that does not know the call.
+#[tokio::test]
+async fn a_token_routed_follow_up_is_not_moved_when_its_backend_refuses() {
+    let slow_health = format!("{}[health]\ninterval = \"1h\"\nunhealthy_after = 3\n", tokens(&[KEY_A]));
+    let (mut a, b) = two_replicas(&slow_health, &slow_health).await;
+    let r1 = a.post(&[], &start_call("moved-1", 2)).await;
+    let t = routing_token(&r1);
+    let holder = r1.worker();
+    let at = a.workers.iter().position(|w| w.state.name == holder).unwrap();
+    a.workers.remove(at).stop().await;
+    let r2 = b.post(&[("mcp-routing-id", &t)], &confirm("moved-1", 2)).await;
+    assert_eq!(r2.status, 502, "{r2:?}");
+    assert_eq!(r2.router_error(), Some("upstream_unavailable"));
+    assert_eq!(a.total_requests(), 0, "no other instance saw the follow-up");
+    assert_eq!(a.total_unknown_followups(), 0);
+}
+
 #[tokio::test]
 async fn key_rotation_old_key_verifies_new_key_signs() {
     let (old, _) = two_replicas(&tokens(&[KEY_A]), &tokens(&[KEY_A])).await;
