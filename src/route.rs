@@ -203,6 +203,17 @@ pub fn decide(
             pins.peek(key)
         }
     };
+    // A full table refuses every request that may start a call (DESIGN §4), on every path, a
+    // sealed token's included: that request's answer would add pins. Only a follow-up of a call
+    // pinned here passes: its pins are already counted, and refusing it would break the call. A
+    // session pin alone does not make a follow-up: a new call or task inside the session adds
+    // pins of its own.
+    let full = |call: Option<Matched>| {
+        refresh
+            && call.is_none_or(|m| m.pin.kind == PinKind::Session)
+            && keys.may_create_pin()
+            && pins.len() >= routing.max_pins
+    };
     if let Some(u) = unsealed {
         let key = BackendKey::of(&u.backend);
         if snap.backend(key).is_none() {
@@ -212,13 +223,18 @@ pub fn decide(
             });
         }
         // The local pin, if this replica has one, still counts rounds and finishes the call.
-        let matched = keys.pin_candidates().find_map(|(k, _)| {
+        let mut candidates = keys.pin_candidates();
+        let matched = candidates.find_map(|(k, _)| {
             let pin = find(k)?;
             (pin.backend == key).then_some(Matched { key: k, pin })
         });
+        let matched = matched.map(|m| call_in_session(m, &mut candidates, find));
         match usable(key, None) {
             Some(backend) => {
                 check_rounds(matched, keys, routing.max_rounds)?;
+                if full(matched) {
+                    return Err(RouterError::PinCapacity { max: routing.max_pins });
+                }
                 return Ok(Decision {
                     backend: backend.clone(),
                     source: Source::Token,
@@ -240,12 +256,17 @@ pub fn decide(
         }
     }
     if !pin_lost && !pins.is_empty() {
-        for (key, handle) in keys.pin_candidates() {
+        let mut candidates = keys.pin_candidates();
+        while let Some((key, handle)) = candidates.next() {
             let Some(pin) = find(key) else { continue };
             let matched = Matched { key, pin };
             match usable(pin.backend, Some(pin.epoch)) {
                 Some(backend) => {
+                    let matched = call_in_session(matched, &mut candidates, find);
                     check_rounds(Some(matched), keys, routing.max_rounds)?;
+                    if full(Some(matched)) {
+                        return Err(RouterError::PinCapacity { max: routing.max_pins });
+                    }
                     return Ok(Decision {
                         backend: backend.clone(),
                         source: Source::Pin,
@@ -261,12 +282,16 @@ pub fn decide(
                 }
                 None => {
                     pin_lost = true;
-                    lost.get_or_insert(matched);
+                    // A lost call pin outranks a lost session: rehashed, the call re-pins
+                    // its own keys.
+                    if lost.is_none_or(|l: Matched| l.pin.kind == PinKind::Session) {
+                        lost = Some(matched);
+                    }
                 }
             }
         }
     }
-    if !pin_lost && refresh && keys.may_create_pin() && pins.len() >= routing.max_pins {
+    if full(lost) {
         return Err(RouterError::PinCapacity { max: routing.max_pins });
     }
     let (backend, source) = match keys.client_key() {
@@ -280,6 +305,27 @@ pub fn decide(
         matched: lost,
         pin_lost,
     })
+}
+
+/// A session pin gives way to the pin of a 2a call made inside that session, found among the
+/// candidates after it (client keys come last): that pin is what counts the call's rounds and
+/// marks the request as a follow-up rather than a new call. The call's pin must name the same
+/// backend incarnation; the session decides the backend either way (DESIGN §3 order).
+fn call_in_session<'k>(
+    matched: Matched,
+    rest: &mut impl Iterator<Item = (PinKey, &'k str)>,
+    find: impl Fn(PinKey) -> Option<Pin>,
+) -> Matched {
+    if matched.pin.kind != PinKind::Session {
+        return matched;
+    }
+    let session = matched.pin;
+    rest.find_map(|(key, _)| {
+        let pin = find(key)?;
+        let same = pin.kind != PinKind::Session && pin.backend == session.backend && pin.epoch == session.epoch;
+        same.then_some(Matched { key, pin })
+    })
+    .unwrap_or(matched)
 }
 
 /// Refuses a follow-up past `max_rounds` (rounds count for calls, not sessions or tasks).

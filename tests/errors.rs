@@ -156,6 +156,137 @@ async fn full_pin_table_refuses_new_calls_but_serves_pinned_ones() {
 }
 
 #[tokio::test]
+async fn a_full_pin_table_refuses_a_new_call_that_echoes_a_routing_token() {
+    let fleet = Fleet::start(
+        2,
+        "[tokens]\nkeys = [\"key-a-0123456789abcdef0123456789abcdef\"]\n[routing]\nmax_pins = 1",
+    )
+    .await;
+    let c0 = fleet.post(&[], &start_call("c0", 2)).await;
+    assert_eq!(c0.json()["result"]["pending"], true);
+    let token = c0.headers["mcp-routing-id"].to_str().unwrap().to_string();
+    assert_eq!(fleet.shared.pins.len(), 1, "c0 filled the table");
+    // A new call that sends c0's token names a backend, but matches no pin here: it is new.
+    let c1 = fleet.post(&[("mcp-routing-id", &token)], &start_call("c1", 2)).await;
+    assert_router_error(&c1, 429, -32000, "pin_capacity", json!(1));
+    assert_eq!(fleet.shared.pins.len(), 1, "the refused call made no pin");
+    // c0's own follow-up, token and all, still passes.
+    let done = fleet.post(&[("mcp-routing-id", &token)], &confirm("c0", 2)).await;
+    assert_eq!(done.json()["result"]["content"][0]["text"], "done");
+    assert_eq!(fleet.total_unknown_followups(), 0);
+}
+
+/// A legacy-session server (DESIGN §2c) on a real socket: `initialize` opens the session
+/// `session-1` (an `Mcp-Session-Id` answer header); in it, a `tools/call` answers `pending`, a
+/// `confirm` answers `pending` until `params.round` reaches `params.of`, then a final result.
+/// The example workers issue no sessions.
+async fn session_server() -> BackendSpec {
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(sock), service_fn(session_answer));
+            tokio::spawn(conn);
+        }
+    });
+    BackendSpec {
+        name: "sessions".into(),
+        url: format!("http://{addr}"),
+        weight: 1,
+    }
+}
+
+async fn session_answer(
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<http_body_util::Full<Bytes>>, std::convert::Infallible> {
+    use http_body_util::BodyExt;
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let msg: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let (round, of) = (msg["params"]["round"].as_u64(), msg["params"]["of"].as_u64());
+    let (result, session) = match msg["method"].as_str() {
+        Some("initialize") => (json!({"protocolVersion": "2025-06-18"}), Some("session-1")),
+        Some("tools/call") => (json!({"pending": true}), None),
+        Some("confirm") if round < of => (json!({"pending": true}), None),
+        _ => (json!({"content": []}), None),
+    };
+    let mut answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": result});
+    if let Some(m) = msg.get("messageId") {
+        answer["messageId"] = m.clone();
+    }
+    let mut resp = http::Response::builder().header("content-type", "application/json");
+    if let Some(s) = session {
+        resp = resp.header("mcp-session-id", s);
+    }
+    Ok(resp
+        .body(http_body_util::Full::new(Bytes::from(answer.to_string())))
+        .unwrap())
+}
+
+/// A router in front of [`session_server`] with `routing`, and the session it opened.
+async fn in_a_session(routing: &str) -> Fleet {
+    let fleet = Fleet::start_backends(Vec::new(), &[session_server().await], routing).await;
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}});
+    let a = fleet.post(&[], &init).await;
+    assert_eq!(a.headers["mcp-session-id"], "session-1", "{a:?}");
+    assert_eq!(fleet.shared.pins.len(), 1, "the session is pinned");
+    fleet
+}
+
+const SESSION: [(&str, &str); 1] = [("mcp-session-id", "session-1")];
+
+fn call_in_session(mid: &str, id: u32) -> serde_json::Value {
+    json!({"jsonrpc": "2.0", "id": id, "messageId": mid, "method": "tools/call", "params": {"name": "transfer-funds"}})
+}
+
+fn confirm_in_session(mid: &str, round: u64, of: u64) -> serde_json::Value {
+    json!({"jsonrpc": "2.0", "id": 10 + round, "messageId": mid, "method": "confirm", "params": {"round": round, "of": of}})
+}
+
+#[tokio::test]
+async fn a_full_pin_table_refuses_a_new_call_inside_a_session_but_not_its_pinned_ones() {
+    let fleet = in_a_session("[routing]\nmax_pins = 2").await;
+    // The session and one call inside it fill the table.
+    let c1 = fleet.post(&SESSION, &call_in_session("c-1", 1)).await;
+    assert_eq!(c1.json()["result"]["pending"], true);
+    assert_eq!(fleet.shared.pins.len(), 2);
+    // The session's pin chooses the backend, but a new call inside it would add a pin of its own.
+    let c2 = fleet.post(&SESSION, &call_in_session("c-2", 2)).await;
+    assert_router_error(&c2, 429, -32000, "pin_capacity", json!(2));
+    assert_eq!(fleet.shared.pins.len(), 2, "the refused call made no pin");
+    // The call pinned inside the session goes on; requests that start nothing pass.
+    let next = fleet.post(&SESSION, &confirm_in_session("c-1", 2, 3)).await;
+    assert_eq!(next.json()["result"]["pending"], true, "{next:?}");
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+    assert_eq!(fleet.post(&SESSION, &list).await.status, 200);
+    let done = fleet.post(&SESSION, &confirm_in_session("c-1", 3, 3)).await;
+    assert_eq!(done.json()["result"]["content"], json!([]), "{done:?}");
+}
+
+#[tokio::test]
+async fn a_call_inside_a_session_counts_its_rounds() {
+    let fleet = in_a_session("[routing]\nmax_rounds = 3").await;
+    assert_eq!(
+        fleet.post(&SESSION, &call_in_session("long", 1)).await.json()["result"]["pending"],
+        true
+    );
+    for round in 2..=3 {
+        let a = fleet.post(&SESSION, &confirm_in_session("long", round, 9)).await;
+        assert_eq!(a.json()["result"]["pending"], true, "round {round}: {a:?}");
+    }
+    let a = fleet.post(&SESSION, &confirm_in_session("long", 4, 9)).await;
+    assert_router_error(&a, 429, -32000, "too_many_rounds", json!(14));
+    assert_eq!(a.json()["error"]["data"]["key"], "long");
+}
+
+#[tokio::test]
 async fn too_many_or_too_large_headers_are_431_before_any_body_is_read() {
     let fleet = Fleet::start(1, "").await;
     let many: Vec<(String, String)> = (0..150).map(|i| (format!("x-h-{i}"), "v".to_string())).collect();
