@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -150,6 +150,10 @@ pub struct PinTable {
     epoch: Instant,
     len: AtomicUsize,
     per_kind: [AtomicI64; 4],
+    /// Active pins found expired and removed outside a sweep (by a lookup, or replaced by a new
+    /// pin), per kind, until the next sweep reports them with its own: each expiry is counted
+    /// by whichever removes the entry, so once, and the metric keeps one writer.
+    expired_unswept: [AtomicU64; 4],
 }
 
 impl Default for PinTable {
@@ -165,6 +169,7 @@ impl PinTable {
             epoch: Instant::now(),
             len: AtomicUsize::new(0),
             per_kind: Default::default(),
+            expired_unswept: Default::default(),
         }
     }
 
@@ -199,10 +204,13 @@ impl PinTable {
         let mut shard = self.shard(key).lock();
         let e = shard.get_mut(&key.0)?;
         if e.deadline_ms <= now {
-            let kind = e.kind;
+            let (kind, finished) = (e.kind, e.finished);
             shard.remove(&key.0);
             drop(shard);
             self.removed(kind);
+            if !finished {
+                self.expired_unswept[kind as usize].fetch_add(1, Ordering::Relaxed);
+            }
             return None;
         }
         if !e.finished {
@@ -220,7 +228,8 @@ impl PinTable {
     }
 
     /// Pins `key` to `backend` as an active call that has had `rounds` rounds. Returns true
-    /// when the key was not pinned before (a new pin).
+    /// when the key was not pinned before (a new pin); an entry past its deadline counts as
+    /// gone.
     pub fn pin(
         &self,
         key: PinKey,
@@ -230,7 +239,8 @@ impl PinTable {
         rounds: u32,
         ttls: &PinTtls,
     ) -> bool {
-        let deadline_ms = self.now_ms() + ttls.idle(kind).as_millis() as u64;
+        let now = self.now_ms();
+        let deadline_ms = now + ttls.idle(kind).as_millis() as u64;
         let entry = Entry {
             backend,
             epoch,
@@ -246,12 +256,17 @@ impl PinTable {
                 self.per_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Some(old) if old.kind != kind => {
-                self.per_kind[old.kind as usize].fetch_sub(1, Ordering::Relaxed);
-                self.per_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
-                true
+            Some(old) => {
+                let expired = old.deadline_ms <= now;
+                if expired && !old.finished {
+                    self.expired_unswept[old.kind as usize].fetch_add(1, Ordering::Relaxed);
+                }
+                if old.kind != kind {
+                    self.per_kind[old.kind as usize].fetch_sub(1, Ordering::Relaxed);
+                    self.per_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
+                }
+                old.kind != kind || old.finished || expired
             }
-            Some(old) => old.finished,
         }
     }
 
@@ -277,10 +292,14 @@ impl PinTable {
         self.per_kind[kind as usize].fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Drops every pin whose deadline passed.
+    /// Drops every pin whose deadline passed; reports those too that expired since the last
+    /// sweep and were removed by other means.
     pub fn sweep(&self) -> Swept {
         let now = self.now_ms();
         let mut swept = Swept::default();
+        for (n, unswept) in swept.expired.iter_mut().zip(&self.expired_unswept) {
+            *n = unswept.swap(0, Ordering::Relaxed);
+        }
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             shard.retain(|_, e| {
@@ -378,6 +397,46 @@ mod tests {
         let swept = t.sweep();
         assert_eq!((swept.expired, swept.retired, swept.per_backend.len()), ([0; 4], 1, 0));
         assert!(t.is_empty());
+    }
+
+    /// Waits (bounded) until `k`'s deadline has passed; `peek` sees that without removing it.
+    fn wait_past_deadline(t: &PinTable, k: PinKey) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while t.peek(k).is_some() {
+            assert!(Instant::now() < deadline, "pin outlived its deadline");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn a_pin_a_lookup_finds_expired_is_reported_by_the_next_sweep_once() {
+        let t = PinTable::new();
+        let short = ttls(20, 20);
+        let idle = PinKey::new(PinKind::Client, b"idle");
+        let done = PinKey::new(PinKind::Task, b"done");
+        t.pin(idle, PinKind::Client, B1, 7, 1, &short);
+        t.pin(done, PinKind::Task, B1, 7, 1, &short);
+        t.finish(done, &short);
+        wait_past_deadline(&t, idle);
+        wait_past_deadline(&t, done);
+        assert!(t.lookup(idle, &short).is_none());
+        assert!(t.lookup(done, &short).is_none());
+        assert!(t.is_empty(), "the lookups removed both");
+        // The finished one ended its replay window: that is no expiry.
+        assert_eq!(t.sweep().expired, [1, 0, 0, 0]);
+        assert_eq!(t.sweep().expired, [0; 4], "reported once");
+    }
+
+    #[test]
+    fn re_pinning_an_expired_key_is_a_new_pin_and_reports_the_expiry() {
+        let t = PinTable::new();
+        let k = PinKey::new(PinKind::RequestState, b"state");
+        t.pin(k, PinKind::RequestState, B1, 7, 1, &ttls(20, 20));
+        wait_past_deadline(&t, k);
+        assert!(t.pin(k, PinKind::RequestState, B2, 7, 1, &ttls(60_000, 60_000)));
+        assert_eq!((t.len(), t.count(PinKind::RequestState)), (1, 1));
+        assert_eq!(t.sweep().expired, [0, 1, 0, 0]);
+        assert_eq!(t.lookup(k, &ttls(60_000, 60_000)).unwrap().backend, B2);
     }
 
     #[test]
