@@ -49,6 +49,10 @@ pub mod defaults {
     /// Idle keep-alive connections kept per backend, and for how long.
     pub const MAX_IDLE_PER_BACKEND: usize = 1024;
     pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+    /// The longest duration any key accepts: 3650 days (ten years). Deadlines are computed as
+    /// `now + duration`, which a longer value (up to `u64::MAX` seconds) would overflow.
+    pub const MAX_DURATION: Duration = Duration::from_secs(MAX_DURATION_DAYS * 24 * 3600);
+    pub const MAX_DURATION_DAYS: u64 = 3650;
 }
 
 /// A configuration problem, with the file and line where it was found when known.
@@ -303,8 +307,12 @@ impl Checker<'_> {
     fn duration(&self, key: &str, v: &Option<Spanned<String>>, default: Duration) -> Result<Duration, ConfigError> {
         let Some(v) = v else { return Ok(default) };
         match humantime::parse_duration(v.get_ref().trim()) {
-            Ok(d) if !d.is_zero() => Ok(d),
-            Ok(_) => self.err(Some(v.span()), format!("{key}: must be greater than zero")),
+            Ok(d) if d.is_zero() => self.err(Some(v.span()), format!("{key}: must be greater than zero")),
+            Ok(d) if d > defaults::MAX_DURATION => self.err(
+                Some(v.span()),
+                format!("{key}: at most {} days", defaults::MAX_DURATION_DAYS),
+            ),
+            Ok(d) => Ok(d),
             Err(e) => self.err(
                 Some(v.span()),
                 format!(
@@ -766,5 +774,30 @@ mod tests {
         assert!(e.to_string().contains("name:port"), "{e}");
         let e = parse(&format!("{ONE}[health]\npath = \"healthz\"\n")).unwrap_err();
         assert!(e.to_string().contains("health.path"), "{e}");
+    }
+
+    #[test]
+    fn durations_are_capped_at_ten_years() {
+        let e = parse(&format!("{ONE}[routing]\ndrain_timeout = \"18446744073709551615s\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.to_string().contains("routing.drain_timeout: at most 3650 days"),
+            "{e}"
+        );
+        let e = parse(&format!("{ONE}[server]\nupstream_timeout = \"3651days\"\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("server.upstream_timeout: at most 3650 days"),
+            "{e}"
+        );
+        // The maximum itself is accepted, and prints back to the same value.
+        let c = parse(&format!("{ONE}[routing]\ndrain_timeout = \"3650days\"\n")).unwrap();
+        assert_eq!(c.routing.drain_timeout, defaults::MAX_DURATION);
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        let c = parse(&format!(
+            "{ONE}[routing]\ndrain_timeout = \"{}s\"\n",
+            defaults::MAX_DURATION.as_secs()
+        ))
+        .unwrap();
+        assert_eq!(c.routing.drain_timeout, defaults::MAX_DURATION);
     }
 }
