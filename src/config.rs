@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
@@ -148,6 +149,37 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Most request headers accepted (HTTP/1); more is 431.
     pub max_headers: usize,
+    /// `tls_cert` + `tls_key`: the proxy listener speaks TLS (HTTP/1.1 and HTTP/2 by ALPN).
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS on the proxy listener: the two files, read and checked when the config is loaded, and
+/// the rustls server config built from them (see [`crate::tls`]).
+#[derive(Clone)]
+pub struct TlsConfig {
+    /// The certificate chain (PEM, leaf first), as resolved against the config file's directory.
+    pub cert_path: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_path: PathBuf,
+    /// Shared by every TLS connection accepted while this config runs.
+    pub server: Arc<rustls::ServerConfig>,
+    /// SHA-256 over both files' contents: two configs are equal when paths and contents are.
+    digest: [u8; 32],
+}
+
+impl PartialEq for TlsConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest && self.cert_path == other.cert_path && self.key_path == other.key_path
+    }
+}
+
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("cert_path", &self.cert_path)
+            .field("key_path", &self.key_path)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -253,6 +285,8 @@ struct RawServer {
     stream_idle_timeout: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     max_headers: Option<Spanned<i64>>,
+    tls_cert: Option<Spanned<String>>,
+    tls_key: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -340,6 +374,63 @@ impl Checker<'_> {
         text.parse()
             .or_else(|_| self.err(span, format!("{key}: {text:?} is not an IP:port address")))
     }
+
+    /// A file the config names: its path (a relative one is taken from the config file's
+    /// directory) and its content.
+    fn read_file(&self, key: &str, v: &Spanned<String>) -> Result<(PathBuf, Vec<u8>), ConfigError> {
+        let path = self.file.parent().unwrap_or(Path::new("")).join(v.get_ref().trim());
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok((path, bytes)),
+            Err(e) => self.err(Some(v.span()), format!("{key}: cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// `server.tls_cert` and `server.tls_key`: both or neither; the files are read, parsed and
+    /// checked to belong together here, so `check` and a reload see a bad file.
+    fn tls(&self, s: &RawServer) -> Result<Option<TlsConfig>, ConfigError> {
+        let (cert, key) = match (&s.tls_cert, &s.tls_key) {
+            (None, None) => return Ok(None),
+            (Some(cert), Some(key)) => (cert, key),
+            (Some(one), None) | (None, Some(one)) => {
+                return self.err(
+                    Some(one.span()),
+                    "server.tls_cert and server.tls_key: set both (TLS) or neither (plain HTTP)",
+                )
+            }
+        };
+        let (cert_path, cert_pem) = self.read_file("server.tls_cert", cert)?;
+        let (key_path, key_pem) = self.read_file("server.tls_key", key)?;
+        let certs = crate::tls::certs(&cert_pem).or_else(|e| {
+            self.err(
+                Some(cert.span()),
+                format!("server.tls_cert: {}: {e}", cert_path.display()),
+            )
+        })?;
+        let private_key = crate::tls::private_key(&key_pem)
+            .or_else(|e| self.err(Some(key.span()), format!("server.tls_key: {}: {e}", key_path.display())))?;
+        let server = crate::tls::server_config(certs, private_key).or_else(|e| {
+            self.err(
+                Some(key.span()),
+                format!(
+                    "server.tls_key: {} does not fit the certificate in {}: {e}",
+                    key_path.display(),
+                    cert_path.display()
+                ),
+            )
+        })?;
+        use sha2::Digest;
+        let mut digest = sha2::Sha256::new();
+        for content in [&cert_pem, &key_pem] {
+            digest.update((content.len() as u64).to_be_bytes());
+            digest.update(content);
+        }
+        Ok(Some(TlsConfig {
+            cert_path,
+            key_path,
+            server,
+            digest: digest.finalize().into(),
+        }))
+    }
 }
 
 impl Config {
@@ -402,6 +493,7 @@ impl Config {
                 16,
                 10_000,
             )? as usize,
+            tls: c.tls(s)?,
         };
         if server.stream_idle_timeout < Duration::from_secs(60) {
             let span = s.stream_idle_timeout.as_ref().map(|v| v.span());
@@ -649,13 +741,23 @@ impl Config {
         let s = &self.server;
         let r = &self.routing;
         let mut out = format!(
-            "[server]\nlisten = \"{}\"\nmax_body_bytes = {}\nheader_read_timeout = \"{}\"\nbody_read_timeout = \"{}\"\nupstream_timeout = \"{}\"\nstream_idle_timeout = \"{}\"\nshutdown_grace = \"{}\"\nmax_headers = {}\n\n[admin]\nlisten = \"{}\"\n\n[routing]\nheader = \"{}\"\nbody_field = \"{}\"\nvirtual_nodes = {}\nload_factor = {}\npin_idle_ttl = \"{}\"\nsession_idle_ttl = \"{}\"\ntask_idle_ttl = \"{}\"\nreplay_window = \"{}\"\nmax_rounds = {}\nmax_pins = {}\non_pin_lost = \"{}\"\ndrain_timeout = \"{}\"\n",
+            "[server]\nlisten = \"{}\"\nmax_body_bytes = {}\nheader_read_timeout = \"{}\"\nbody_read_timeout = \"{}\"\nupstream_timeout = \"{}\"\nstream_idle_timeout = \"{}\"\nshutdown_grace = \"{}\"\nmax_headers = {}\n",
             s.listen, s.max_body_bytes, d(s.header_read_timeout), d(s.body_read_timeout), d(s.upstream_timeout), d(s.stream_idle_timeout), d(s.shutdown_grace), s.max_headers,
+        );
+        if let Some(tls) = &s.tls {
+            out.push_str(&format!(
+                "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+                tls.cert_path.display(),
+                tls.key_path.display()
+            ));
+        }
+        out.push_str(&format!(
+            "\n[admin]\nlisten = \"{}\"\n\n[routing]\nheader = \"{}\"\nbody_field = \"{}\"\nvirtual_nodes = {}\nload_factor = {}\npin_idle_ttl = \"{}\"\nsession_idle_ttl = \"{}\"\ntask_idle_ttl = \"{}\"\nreplay_window = \"{}\"\nmax_rounds = {}\nmax_pins = {}\non_pin_lost = \"{}\"\ndrain_timeout = \"{}\"\n",
             self.admin.listen,
             r.header, r.body_field, r.virtual_nodes, r.load_factor, d(r.pin_idle_ttl), d(r.session_idle_ttl), d(r.task_idle_ttl), d(r.replay_window), r.max_rounds, r.max_pins,
             match r.on_pin_lost { OnPinLost::Strict => "strict", OnPinLost::Rehash => "rehash" },
             d(r.drain_timeout),
-        );
+        ));
         let h = &self.health;
         out.push_str(&format!(
             "\n[health]\ninterval = \"{}\"\ntimeout = \"{}\"\npath = \"{}\"\nunhealthy_after = {}\nhealthy_after = {}\n",

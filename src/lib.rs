@@ -2,9 +2,10 @@
 //! multi-round call to the instance holding it (see `../shared/DESIGN.md` and README.md).
 //!
 //! Map of the modules, in the order a request meets them:
-//! - [`server`]   listeners, HTTP/1.1 + h2c connections, the per-connection timer (header
+//! - [`server`]   listeners, HTTP/1.1 + h2c (or TLS) connections, the per-connection timer (header
 //!   read timeout, a client that leaves mid-request: `server::head_timeout`), graceful
 //!   shutdown, upkeep task
+//! - [`tls`]      TLS on the proxy listener: PEM files → rustls server config (ring, ALPN)
 //! - [`proxy`]    the request path: read → keys → choose backend → forward → observe answer
 //! - [`dialect`]  reading keys out of requests (one validating scan, `dialect::scan`) and
 //!   outcomes out of answers (DESIGN §2)
@@ -40,6 +41,7 @@ pub mod route;
 pub mod sealing;
 pub mod server;
 pub mod state;
+pub mod tls;
 pub mod token;
 pub mod upstream;
 

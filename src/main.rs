@@ -101,7 +101,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let shared = router.handle();
     let config = shared.snapshot().config.clone();
     let listeners = Listeners::bind(&config).await.context("binding listeners")?;
-    tracing::info!(listen = %config.server.listen, admin = %config.admin.listen, backends = config.backends.len(), "mrtr-router started");
+    tracing::info!(listen = %config.server.listen, tls = config.server.tls.is_some(), admin = %config.admin.listen, backends = config.backends.len(), "mrtr-router started");
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let reloader = tokio::spawn(async move {
         while hup.recv().await.is_some() {

@@ -1,5 +1,5 @@
-//! Listeners: accepting connections (HTTP/1.1 and h2c), the admin endpoints, background
-//! upkeep, and graceful shutdown.
+//! Listeners: accepting connections (HTTP/1.1 and h2c, or either over TLS), the admin
+//! endpoints, background upkeep, and graceful shutdown.
 
 mod head_timeout;
 
@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,21 +15,30 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use hyper::service::service_fn;
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use hyper::service::{service_fn, Service};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::io::Interest;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
+use crate::body::ProxyBody;
+use crate::config::ServerConfig;
 use crate::state::Shared;
-use crate::{admin, proxy};
+use crate::{admin, proxy, tls};
 
 /// Serves the proxy until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests and streams finish for up to `server.shutdown_grace`.
+///
+/// Each connection is served with the `[server]` settings of the config running when it was
+/// accepted (header read timeout, header limits, TLS certificate): a reload changes them for
+/// the connections accepted after it. The grace period is the one the router started with.
 pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let cfg = shared.snapshot().config.server.clone();
-    let builders = Arc::new(Builders::new(&cfg));
+    let start = shared.snapshot().config.server.clone();
+    let mut builders = Arc::new(Builders::new(&start));
     let drain = Arc::new(Drain::default());
     // Connections live in a set so that, past the grace period, the ones left can be closed.
     let mut conns = tokio::task::JoinSet::new();
@@ -48,55 +58,20 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
-        let peer_ip = http::HeaderValue::from_str(&peer.ip().to_string()).expect("an IP is a valid header value");
-        let activity = Arc::new(head_timeout::Activity::default());
-        let service = {
-            let (shared, activity) = (shared.clone(), activity.clone());
-            service_fn(move |req| {
-                let done = activity.start();
-                // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
-                let answer = Box::pin(proxy::handle(shared.clone(), req, peer_ip.clone(), false));
-                async move { Ok::<_, Infallible>(answer.await.map(|body| head_timeout::Tracked::new(body, done))) }
-            })
-        };
-        let (builders, drain) = (builders.clone(), drain.clone());
-        conns.spawn(async move {
-            let served: Result<(), hyper::Error> = match sniff(&stream, builders.header_read_timeout).await {
-                Some(Protocol::Http1) => {
-                    let client = Some(stream.as_raw_fd());
-                    let conn = builders.http1.serve_connection(TokioIo::new(stream), service);
-                    match serve(conn, &drain, &activity, builders.header_read_timeout, client).await {
-                        Served::Ended(r) => r,
-                        Served::ClientLeft => {
-                            shared.metrics.client_aborts.inc();
-                            Ok(())
-                        }
-                        Served::TimedOut(conn) => {
-                            let parts = conn.into_parts();
-                            head_timeout::answer(&shared, parts.io, parts.read_buf).await;
-                            Ok(())
-                        }
-                    }
-                }
-                Some(Protocol::Http2) => {
-                    let conn = builders.http2.serve_connection(TokioIo::new(stream), service);
-                    match serve(conn, &drain, &activity, builders.header_read_timeout, None).await {
-                        Served::Ended(r) => r,
-                        Served::ClientLeft => Ok(()),
-                        // No stream for the whole timeout: GOAWAY, and the connection ends.
-                        Served::TimedOut(mut conn) => {
-                            Pin::new(&mut conn).graceful_shutdown();
-                            conn.await
-                        }
-                    }
-                }
-                None => Ok(()),
-            };
-            if let Err(e) = served {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
+        {
+            let snap = shared.snapshot();
+            if builders.server != snap.config.server {
+                builders = Arc::new(Builders::new(&snap.config.server));
             }
-        });
+        }
+        let conn = Connection {
+            shared: shared.clone(),
+            builders: builders.clone(),
+            drain: drain.clone(),
+            activity: Arc::new(head_timeout::Activity::default()),
+            peer,
+        };
+        conns.spawn(conn.serve(stream));
     }
     drop(listener);
     shared.shutting_down.store(true, Ordering::SeqCst);
@@ -104,10 +79,139 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     drain.start();
     tokio::select! {
         _ = async { while conns.join_next().await.is_some() {} } => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(cfg.shutdown_grace) => tracing::warn!("shutdown grace period over; closing remaining connections"),
+        _ = tokio::time::sleep(start.shutdown_grace) => tracing::warn!("shutdown grace period over; closing remaining connections"),
     }
     conns.abort_all();
     while conns.join_next().await.is_some() {}
+}
+
+/// An accepted proxy connection, with what serving it needs.
+struct Connection {
+    shared: Arc<Shared>,
+    builders: Arc<Builders>,
+    drain: Arc<Drain>,
+    activity: Arc<head_timeout::Activity>,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    /// Serves the connection to its end: cleartext, the protocol told by its first bytes; TLS,
+    /// the protocol ALPN chose (HTTP/2 for `h2`, else HTTP/1.1) once the handshake is done.
+    async fn serve(self, stream: TcpStream) {
+        let timeout = self.builders.header_read_timeout;
+        let served = match &self.builders.tls {
+            None => match sniff(&stream, timeout).await {
+                Some(Protocol::Http1) => {
+                    let client = Some(stream.as_raw_fd());
+                    self.http1(stream, client, false).await
+                }
+                Some(Protocol::Http2) => self.http2(stream, false).await,
+                None => Ok(()),
+            },
+            // The handshake has `header_read_timeout` too: a client that never finishes it is
+            // dropped. A client that is not speaking TLS (plain HTTP to this port) fails it.
+            Some(acceptor) => {
+                let client = stream.as_raw_fd();
+                match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) if tls::is_h2(stream.get_ref().1) => self.http2(stream, true).await,
+                    // The raw socket under TLS: a peek at it still finds the client's end of
+                    // stream (see `head_timeout`).
+                    Ok(Ok(stream)) => self.http1(stream, Some(client), true).await,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, peer = %self.peer, "TLS handshake failed");
+                        Ok(())
+                    }
+                    Err(_) => {
+                        tracing::debug!(peer = %self.peer, "TLS handshake timed out");
+                        Ok(())
+                    }
+                }
+            }
+        };
+        if let Err(e) = served {
+            tracing::debug!(error = %e, peer = %self.peer, "connection ended with an error");
+        }
+    }
+
+    /// Serves an HTTP/1 connection; `client` is its TCP socket (see [`serve`]).
+    async fn http1<I>(&self, io: I, client: Option<RawFd>, tls: bool) -> hyper::Result<()>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let conn = self
+            .builders
+            .http1
+            .serve_connection(TokioIo::new(io), self.service(tls));
+        match serve(
+            conn,
+            &self.drain,
+            &self.activity,
+            self.builders.header_read_timeout,
+            client,
+        )
+        .await
+        {
+            Served::Ended(r) => r,
+            Served::ClientLeft => {
+                self.shared.metrics.client_aborts.inc();
+                Ok(())
+            }
+            Served::TimedOut(conn) => {
+                let parts = conn.into_parts();
+                head_timeout::answer(&self.shared, parts.io, parts.read_buf).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves an HTTP/2 connection (h2c, or TLS with ALPN `h2`).
+    async fn http2<I>(&self, io: I, tls: bool) -> hyper::Result<()>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let conn = self
+            .builders
+            .http2
+            .serve_connection(TokioIo::new(io), self.service(tls));
+        match serve(
+            conn,
+            &self.drain,
+            &self.activity,
+            self.builders.header_read_timeout,
+            None,
+        )
+        .await
+        {
+            Served::Ended(r) => r,
+            Served::ClientLeft => Ok(()),
+            // No stream for the whole timeout: GOAWAY, and the connection ends.
+            Served::TimedOut(mut conn) => {
+                Pin::new(&mut conn).graceful_shutdown();
+                conn.await
+            }
+        }
+    }
+
+    /// The connection's service: each request to [`proxy::handle`], counted in its activity.
+    fn service(
+        &self,
+        tls: bool,
+    ) -> impl Service<
+        Request<Incoming>,
+        Response = Response<head_timeout::Tracked<ProxyBody>>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<head_timeout::Tracked<ProxyBody>>, Infallible>> + Send + 'static,
+    > + Send
+           + 'static {
+        let (shared, activity) = (self.shared.clone(), self.activity.clone());
+        let peer_ip = HeaderValue::from_str(&self.peer.ip().to_string()).expect("an IP is a valid header value");
+        service_fn(move |req| {
+            let done = activity.start();
+            // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
+            let answer = Box::pin(proxy::handle(shared.clone(), req, peer_ip.clone(), tls));
+            async move { Ok::<_, Infallible>(answer.await.map(|body| head_timeout::Tracked::new(body, done))) }
+        })
+    }
 }
 
 /// What became of a connection served by [`serve`].
@@ -159,19 +263,25 @@ where
 /// The HTTP/2 connection preface (RFC 9113 §3.4), with which an h2c client opens.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// The proxy's connection builders, configured once. A connection goes to hyper's HTTP/1 or
-/// HTTP/2 server directly once its first bytes (peeked, not read) tell which it speaks, so no
-/// replay buffer sits under every later read.
+/// The proxy's connection builders, made from the `[server]` settings (again when a reload
+/// changes them). A cleartext connection goes to hyper's HTTP/1 or HTTP/2 server directly once
+/// its first bytes (peeked, not read) tell which it speaks, so no replay buffer sits under
+/// every later read; a TLS connection goes where ALPN says.
 struct Builders {
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
-    /// How long a new connection may stay silent, and an HTTP/1 request head may take
-    /// ([`head_timeout`] keeps it; hyper's own would cost a timer per request).
+    /// How long a new connection may stay silent (or take for its TLS handshake), and an
+    /// HTTP/1 request head may take ([`head_timeout`] keeps it; hyper's own would cost a timer
+    /// per request).
     header_read_timeout: Duration,
+    /// Present when the listener speaks TLS.
+    tls: Option<TlsAcceptor>,
+    /// The settings these were made from.
+    server: ServerConfig,
 }
 
 impl Builders {
-    fn new(cfg: &crate::config::ServerConfig) -> Builders {
+    fn new(cfg: &ServerConfig) -> Builders {
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1
             .max_headers(cfg.max_headers)
@@ -192,6 +302,8 @@ impl Builders {
             http1,
             http2,
             header_read_timeout: cfg.header_read_timeout,
+            tls: cfg.tls.as_ref().map(|t| TlsAcceptor::from(t.server.clone())),
+            server: cfg.clone(),
         }
     }
 }
@@ -206,7 +318,7 @@ enum Protocol {
 
 /// Which protocol a new connection speaks, from its first bytes. `None`: it closed, failed,
 /// or did not send enough to tell within `timeout`.
-async fn sniff(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<Protocol> {
+async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut first = [0u8; H2_PREFACE.len()];
     let mut read_closed = false;

@@ -164,19 +164,27 @@ impl Shared {
         Ok(())
     }
 
-    /// Re-reads the config file and applies it if its content changed since the last load;
-    /// an invalid file leaves the running config.
+    /// Re-reads the config file and applies it if its content, or the content of the TLS
+    /// files it names, changed since the last load; an invalid file leaves the running config.
     pub fn reload(&self) -> Result<(), ConfigError> {
         let Some(path) = &self.config_path else {
             return Ok(());
         };
         let text = Config::read_text(path)?;
         let digest = config_digest(text.as_bytes());
-        if self.config_digests.lock().0 == Some(digest) {
+        // Unchanged text may still name TLS files whose content changed (a renewed
+        // certificate): with TLS on, the config is read again and compared whole.
+        let unchanged = self.config_digests.lock().0 == Some(digest);
+        if unchanged && self.snapshot().config.server.tls.is_none() {
             tracing::debug!(path = %path.display(), "config unchanged; nothing to reload");
             return Ok(());
         }
-        match Config::parse(path, &text).and_then(|config| self.apply(config)) {
+        let parsed = Config::parse(path, &text);
+        if unchanged && parsed.as_ref().is_ok_and(|config| *config == self.snapshot().config) {
+            tracing::debug!(path = %path.display(), "config and TLS files unchanged; nothing to reload");
+            return Ok(());
+        }
+        match parsed.and_then(|config| self.apply(config)) {
             Ok(()) => {
                 *self.config_digests.lock() = (Some(digest), None);
                 self.metrics.config_reloads.with_label_values(&["ok"]).inc();

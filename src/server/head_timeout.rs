@@ -20,6 +20,12 @@
 //! client's end of stream, while a request is in flight, ends the connection and with it the
 //! request upstream. A client that leaves is so noticed within a quarter of the timeout, or at
 //! once if the answer is being written to it.
+//!
+//! Over TLS the peek is at the TCP socket under the TLS stream: it sees the client's FIN or
+//! reset as it would in cleartext (TLS records are bytes like any others, and a peek takes
+//! none of them). A client that sends a `close_notify` alert before its FIN leaves those bytes
+//! unread in front of the FIN, so the peek finds bytes, not the end: such a client is taken as
+//! gone only when writing its answer fails (as it is when it pipelines another request).
 
 use std::future::Future;
 use std::mem::MaybeUninit;
@@ -34,8 +40,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
 use crate::error::RouterError;
@@ -204,7 +209,7 @@ fn client_left(fd: RawFd) -> bool {
 /// Ends a connection whose head timed out: a client that sent part of a head gets the 408
 /// `header_timeout`; an idle keep-alive connection is closed without a word (a client may be
 /// sending its next request on it at this moment, and would read a 408 as that one's answer).
-pub async fn answer(shared: &Shared, io: TokioIo<TcpStream>, unread: Bytes) {
+pub async fn answer<S: AsyncWrite + Unpin>(shared: &Shared, io: TokioIo<S>, unread: Bytes) {
     let mut stream = io.into_inner();
     if !unread.is_empty() {
         let e = RouterError::HeaderTimeout;
