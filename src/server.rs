@@ -35,10 +35,9 @@ use crate::{admin, proxy, tls};
 ///
 /// Each connection is served with the `[server]` settings of the config running when it was
 /// accepted (header read timeout, header limits, TLS certificate): a reload changes them for
-/// the connections accepted after it. The grace period is the one the router started with.
+/// the connections accepted after it.
 pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let start = shared.snapshot().config.server.clone();
-    let mut builders = Arc::new(Builders::new(&start));
+    let mut builders = Arc::new(Builders::new(&shared.snapshot().config.server));
     let drain = Arc::new(Drain::default());
     // Connections live in a set so that, past the grace period, the ones left can be closed.
     let mut conns = tokio::task::JoinSet::new();
@@ -77,9 +76,10 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     shared.shutting_down.store(true, Ordering::SeqCst);
     tracing::info!("shutting down: no new connections; waiting for in-flight requests");
     drain.start();
+    let grace = shared.snapshot().config.server.shutdown_grace;
     tokio::select! {
         _ = async { while conns.join_next().await.is_some() {} } => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(start.shutdown_grace) => tracing::warn!("shutdown grace period over; closing remaining connections"),
+        _ = tokio::time::sleep(grace) => tracing::warn!("shutdown grace period over; closing remaining connections"),
     }
     conns.abort_all();
     while conns.join_next().await.is_some() {}
