@@ -735,60 +735,83 @@ impl Config {
         })
     }
 
-    /// The effective configuration as TOML, every default spelled out (for `check`).
+    /// The effective configuration as TOML, every default spelled out (for `check`). Strings
+    /// are written as TOML strings (quotes, backslashes and control characters escaped), so
+    /// the output loads back as the same config (but for token keys, which are never printed).
     pub fn to_toml(&self) -> String {
-        let d = |d: Duration| humantime::format_duration(d).to_string();
+        use std::fmt::Write;
+        let d = |d: Duration| quoted(&humantime::format_duration(d).to_string());
         let s = &self.server;
-        let r = &self.routing;
-        let mut out = format!(
-            "[server]\nlisten = \"{}\"\nmax_body_bytes = {}\nheader_read_timeout = \"{}\"\nbody_read_timeout = \"{}\"\nupstream_timeout = \"{}\"\nstream_idle_timeout = \"{}\"\nshutdown_grace = \"{}\"\nmax_headers = {}\n",
-            s.listen, s.max_body_bytes, d(s.header_read_timeout), d(s.body_read_timeout), d(s.upstream_timeout), d(s.stream_idle_timeout), d(s.shutdown_grace), s.max_headers,
-        );
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "[server]");
+        let _ = writeln!(out, "listen = {}", quoted(&s.listen.to_string()));
+        let _ = writeln!(out, "max_body_bytes = {}", s.max_body_bytes);
+        let _ = writeln!(out, "header_read_timeout = {}", d(s.header_read_timeout));
+        let _ = writeln!(out, "body_read_timeout = {}", d(s.body_read_timeout));
+        let _ = writeln!(out, "upstream_timeout = {}", d(s.upstream_timeout));
+        let _ = writeln!(out, "stream_idle_timeout = {}", d(s.stream_idle_timeout));
+        let _ = writeln!(out, "shutdown_grace = {}", d(s.shutdown_grace));
+        let _ = writeln!(out, "max_headers = {}", s.max_headers);
         if let Some(tls) = &s.tls {
-            out.push_str(&format!(
-                "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
-                tls.cert_path.display(),
-                tls.key_path.display()
-            ));
+            let _ = writeln!(out, "tls_cert = {}", quoted(&tls.cert_path.to_string_lossy()));
+            let _ = writeln!(out, "tls_key = {}", quoted(&tls.key_path.to_string_lossy()));
         }
-        out.push_str(&format!(
-            "\n[admin]\nlisten = \"{}\"\n\n[routing]\nheader = \"{}\"\nbody_field = \"{}\"\nvirtual_nodes = {}\nload_factor = {}\npin_idle_ttl = \"{}\"\nsession_idle_ttl = \"{}\"\ntask_idle_ttl = \"{}\"\nreplay_window = \"{}\"\nmax_rounds = {}\nmax_pins = {}\non_pin_lost = \"{}\"\ndrain_timeout = \"{}\"\n",
-            self.admin.listen,
-            r.header, r.body_field, r.virtual_nodes, r.load_factor, d(r.pin_idle_ttl), d(r.session_idle_ttl), d(r.task_idle_ttl), d(r.replay_window), r.max_rounds, r.max_pins,
-            match r.on_pin_lost { OnPinLost::Strict => "strict", OnPinLost::Rehash => "rehash" },
-            d(r.drain_timeout),
-        ));
+        let _ = writeln!(out, "\n[admin]\nlisten = {}", quoted(&self.admin.listen.to_string()));
+        let r = &self.routing;
+        let _ = writeln!(out, "\n[routing]");
+        let _ = writeln!(out, "header = {}", quoted(r.header.as_str()));
+        let _ = writeln!(out, "body_field = {}", quoted(&r.body_field));
+        let _ = writeln!(out, "virtual_nodes = {}", r.virtual_nodes);
+        let _ = writeln!(out, "load_factor = {}", r.load_factor);
+        let _ = writeln!(out, "pin_idle_ttl = {}", d(r.pin_idle_ttl));
+        let _ = writeln!(out, "session_idle_ttl = {}", d(r.session_idle_ttl));
+        let _ = writeln!(out, "task_idle_ttl = {}", d(r.task_idle_ttl));
+        let _ = writeln!(out, "replay_window = {}", d(r.replay_window));
+        let _ = writeln!(out, "max_rounds = {}", r.max_rounds);
+        let _ = writeln!(out, "max_pins = {}", r.max_pins);
+        let on_pin_lost = match r.on_pin_lost {
+            OnPinLost::Strict => "strict",
+            OnPinLost::Rehash => "rehash",
+        };
+        let _ = writeln!(out, "on_pin_lost = {}", quoted(on_pin_lost));
+        let _ = writeln!(out, "drain_timeout = {}", d(r.drain_timeout));
         let h = &self.health;
-        out.push_str(&format!(
-            "\n[health]\ninterval = \"{}\"\ntimeout = \"{}\"\npath = \"{}\"\nunhealthy_after = {}\nhealthy_after = {}\n",
-            d(h.interval), d(h.timeout), h.path, h.unhealthy_after, h.healthy_after
-        ));
+        let _ = writeln!(out, "\n[health]");
+        let _ = writeln!(out, "interval = {}", d(h.interval));
+        let _ = writeln!(out, "timeout = {}", d(h.timeout));
+        let _ = writeln!(out, "path = {}", quoted(&h.path));
+        let _ = writeln!(out, "unhealthy_after = {}", h.unhealthy_after);
+        let _ = writeln!(out, "healthy_after = {}", h.healthy_after);
         if let Some(t) = &self.tokens {
-            out.push_str(&format!(
-                "\n[tokens]\nkeys = [{}]   # values hidden\ntoken_ttl = \"{}\"\nsession_ttl = \"{}\"\n",
-                vec!["\"<redacted>\""; t.keys.len()].join(", "),
-                d(t.token_ttl),
-                d(t.session_ttl)
-            ));
+            let hidden = vec![quoted("<redacted>"); t.keys.len()].join(", ");
+            let _ = writeln!(out, "\n[tokens]\nkeys = [{hidden}]   # values hidden");
+            let _ = writeln!(out, "token_ttl = {}", d(t.token_ttl));
+            let _ = writeln!(out, "session_ttl = {}", d(t.session_ttl));
         }
         if let Some(disc) = &self.discovery {
-            out.push_str(&format!(
-                "\n[discovery]\ndns = \"{}:{}\"\ninterval = \"{}\"\n",
-                disc.host,
-                disc.port,
-                d(disc.interval)
-            ));
+            let host = if disc.host.contains(':') {
+                format!("[{}]", disc.host)
+            } else {
+                disc.host.clone()
+            };
+            let _ = writeln!(out, "\n[discovery]");
+            let _ = writeln!(out, "dns = {}", quoted(&format!("{host}:{}", disc.port)));
+            let _ = writeln!(out, "interval = {}", d(disc.interval));
         }
         for b in &self.backends {
-            out.push_str(&format!(
-                "\n[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n",
-                b.name,
-                b.url(),
-                b.weight
-            ));
+            let _ = writeln!(out, "\n[[backend]]");
+            let _ = writeln!(out, "name = {}", quoted(&b.name));
+            let _ = writeln!(out, "url = {}", quoted(&b.url()));
+            let _ = writeln!(out, "weight = {}", b.weight);
         }
         out
     }
+}
+
+/// `text` as a TOML string, escaped as TOML needs.
+fn quoted(text: &str) -> String {
+    toml::Value::String(text.to_string()).to_string()
 }
 
 /// Replaces `${NAME}` with the environment variable NAME (which must be set).
@@ -876,6 +899,23 @@ mod tests {
         assert!(e.to_string().contains("name:port"), "{e}");
         let e = parse(&format!("{ONE}[health]\npath = \"healthz\"\n")).unwrap_err();
         assert!(e.to_string().contains("health.path"), "{e}");
+    }
+
+    #[test]
+    fn the_printed_config_escapes_strings_and_loads_back_the_same() {
+        let c = parse(
+            "[routing]\nbody_field = 'say \"hi\" \\ bye'\nload_factor = 1.25\n[discovery]\ndns = \"[::1]:8000\"\n\
+             [[backend]]\nname = 'a\"b\\c \\\" d'\nurl = \"http://127.0.0.1:9001/p\"\nweight = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.backends[0].name, r#"a"b\c \" d"#);
+        assert_eq!(c.routing.body_field, r#"say "hi" \ bye"#);
+        let printed = c.to_toml();
+        let again = parse(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(again, c, "{printed}");
+        // And what it printed is a TOML document on its own.
+        let doc: toml::Table = printed.parse().unwrap();
+        assert_eq!(doc["backend"][0]["name"].as_str(), Some(r#"a"b\c \" d"#));
     }
 
     #[test]
