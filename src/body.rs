@@ -17,8 +17,9 @@ use crate::upstream::InflightGuard;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Called with the `data` of each SSE event before the event is sent on; may ask for a string
-/// in the event to be replaced (a `requestState` sealed for the client).
+/// Called with the `data` of each SSE event before the event is sent on (empty for an event
+/// without data, such as a `: ping` comment: the stream is alive); may ask for a string in the
+/// event to be replaced (a `requestState` sealed for the client).
 pub type MessageSink = Box<dyn FnMut(&[u8]) -> Option<Replacement> + Send>;
 
 /// Called once if the upstream stream fails, with the `kind` label of the error.
@@ -301,11 +302,7 @@ impl SseSplitter {
             data.extend_from_slice(value);
             lines += 1;
         }
-        if lines > 0 {
-            (self.sink)(&data)
-        } else {
-            None
-        }
+        (self.sink)(&data)
     }
 }
 
@@ -328,17 +325,21 @@ mod tests {
     fn splits_events_across_chunks() {
         let (mut sp, seen) = splitter();
         assert_eq!(&sp.feed(b": ping\n\nevent: message\ndata: {\"a\""), &b": ping\n\n"[..]);
-        assert!(seen.lock().unwrap().is_empty(), "a comment has no data");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![String::new()],
+            "a comment is an event without data"
+        );
         assert_eq!(&sp.feed(b":1}\n"), &b""[..]);
         assert_eq!(
             &sp.feed(b"\nid: 2\r\ndata: x\r\ndata: y\r"),
             &b"event: message\ndata: {\"a\":1}\n\n"[..]
         );
         assert_eq!(&sp.feed(b"\n\r\n"), &b"id: 2\r\ndata: x\r\ndata: y\r\n\r\n"[..]);
-        assert_eq!(*seen.lock().unwrap(), vec!["{\"a\":1}".to_string(), "x\ny".to_string()]);
+        assert_eq!(*seen.lock().unwrap(), ["", "{\"a\":1}", "x\ny"]);
         assert_eq!(&sp.feed(b"data: tail"), &b""[..]);
         assert_eq!(&sp.finish(), &b"data: tail"[..]);
-        assert_eq!(seen.lock().unwrap().len(), 3);
+        assert_eq!(seen.lock().unwrap().len(), 4);
     }
 
     #[test]
@@ -367,6 +368,8 @@ mod tests {
         out += sp.feed(&big).len();
         out += sp.feed(b"\n\ndata: ok\n\n").len();
         assert_eq!(out, 6 + big.len() + 12);
-        assert_eq!(*seen.lock().unwrap(), vec!["ok".to_string()]);
+        // (Its blank line may read as an event of its own, with no data.)
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.iter().filter(|d| !d.is_empty()).collect::<Vec<_>>(), ["ok"]);
     }
 }

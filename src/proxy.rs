@@ -162,7 +162,10 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
             // Sealing changes the length of events.
             resp_parts.headers.remove(header::CONTENT_LENGTH);
         }
-        let sink: MessageSink = Box::new(move |msg: &[u8]| call.observe_message(msg).replacement);
+        let sink: MessageSink = Box::new(move |msg: &[u8]| {
+            call.keep_session_alive();
+            call.observe_message(msg).replacement
+        });
         ProxyBody::stream(
             resp_body,
             None,
@@ -748,6 +751,16 @@ impl CallContext {
 
     fn may_create_pin(&self) -> bool {
         self.may_create_pin
+    }
+
+    /// A stream in a session (the GET stream a client listens on for hours, or a long tool
+    /// call) keeps the session's pin alive: each event, `: ping` comments included, counts as
+    /// activity, so the pin never idles out under a client that is still listening. (An idle
+    /// stream is closed after `stream_idle_timeout`, so a live one always has events.)
+    fn keep_session_alive(&self) {
+        if let Some(key) = self.session {
+            self.shared.pins.lookup(key, &self.snap.ttls);
+        }
     }
 
     /// Pins `key`; true when the pin is new.

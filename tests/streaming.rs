@@ -300,3 +300,97 @@ async fn http2_clients_are_served() {
     assert_eq!(b.json()["result"]["content"][0]["text"], "done");
     assert_eq!(a.worker(), b.worker());
 }
+
+/// A legacy-session server (DESIGN §2c): `initialize` opens session `s-1`; the session's GET
+/// stream sends a numbered `: ping` every 100 ms (up to 100); any other POST in the session is
+/// answered by name.
+async fn pinging_session_server() -> BackendSpec {
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+    async fn answer(req: http::Request<Incoming>) -> Result<http::Response<Body>, std::convert::Infallible> {
+        let sse = req.method() == Method::GET;
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let resp = http::Response::builder().header("x-worker", "sessions");
+        if sse {
+            let pings = futures_util::stream::unfold(1u32, |n| async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let frame = http_body::Frame::data(Bytes::from(format!(": ping {n}\n\n")));
+                (n <= 100).then_some((Ok(frame), n + 1))
+            });
+            let body = http_body_util::StreamBody::new(pings).boxed();
+            return Ok(resp.header("content-type", "text/event-stream").body(body).unwrap());
+        }
+        let msg: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let resp = match msg["method"] == "initialize" {
+            true => resp.header("mcp-session-id", "s-1"),
+            false => resp,
+        };
+        let answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {}});
+        let body = Full::new(Bytes::from(answer.to_string())).boxed();
+        Ok(resp.header("content-type", "application/json").body(body).unwrap())
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(sock), service_fn(answer)));
+        }
+    });
+    BackendSpec {
+        name: "sessions".into(),
+        url: format!("http://{addr}"),
+        weight: 1,
+    }
+}
+
+/// A client may listen on a session's GET stream far longer than `session_idle_ttl` without
+/// sending anything: the stream's events keep the session pinned, so its next POST still
+/// reaches the instance that holds the session.
+#[tokio::test]
+async fn a_session_stream_keeps_its_session_pinned() {
+    let specs = [pinging_session_server().await];
+    let fleet = Fleet::start_backends(Vec::new(), &specs, "[routing]\nsession_idle_ttl = \"300ms\"").await;
+    let init = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}),
+        )
+        .await;
+    assert_eq!(init.headers["mcp-session-id"], "s-1", "{init:?}");
+    let req = Request::get(fleet.url())
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", "s-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(REQUEST_DEADLINE, fleet.client.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    // Five times the session's idle TTL, with the stream open all along.
+    read_until(&mut stream, ": ping 15\n").await;
+    let m = fleet.metrics().await;
+    // (A counter child shows once it has counted.)
+    assert_eq!(
+        metric(&m, "mrtr_pins_expired_total{kind=\"session\"}").unwrap_or(0.0),
+        0.0
+    );
+    assert_eq!(metric(&m, "mrtr_pins{kind=\"session\"}"), Some(1.0));
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let a = fleet.post(&[("mcp-session-id", "s-1")], &call).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_route_decisions_total{source=\"pin\"}"),
+        Some(2.0),
+        "the GET and the POST"
+    );
+}
