@@ -43,6 +43,40 @@ fn check_prints_the_effective_config() {
 }
 
 #[test]
+fn check_reads_the_tls_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    std::fs::write(dir.path().join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("server.key"), signing_key.serialize_pem()).unwrap();
+    let backend = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
+    let check = |server: &str| {
+        std::fs::write(&path, format!("[server]\n{server}{backend}")).unwrap();
+        Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    // Relative to the config file's directory, whatever the working directory.
+    let out = check("tls_cert = \"server.pem\"\ntls_key = \"server.key\"\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let printed = toml::Value::String(dir.path().join("server.pem").to_string_lossy().into()).to_string();
+    assert!(text.contains(&format!("tls_cert = {printed}")), "{text}");
+
+    let out = check("tls_cert = \"gone.pem\"\ntls_key = \"server.key\"\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    let gone = dir.path().join("gone.pem");
+    assert!(
+        err.contains("c.toml:2") && err.contains(&format!("server.tls_cert: cannot read {}", gone.display())),
+        "{err}"
+    );
+}
+
+#[test]
 fn route_explains_a_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
