@@ -30,9 +30,6 @@ pub struct RequestEnvelope<'a> {
     pub message_id: Option<Cow<'a, str>>,
     /// `params.requestState` (2026-07-28 multi-round retry).
     pub request_state: Option<Cow<'a, str>>,
-    /// Where `request_state`'s literal (quotes included) sits in the body, as the client wrote
-    /// it: a wrapped state is put back there, whatever escapes the client's encoder chose.
-    pub request_state_at: Option<Range<usize>>,
     /// `params.taskId` (tasks extension).
     pub task_id: Option<Cow<'a, str>>,
 }
@@ -42,6 +39,13 @@ pub struct RequestEnvelope<'a> {
 /// carries none.
 pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, NotJson> {
     scan::request(body, body_field)
+}
+
+/// Where `params.requestState`'s literal (quotes included) sits in a request body, as the
+/// client wrote it: a wrapped state is put back there, whatever escapes the client's encoder
+/// chose. (A second scan, for the rare request that carries a wrapped state.)
+pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
+    scan::request_state_at(body, body_field)
 }
 
 /// The value of a JSON string literal (`raw` includes the quotes), borrowed unless escaped.

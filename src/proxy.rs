@@ -71,7 +71,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     };
     // The id borrows only the body, so it outlives `keys` (which also borrow the headers, moved
     // into the upstream request) without a copy.
-    let (error_id, state_at) = (envelope.id, envelope.request_state_at.clone());
+    let error_id = envelope.id;
     let keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
 
     // Phase 2: choose the backend: sealed tokens first, then pins, then the ring.
@@ -122,12 +122,18 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => Either::Right(incoming),
-        // The backend gets back the state it issued (wrapped and unwrapped in one scan, so
-        // the literal's place is known whenever the state was wrapped).
+        // The backend gets back the state it issued, where the client's echo stands (found
+        // by the same scan that read the wrapped state, so it is there).
         None => Either::Left(
-            match (unsealed.as_ref().and_then(|u| u.request_state.as_deref()), state_at) {
-                (Some(original), Some(at)) => sealing::restore_request_state(&bytes, at, original),
-                _ => bytes.clone(),
+            match unsealed
+                .as_ref()
+                .and_then(|u| u.request_state.as_deref())
+                .and_then(|original| {
+                    let at = dialect::request_state_at(&bytes, &snap.config.routing.body_field)?;
+                    Some(sealing::restore_request_state(&bytes, at, original))
+                }) {
+                Some(restored) => restored,
+                None => bytes.clone(),
             },
         ),
     };

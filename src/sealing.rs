@@ -161,7 +161,7 @@ mod tests {
             echo(&wrapped)
         );
         let env = crate::dialect::parse_request(retry.as_bytes(), "messageId").unwrap();
-        let at = env.request_state_at.clone().unwrap();
+        let at = crate::dialect::request_state_at(retry.as_bytes(), "messageId").unwrap();
         let headers = http::HeaderMap::new();
         let keys = RequestKeys::new(&headers, &http::HeaderName::from_static("mcp-routing-id"), env);
         let u = s.unseal(&keys, SystemTime::now()).unwrap().unwrap();

@@ -15,13 +15,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::{service_fn, Service};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::io::{AsyncRead, AsyncWrite, Interest};
+use tokio::io::{AsyncWrite, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -97,97 +98,111 @@ struct Connection {
 impl Connection {
     /// Serves the connection to its end: cleartext, the protocol told by its first bytes; TLS,
     /// the protocol ALPN chose (HTTP/2 for `h2`, else HTTP/1.1) once the handshake is done.
+    ///
+    /// Cleartext HTTP/1's [`serve`] is awaited right here, not inside a helper `async fn`: every
+    /// wake-up of the connection polls down through each layer of futures, several per
+    /// request. The other paths are boxed: a task's future is as large as its largest path
+    /// (TLS and HTTP/2 state run to kilobytes), and it is copied when the task is spawned.
     async fn serve(self, stream: TcpStream) {
         let timeout = self.builders.header_read_timeout;
-        let served = match &self.builders.tls {
+        let served = match self.builders.tls.clone() {
+            Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
             None => match sniff(&stream, timeout).await {
                 Some(Protocol::Http1) => {
                     let client = Some(stream.as_raw_fd());
-                    self.http1(stream, client, false).await
+                    let conn = self
+                        .builders
+                        .http1
+                        .serve_connection(TokioIo::new(stream), self.service(false));
+                    let served = serve(conn, &self.drain, &self.activity, timeout, client).await;
+                    self.http1_ended(served, |c| {
+                        let p = c.into_parts();
+                        (p.io, p.read_buf)
+                    })
+                    .await
                 }
-                Some(Protocol::Http2) => self.http2(stream, false).await,
+                Some(Protocol::Http2) => Box::pin(self.serve_http2(stream, false)).await,
                 None => Ok(()),
             },
-            // The handshake has `header_read_timeout` too: a client that never finishes it is
-            // dropped. A client that is not speaking TLS (plain HTTP to this port) fails it.
-            Some(acceptor) => {
-                let client = stream.as_raw_fd();
-                match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) if tls::is_h2(stream.get_ref().1) => self.http2(stream, true).await,
-                    // The raw socket under TLS: a peek at it still finds the client's end of
-                    // stream (see `head_timeout`).
-                    Ok(Ok(stream)) => self.http1(stream, Some(client), true).await,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, peer = %self.peer, "TLS handshake failed");
-                        Ok(())
-                    }
-                    Err(_) => {
-                        tracing::debug!(peer = %self.peer, "TLS handshake timed out");
-                        Ok(())
-                    }
-                }
-            }
         };
         if let Err(e) = served {
             tracing::debug!(error = %e, peer = %self.peer, "connection ended with an error");
         }
     }
 
-    /// Serves an HTTP/1 connection; `client` is its TCP socket (see [`serve`]).
-    async fn http1<I>(&self, io: I, client: Option<RawFd>, tls: bool) -> hyper::Result<()>
-    where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let conn = self
-            .builders
-            .http1
-            .serve_connection(TokioIo::new(io), self.service(tls));
-        match serve(
-            conn,
-            &self.drain,
-            &self.activity,
-            self.builders.header_read_timeout,
-            client,
-        )
-        .await
-        {
-            Served::Ended(r) => r,
-            Served::ClientLeft => {
-                self.shared.metrics.client_aborts.inc();
+    /// TLS: the handshake has `header_read_timeout` too, so a client that never finishes it is
+    /// dropped; a client that is not speaking TLS (plain HTTP to this port) fails it.
+    async fn serve_tls(&self, stream: TcpStream, acceptor: TlsAcceptor) -> hyper::Result<()> {
+        let timeout = self.builders.header_read_timeout;
+        let client = stream.as_raw_fd();
+        match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) if tls::is_h2(stream.get_ref().1) => self.serve_http2(stream, true).await,
+            // The raw socket under TLS: a peek at it still finds the client's end of stream
+            // (see `head_timeout`).
+            Ok(Ok(stream)) => {
+                let conn = self
+                    .builders
+                    .http1
+                    .serve_connection(TokioIo::new(stream), self.service(true));
+                let served = serve(conn, &self.drain, &self.activity, timeout, Some(client)).await;
+                self.http1_ended(served, |c| {
+                    let p = c.into_parts();
+                    (p.io, p.read_buf)
+                })
+                .await
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, peer = %self.peer, "TLS handshake failed");
                 Ok(())
             }
-            Served::TimedOut(conn) => {
-                let parts = conn.into_parts();
-                head_timeout::answer(&self.shared, parts.io, parts.read_buf).await;
+            Err(_) => {
+                tracing::debug!(peer = %self.peer, "TLS handshake timed out");
                 Ok(())
             }
         }
     }
 
     /// Serves an HTTP/2 connection (h2c, or TLS with ALPN `h2`).
-    async fn http2<I>(&self, io: I, tls: bool) -> hyper::Result<()>
+    async fn serve_http2<I>(&self, io: I, tls: bool) -> hyper::Result<()>
     where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        I: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let conn = self
             .builders
             .http2
             .serve_connection(TokioIo::new(io), self.service(tls));
-        match serve(
-            conn,
-            &self.drain,
-            &self.activity,
-            self.builders.header_read_timeout,
-            None,
-        )
-        .await
-        {
+        let timeout = self.builders.header_read_timeout;
+        match serve(conn, &self.drain, &self.activity, timeout, None).await {
             Served::Ended(r) => r,
             Served::ClientLeft => Ok(()),
             // No stream for the whole timeout: GOAWAY, and the connection ends.
             Served::TimedOut(mut conn) => {
                 Pin::new(&mut conn).graceful_shutdown();
                 conn.await
+            }
+        }
+    }
+
+    /// Ends an HTTP/1 connection that [`serve`] handed back; `parts` takes a timed-out one
+    /// apart (its socket, and what it read of a head).
+    async fn http1_ended<C, I>(
+        &self,
+        served: Served<C>,
+        parts: impl FnOnce(C) -> (TokioIo<I>, Bytes),
+    ) -> hyper::Result<()>
+    where
+        I: AsyncWrite + Unpin,
+    {
+        match served {
+            Served::Ended(r) => r,
+            Served::ClientLeft => {
+                self.shared.metrics.client_aborts.inc();
+                Ok(())
+            }
+            Served::TimedOut(conn) => {
+                let (io, unread) = parts(conn);
+                head_timeout::answer(&self.shared, io, unread).await;
+                Ok(())
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use mrtr_router::dialect::parse_request;
+use mrtr_router::dialect::{parse_request, request_state_at};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::value::RawValue;
@@ -22,10 +22,7 @@ struct Fields {
 fn scanned(body: &[u8], field: &str) -> Option<Fields> {
     let e = parse_request(body, field).ok()?;
     // Where the router puts a wrapped state back: the literal there is the state's.
-    let at_state = e
-        .request_state_at
-        .clone()
-        .map(|at| serde_json::from_slice::<String>(&body[at]).unwrap());
+    let at_state = request_state_at(body, field).map(|at| serde_json::from_slice::<String>(&body[at]).unwrap());
     assert_eq!(
         at_state.as_deref(),
         e.request_state.as_deref(),

@@ -8,6 +8,7 @@
 //! stack, so depth costs no recursion); keys and the fields the router reads are checked.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use super::RequestEnvelope;
 
@@ -121,7 +122,22 @@ fn plain_tail(bytes: &[u8], mut ascii: bool) -> Option<(usize, bool)> {
 
 /// Reads `body` as a JSON-RPC request (or batch: its first element) and returns its envelope.
 pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, NotJson> {
-    let mut s = Scanner { b: body, i: 0 };
+    scan_request(body, body_field).map(|(envelope, _)| envelope)
+}
+
+/// Where the envelope's `params.requestState` literal (quotes included) sits in `body`.
+pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
+    scan_request(body, body_field).ok()?.1
+}
+
+/// The envelope, and where its `params.requestState` literal sits: kept out of the envelope,
+/// which every request moves around, for the rare request that needs it.
+fn scan_request<'a>(body: &'a [u8], body_field: &str) -> Result<(RequestEnvelope<'a>, Option<Range<usize>>), NotJson> {
+    let mut s = Scanner {
+        b: body,
+        i: 0,
+        state_at: None,
+    };
     let scan = |s: &mut Scanner<'a>| {
         s.ws();
         let envelope = s.envelope(body_field.as_bytes())?;
@@ -131,7 +147,10 @@ pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'
             false => Err(Invalid),
         }
     };
-    scan(&mut s).map_err(|Invalid| NotJson { at: s.i })
+    match scan(&mut s) {
+        Ok(envelope) => Ok((envelope, s.state_at)),
+        Err(Invalid) => Err(NotJson { at: s.i }),
+    }
 }
 
 /// What a string's literal holds, as far as reading its value goes.
@@ -194,6 +213,8 @@ enum KeyText<'a> {
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
+    /// Where the request object's `params.requestState` literal sits, once read.
+    state_at: Option<Range<usize>>,
 }
 
 impl<'a> Scanner<'a> {
@@ -269,6 +290,7 @@ impl<'a> Scanner<'a> {
             }
             Ok(())
         })?;
+        self.state_at = request_state.map(|r| self.at(r.quoted));
         let decode = |raw: Option<RawStr<'a>>| raw.map(RawStr::value).transpose();
         Ok(RequestEnvelope {
             id,
@@ -278,7 +300,6 @@ impl<'a> Scanner<'a> {
                 Some(KeyText::String(s)) => Some(s.value()?),
                 None => None,
             },
-            request_state_at: request_state.map(|r| self.at(r.quoted)),
             request_state: decode(request_state)?,
             task_id: decode(task_id)?,
         })
@@ -343,7 +364,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Where `part`, a piece of the body this scanner reads, sits in it.
-    fn at(&self, part: &[u8]) -> std::ops::Range<usize> {
+    fn at(&self, part: &[u8]) -> Range<usize> {
         let start = part.as_ptr() as usize - self.b.as_ptr() as usize;
         start..start + part.len()
     }
