@@ -31,20 +31,6 @@ fn raw_slow_post(ms: u64) -> String {
     )
 }
 
-/// Reads until the peer closes (or `limit` passes) and returns what came.
-async fn read_to_close(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
-            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
-            Err(_) => return None,
-        }
-    }
-}
-
 /// The router closed no sooner than `at_least` after `since` (it is a timeout, not an error).
 fn assert_waited(since: Instant, at_least: Duration) {
     let waited = since.elapsed();

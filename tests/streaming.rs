@@ -24,18 +24,6 @@ async fn open(fleet: &Fleet, body: &Value) -> http::Response<Incoming> {
         .unwrap()
         .unwrap()
 }
-
-/// The values of header `name`, in order, among those the echo worker reports it received.
-fn echoed(answer: &Value, name: &str) -> Vec<String> {
-    answer["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h[0] == name)
-        .map(|h| h[1].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test]
 async fn sse_first_event_arrives_before_the_backend_finishes() {
     let fleet = Fleet::start(1, "").await;

@@ -16,7 +16,7 @@ use mrtr_router::Config;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -107,31 +107,6 @@ async fn echo(stream: TlsStream<TcpStream>) -> (Version, Value) {
     tokio::time::timeout(REQUEST_DEADLINE, answer)
         .await
         .expect("an answer within the test deadline")
-}
-
-/// The values of header `name` in an `/echo` answer.
-fn echoed(v: &Value, name: &str) -> Vec<String> {
-    v["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h[0] == name)
-        .map(|h| h[1].as_str().unwrap().to_string())
-        .collect()
-}
-
-/// Reads until the peer closes or resets the connection; `None` if it is still open after `limit`.
-async fn read_to_close(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
-            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
-            Err(_) => return None,
-        }
-    }
 }
 
 #[tokio::test]

@@ -412,3 +412,30 @@ pub async fn wait_for_exit(child: &mut Child, what: &str) -> ExitStatus {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// The values of header `name`, in order, among those the `/echo` worker reports it received.
+pub fn echoed(answer: &Value, name: &str) -> Vec<String> {
+    answer["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0] == name)
+        .map(|h| h[1].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Reads until the peer closes or resets the connection and returns what came; `None` if it
+/// is still open after `limit`.
+pub async fn read_to_close<S: tokio::io::AsyncRead + Unpin>(s: &mut S, limit: Duration) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return None,
+        }
+    }
+}
