@@ -6,7 +6,6 @@ mod head_timeout;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
-use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -175,10 +174,13 @@ impl Connection {
         match serve(conn, &self.drain, &self.activity, timeout, None).await {
             Served::Ended(r) => r,
             Served::ClientLeft => Ok(()),
-            // No stream for the whole timeout: GOAWAY, and the connection ends.
+            // No stream for the whole timeout: GOAWAY, and the connection ends. h2 waits for
+            // the client to acknowledge the GOAWAY's PING (and a connection still in its
+            // handshake waits for the preface): a client that does neither is dropped after
+            // one more timeout, not held forever.
             Served::TimedOut(mut conn) => {
                 Pin::new(&mut conn).graceful_shutdown();
-                conn.await
+                tokio::time::timeout(timeout, conn).await.unwrap_or(Ok(()))
             }
         }
     }
@@ -331,6 +333,9 @@ enum Protocol {
     Http2,
 }
 
+/// How soon [`sniff`] looks again at a connection whose first bytes were too few to tell.
+const SNIFF_AGAIN: Duration = Duration::from_millis(2);
+
 /// Which protocol a new connection speaks, from its first bytes. `None`: it closed, failed,
 /// or did not send enough to tell within `timeout`.
 async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
@@ -348,15 +353,19 @@ async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
             // Too short to tell, and no more is coming.
             _ if read_closed => return None,
             // A first segment that begins the preface but is too short to tell ("P" could also
-            // begin a POST): wait for more. A peek leaves the socket readable, so that
-            // readiness is cleared first; bytes that arrive after it set it again. A client's
-            // FIN keeps it readable for good: then one more look, and no more waiting.
+            // begin a POST; clients rarely split it): look again shortly. Waiting on readiness
+            // would mean clearing what the peek left set, and bytes that came between the peek
+            // and the clearing would then go unseen, by this wait and by hyper's first read. A
+            // client's FIN: one more look, and no more waiting.
             _ => {
-                let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
-                match tokio::time::timeout_at(deadline, stream.ready(Interest::READABLE)).await {
-                    Ok(Ok(ready)) => read_closed = ready.is_read_closed(),
-                    _ => return None,
+                use futures_util::FutureExt;
+                let ready = stream.ready(Interest::READABLE).now_or_never();
+                read_closed = matches!(ready, Some(Ok(r)) if r.is_read_closed());
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return None;
                 }
+                tokio::time::sleep_until((now + SNIFF_AGAIN).min(deadline)).await;
             }
         }
     }

@@ -246,6 +246,22 @@ async fn an_h2c_connection_without_a_stream_for_the_header_read_timeout_is_close
     assert_waited(idle_from, Duration::from_millis(250));
 }
 
+/// An h2c client that sends the preface and then nothing, not even the GOAWAY's PING answer
+/// that h2 waits for, is dropped one timeout after its GOAWAY instead of being held forever.
+#[tokio::test]
+async fn an_h2c_client_that_never_answers_the_goaway_is_dropped() {
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"300ms\"").await;
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let got = sent_then_closed(
+        &fleet,
+        preface,
+        Duration::from_millis(250),
+        "a silent h2c client is closed",
+    )
+    .await;
+    assert!(!got.is_empty(), "the router's SETTINGS and GOAWAY came first");
+}
+
 #[tokio::test]
 async fn a_connection_that_closes_before_its_protocol_is_known_is_let_go_at_once() {
     // The header read timeout is long here: these closes must be noticed, not timed out.

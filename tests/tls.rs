@@ -196,6 +196,26 @@ async fn a_handshake_that_never_finishes_is_dropped_after_the_header_read_timeou
     assert_eq!(echo(stream).await.0, Version::HTTP_11);
 }
 
+/// A client that chose `h2` and then never sends the HTTP/2 preface is dropped, not held by an
+/// HTTP/2 handshake that waits forever.
+#[tokio::test]
+async fn an_h2_client_that_never_sends_its_preface_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "server");
+    let fleet = Fleet::start(1, &tls_server(&cert, "header_read_timeout = \"300ms\"")).await;
+    let mut stream = connect(&fleet, &cert.der, &[b"h2"]).await.expect("handshake");
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let started = Instant::now();
+    read_to_close(&mut stream, Duration::from_secs(10))
+        .await
+        .expect("the router closes the connection");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn a_tls_client_that_leaves_mid_request_is_noticed() {
     // The connection's timer peeks at the TCP socket under TLS every 100 ms while the request
