@@ -129,7 +129,7 @@ async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyB
     };
     let mut keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
     if let Some(k) = query_key.as_deref() {
-        keys.header_key = Some(k);
+        keys.set_header_key(k);
     }
     let out = explain(shared, &keys);
     reply(StatusCode::OK, "application/json", format!("{out:#}\n"))

@@ -78,8 +78,8 @@ fn main() -> anyhow::Result<()> {
                 };
                 let headers = http::HeaderMap::new();
                 let mut keys = RequestKeys::new(&headers, &snap.config.routing.header, envelope);
-                if key.is_some() {
-                    keys.header_key = key.as_deref();
+                if let Some(k) = key.as_deref() {
+                    keys.set_header_key(k);
                 }
                 println!("{:#}", admin::explain(&shared, &keys));
                 Ok(())

@@ -67,6 +67,12 @@ impl<'a> RequestKeys<'a> {
         }
     }
 
+    /// Takes `key` as if it came in the routing header (for explanations): an empty value is
+    /// no key, as an empty header is.
+    pub fn set_header_key(&mut self, key: &'a str) {
+        self.header_key = Some(key).filter(|k| !k.is_empty());
+    }
+
     /// The routing header when it names a call, not when it is one of the router's sealed
     /// tokens (those name a backend, and are alike for every call sealed in the same second).
     fn call_header(&self) -> Option<&str> {

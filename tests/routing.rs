@@ -258,6 +258,11 @@ async fn debug_route_explains_keys_and_bodies_without_touching_pins() {
         (fresh["source"].as_str(), fresh["keys"]["client_key"].as_str()),
         (Some("ring"), Some("never seen"))
     );
+    // An empty key is no key, as an empty routing header is.
+    let empty = send(&fleet.client, Method::GET, &format!("{admin}?key="), &[], Bytes::new())
+        .await
+        .json();
+    assert_eq!(empty["source"], "keyless", "{empty}");
     let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState":"unknown"}});
     let v = send(
         &fleet.client,
@@ -273,4 +278,28 @@ async fn debug_route_explains_keys_and_bodies_without_touching_pins() {
     assert_eq!(v["keys"]["method"], "tools/call");
     // Explaining never created, refreshed or finished anything.
     assert_eq!(fleet.shared.pins.len(), 1);
+}
+
+/// The per-request metrics DESIGN §7 names, as an operator's dashboard reads them: counts by
+/// backend, method and status, the latency histogram, in-flight back to zero; and the probes.
+#[tokio::test]
+async fn requests_show_in_the_metrics_and_the_probes_answer() {
+    let fleet = Fleet::start(1, "").await;
+    for i in 0..3 {
+        assert_eq!(fleet.post(&[], &start_call(&format!("m-{i}"), 1)).await.status, 200);
+    }
+    let m = fleet.metrics().await;
+    let requests = "mrtr_requests_total{backend=\"worker-0\",method=\"tools/call\",status=\"200\"}";
+    assert_eq!(metric(&m, requests), Some(3.0), "{m}");
+    assert_eq!(
+        metric(&m, "mrtr_request_duration_seconds_count{backend=\"worker-0\"}"),
+        Some(3.0)
+    );
+    assert!(metric(&m, "mrtr_request_duration_seconds_sum{backend=\"worker-0\"}").unwrap() > 0.0);
+    assert_eq!(metric(&m, "mrtr_backend_inflight{backend=\"worker-0\"}"), Some(0.0));
+    for probe in ["healthz", "readyz"] {
+        let url = format!("http://{}/{probe}", fleet.admin);
+        let a = send(&fleet.client, http::Method::GET, &url, &[], bytes::Bytes::new()).await;
+        assert_eq!(a.status, 200, "/{probe}: {a:?}");
+    }
 }
