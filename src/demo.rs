@@ -21,6 +21,12 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let config = Config::load(config_path).map_err(|e| e.to_string())?;
+    if config.server.tls.is_some() {
+        return Err(format!(
+            "demo drives its calls over plain HTTP; run it with a config without server.tls_cert / server.tls_key (not {})",
+            config_path.display()
+        ));
+    }
     let mut workers = Vec::new();
     for b in &config.backends {
         let addr: SocketAddr = b.authority.as_str().parse().map_err(|_| {

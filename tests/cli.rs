@@ -177,3 +177,63 @@ async fn sighup_reloads_and_sigterm_stops() {
     let status = wait_for_exit(&mut child, "the router to stop on SIGTERM").await;
     assert!(status.success(), "{status:?}");
 }
+
+/// `mrtr-router demo` (the README's first command): example workers behind the router, four
+/// two-round calls whose rounds each reach one worker, then it serves until Ctrl-C.
+#[tokio::test]
+async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.toml");
+    let mut text = format!(
+        "[server]\nlisten = \"127.0.0.1:{}\"\n[admin]\nlisten = \"127.0.0.1:{}\"\n",
+        free_port(),
+        free_port()
+    );
+    for i in 0..3 {
+        text.push_str(&format!(
+            "[[backend]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{}\"\n",
+            free_port()
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
+    let mut child = Command::new(BIN)
+        .arg("demo")
+        .arg("--config")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut calls = Vec::new();
+    loop {
+        let Ok(line) = lines.recv_timeout(CHILD_DEADLINE) else {
+            let _ = child.kill();
+            panic!("the demo stopped printing before it served: {calls:?}");
+        };
+        if line.starts_with("serving until Ctrl-C") {
+            break;
+        }
+        if let Some(rounds) = line.strip_prefix("call ") {
+            calls.push(rounds.to_string());
+        }
+    }
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    for call in &calls {
+        let (_, rounds) = call.split_once("round 1 → ").unwrap();
+        let (first, second) = rounds.split_once(", round 2 → ").unwrap();
+        let worker = |r: &str| r.split(' ').next().unwrap().to_string();
+        assert_eq!(worker(first), worker(second), "{call}");
+        assert!(first.ends_with("(pending)") && second.ends_with("(done)"), "{call}");
+    }
+    signal(&child, "INT");
+    let status = wait_for_exit(&mut child, "the demo to stop on Ctrl-C").await;
+    assert!(status.success(), "{status}");
+}
