@@ -11,8 +11,9 @@ use rustls::crypto::ring;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// The ALPN protocols offered, in the server's order of preference. A client that offers
-/// neither (or no ALPN at all) gets HTTP/1.1.
+/// The ALPN protocols offered, in the server's order of preference. A client without ALPN gets
+/// HTTP/1.1; one that offers ALPN but neither of these fails the handshake (rustls answers
+/// `no_application_protocol`).
 pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// The certificates of a PEM file (the chain, leaf first).
