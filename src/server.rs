@@ -113,7 +113,7 @@ impl Connection {
                         .builders
                         .http1
                         .serve_connection(TokioIo::new(stream), self.service(false));
-                    let served = serve(conn, &self.drain, &self.activity, timeout, client).await;
+                    let served = serve(conn, &self.drain, &self.activity, self.limits(), client).await;
                     self.http1_ended(served, |c| {
                         let p = c.into_parts();
                         (p.io, p.read_buf)
@@ -127,6 +127,15 @@ impl Connection {
         if let Err(e) = served {
             tracing::debug!(error = %e, peer = %self.peer, "connection ended with an error");
         }
+    }
+
+    /// The connection's `header_read_timeout`, and how long its client may take nothing of an
+    /// answer (`stream_idle_timeout`, the limit on an answer that moves no bytes).
+    fn limits(&self) -> (Duration, Duration) {
+        (
+            self.builders.header_read_timeout,
+            self.builders.server.stream_idle_timeout,
+        )
     }
 
     /// TLS: the handshake has `header_read_timeout` too, so a client that never finishes it is
@@ -143,7 +152,7 @@ impl Connection {
                     .builders
                     .http1
                     .serve_connection(TokioIo::new(stream), self.service(true));
-                let served = serve(conn, &self.drain, &self.activity, timeout, Some(client)).await;
+                let served = serve(conn, &self.drain, &self.activity, self.limits(), Some(client)).await;
                 self.http1_ended(served, |c| {
                     let p = c.into_parts();
                     (p.io, p.read_buf)
@@ -171,7 +180,7 @@ impl Connection {
             .http2
             .serve_connection(TokioIo::new(io), self.service(tls));
         let timeout = self.builders.header_read_timeout;
-        match serve(conn, &self.drain, &self.activity, timeout, None).await {
+        match serve(conn, &self.drain, &self.activity, self.limits(), None).await {
             Served::Ended(r) => r,
             Served::ClientLeft => Ok(()),
             // No stream for the whole timeout: GOAWAY, and the connection ends. h2 waits for
@@ -249,7 +258,7 @@ async fn serve<C>(
     mut conn: C,
     drain: &Drain,
     activity: &head_timeout::Activity,
-    timeout: Duration,
+    (timeout, stall_limit): (Duration, Duration),
     client: Option<RawFd>,
 ) -> Served<C>
 where
@@ -257,7 +266,7 @@ where
 {
     let mut watch = drain.register();
     // `conn` owns the socket and outlives the timer: both are dropped when this returns.
-    let mut timer = head_timeout::HeadTimer::new(timeout, client);
+    let mut timer = head_timeout::HeadTimer::new(timeout, client, stall_limit);
     let ended = poll_fn(|cx| {
         watch.poll(cx, Pin::new(&mut conn));
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
@@ -272,6 +281,10 @@ where
         Err(head_timeout::Expiry::HeadTimeout) => Served::TimedOut(conn),
         Err(head_timeout::Expiry::ClientLeft) => {
             tracing::debug!("client left while its request was in flight");
+            Served::ClientLeft
+        }
+        Err(head_timeout::Expiry::Stalled) => {
+            tracing::debug!("client took nothing of its answer for stream_idle_timeout");
             Served::ClientLeft
         }
     }

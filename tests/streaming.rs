@@ -262,6 +262,53 @@ async fn client_disconnect_closes_the_upstream_stream() {
     assert_eq!(metric(&metrics, "mrtr_client_aborts_total"), Some(1.0));
 }
 
+/// A client that takes nothing of a streamed answer (its receive window stays shut) does not
+/// hold its request, and with it a backend connection, for ever: once it has taken nothing for
+/// `stream_idle_timeout`, the router drops the connection and the backend's stream is closed.
+/// (Takes that minute: DESIGN §2 puts no idle limit on a stream under 60 s.)
+#[tokio::test]
+async fn a_client_that_takes_nothing_of_its_answer_is_dropped_after_the_idle_limit() {
+    use tokio::io::AsyncWriteExt;
+    let fleet = Fleet::start(
+        1,
+        "[server]\nheader_read_timeout = \"400ms\"\nstream_idle_timeout = \"60s\"",
+    )
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut client = socket.connect(fleet.router).await.unwrap();
+    // More events than every buffer on the way can hold.
+    let body = stream_call(None, json!({"events": 1_000_000})).to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(format!("{head}{body}").as_bytes()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let state = fleet.workers[0].state.clone();
+    // Never read. The worker's stream closes once the router gives the request up.
+    let deadline = started + Duration::from_secs(90);
+    while state.streams_closed.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled answer was never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(55),
+        "given up after {:?}",
+        started.elapsed()
+    );
+    let metrics = fleet.metrics().await;
+    assert_eq!(metric(&metrics, "mrtr_client_aborts_total"), Some(1.0));
+    assert_eq!(
+        metric(&metrics, "mrtr_backend_inflight{backend=\"worker-0\"}"),
+        Some(0.0)
+    );
+    drop(client);
+}
+
 #[tokio::test]
 async fn http2_clients_are_served() {
     let fleet = Fleet::start(2, "").await;

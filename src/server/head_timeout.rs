@@ -21,6 +21,11 @@
 //! request upstream. A client that leaves is so noticed within a quarter of the timeout, or at
 //! once if the answer is being written to it.
 //!
+//! The same checks watch for an HTTP/1 client that takes nothing of its answer: hyper asks an
+//! answer's body for more only while it can write, so a body whose last poll handed hyper data,
+//! and that no poll has followed for `stream_idle_timeout`, sits behind a client that reads
+//! nothing. That ends the connection too (two relaxed atomic writes per body poll).
+//!
 //! Over TLS the peek is at the TCP socket under the TLS stream: it sees the client's FIN or
 //! reset as it would in cleartext (TLS records are bytes like any others, and a peek takes
 //! none of them). A client that sends a `close_notify` alert before its FIN leaves those bytes
@@ -31,7 +36,7 @@ use std::future::Future;
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -59,6 +64,11 @@ pub struct Activity {
     started: AtomicU64,
     /// Answers written whole, or given up (their body was dropped).
     finished: AtomicU64,
+    /// Polls of answer bodies by hyper: it polls for more as long as it can write.
+    body_polls: AtomicU64,
+    /// The last poll handed hyper data, so the next one is hyper's to make once that data is
+    /// written: no poll for long then means the client takes nothing.
+    holding: AtomicBool,
 }
 
 impl Activity {
@@ -105,7 +115,14 @@ impl<B: Body + Unpin> Body for Tracked<B> {
     type Error = B::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let activity = &this._done.0;
+        activity.body_polls.fetch_add(1, Ordering::Relaxed);
+        activity
+            .holding
+            .store(matches!(polled, Poll::Ready(Some(Ok(_)))), Ordering::Relaxed);
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -124,6 +141,8 @@ pub enum Expiry {
     HeadTimeout,
     /// Its client closed (or reset) the connection while a request was in flight.
     ClientLeft,
+    /// Its client took nothing of an answer for the stall limit (`stream_idle_timeout`).
+    Stalled,
 }
 
 /// One connection's timer: its header read timeout, and its watch for a client that leaves.
@@ -137,6 +156,12 @@ pub struct HeadTimer {
     seen: (u64, u64),
     /// Checks in a row that found nothing in flight and nothing changed.
     quiet: u32,
+    /// Checks in a row that found an answer's data with hyper and hyper not asking for more.
+    stalled: u32,
+    /// How many such checks end the connection (HTTP/1 only).
+    stall_checks: u32,
+    /// The body polls at the last check.
+    seen_polls: u64,
     /// The task's waker is with the timer (it is from the first poll on).
     registered: bool,
 }
@@ -144,14 +169,27 @@ pub struct HeadTimer {
 impl HeadTimer {
     /// A timer for a connection whose client socket is `client` (HTTP/1). The socket must stay
     /// open as long as the timer is polled: it is owned by the connection the timer belongs to.
-    pub fn new(timeout: Duration, client: Option<RawFd>) -> HeadTimer {
+    ///
+    /// An HTTP/1 client that takes nothing of an answer for `stall_limit` ends the connection
+    /// too: hyper stops asking the body for more when it cannot write, so neither the body's
+    /// idle limit nor the upstream deadline would ever see it, and the request would hold its
+    /// backend connection (and its place in the in-flight counts) for as long as the client
+    /// liked.
+    pub fn new(timeout: Duration, client: Option<RawFd>, stall_limit: Duration) -> HeadTimer {
         let period = (timeout / CHECKS_PER_TIMEOUT).max(Duration::from_millis(1));
+        let stall_checks = stall_limit
+            .as_nanos()
+            .div_ceil(period.as_nanos())
+            .clamp(1, u32::MAX.into()) as u32;
         HeadTimer {
             period,
             client,
             tick: Box::pin(tokio::time::sleep(period)),
             seen: (0, 0),
             quiet: 0,
+            stalled: 0,
+            stall_checks,
+            seen_polls: 0,
             registered: false,
         }
     }
@@ -181,6 +219,16 @@ impl HeadTimer {
         }
         if in_flight && self.client.is_some_and(client_left) {
             return Poll::Ready(Expiry::ClientLeft);
+        }
+        let polls = activity.body_polls.load(Ordering::Relaxed);
+        if in_flight && self.client.is_some() && activity.holding.load(Ordering::Relaxed) && polls == self.seen_polls {
+            self.stalled += 1;
+            if self.stalled >= self.stall_checks {
+                return Poll::Ready(Expiry::Stalled);
+            }
+        } else {
+            self.stalled = 0;
+            self.seen_polls = polls;
         }
         let next = self.tick.deadline() + self.period;
         self.tick.as_mut().reset(next);
@@ -261,7 +309,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expires_after_four_quiet_checks_and_not_while_a_request_is_in_flight() {
         let activity = Arc::new(Activity::default());
-        let mut timer = HeadTimer::new(Duration::from_millis(400), None);
+        let mut timer = HeadTimer::new(Duration::from_millis(400), None, Duration::from_secs(60));
         let expired = |timer: &mut HeadTimer| {
             let waker = std::task::Waker::noop();
             timer
