@@ -106,7 +106,7 @@ impl Connection {
         let timeout = self.builders.header_read_timeout;
         let served = match self.builders.tls.clone() {
             Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
-            None => match sniff(&stream, timeout).await {
+            None => match self.until_drain(sniff(&stream, timeout)).await.flatten() {
                 Some(Protocol::Http1) => {
                     let client = Some(stream.as_raw_fd());
                     let conn = self
@@ -129,6 +129,17 @@ impl Connection {
         }
     }
 
+    /// `f`'s output, or `None` if the drain starts first: a connection that has not reached
+    /// hyper yet (protocol sniff, TLS handshake) closes at once on shutdown instead of holding
+    /// it for up to `header_read_timeout`.
+    async fn until_drain<T>(&self, f: impl Future<Output = T>) -> Option<T> {
+        let mut watch = self.drain.register();
+        tokio::select! {
+            out = f => Some(out),
+            () = poll_fn(|cx| watch.poll_started(cx)) => None,
+        }
+    }
+
     /// The connection's `header_read_timeout`, and how long its client may take nothing of an
     /// answer (`stream_idle_timeout`, the limit on an answer that moves no bytes).
     fn limits(&self) -> (Duration, Duration) {
@@ -143,7 +154,11 @@ impl Connection {
     async fn serve_tls(&self, stream: TcpStream, acceptor: TlsAcceptor) -> hyper::Result<()> {
         let timeout = self.builders.header_read_timeout;
         let client = stream.as_raw_fd();
-        match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        let handshake = tokio::time::timeout(timeout, acceptor.accept(stream));
+        let Some(handshake) = self.until_drain(handshake).await else {
+            return Ok(());
+        };
+        match handshake {
             Ok(Ok(stream)) if tls::is_h2(stream.get_ref().1) => self.serve_http2(stream, true).await,
             // The raw socket under TLS: a peek at it still finds the client's end of stream
             // (see `head_timeout`).
@@ -440,6 +455,21 @@ impl Watch<'_> {
         if self.drain.started.load(Ordering::SeqCst) {
             conn.graceful_shutdown();
             self.draining = true;
+        }
+    }
+}
+
+impl Watch<'_> {
+    /// Ready once the drain has started: for a connection not yet handed to hyper (its
+    /// protocol not known, its TLS handshake not done), which then simply closes.
+    fn poll_started(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.drain.tasks.lock().insert(self.id, cx.waker().clone());
+            self.waker = Some(cx.waker().clone());
+        }
+        match self.drain.started.load(Ordering::SeqCst) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
         }
     }
 }

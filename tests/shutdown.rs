@@ -275,3 +275,22 @@ async fn sigterm_lets_an_open_stream_finish_then_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
     println!("sigterm: exited {status:?}; test took {:?}", began.elapsed());
 }
+
+/// A connection that has not said which protocol it speaks yet (or, with TLS, not finished its
+/// handshake) does not hold a shutdown for `header_read_timeout`: it is closed at once.
+#[tokio::test]
+async fn a_connection_still_silent_when_shutdown_begins_is_closed_at_once() {
+    let mut fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"30s\"\nshutdown_grace = \"30s\"").await;
+    let mut silent = TcpStream::connect(fleet.router).await.unwrap();
+    // The router has accepted it (a request on another connection is served after it).
+    assert_eq!(fleet.post(&[], &start_call("after-accept", 1)).await.status, 200);
+    let stopping = Instant::now();
+    assert!(fleet.begin_shutdown(), "the router was running");
+    assert!(
+        fleet.wait_stopped(Duration::from_secs(10)).await,
+        "a silent connection held the shutdown"
+    );
+    assert!(stopping.elapsed() < Duration::from_secs(5), "{:?}", stopping.elapsed());
+    let closed = read_to_close(&mut silent, Duration::from_secs(5)).await;
+    assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
+}

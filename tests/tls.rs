@@ -367,3 +367,28 @@ fn tls_config_needs_both_files_readable_and_matching() {
         assert!(e.contains("c.toml:"), "the line is named: {e}");
     }
 }
+
+/// A connection still in its TLS handshake when shutdown begins is closed at once, not waited
+/// on for `header_read_timeout`.
+#[tokio::test]
+async fn a_handshake_in_progress_does_not_hold_a_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "server");
+    let mut fleet = Fleet::start(
+        1,
+        &tls_server(&cert, "header_read_timeout = \"30s\"\nshutdown_grace = \"30s\""),
+    )
+    .await;
+    let mut silent = TcpStream::connect(fleet.router).await.unwrap();
+    // Served after the silent one was accepted.
+    let stream = connect(&fleet, &cert.der, &[]).await.expect("handshake");
+    assert_eq!(echo(stream).await.0, Version::HTTP_11);
+    let stopping = Instant::now();
+    assert!(fleet.begin_shutdown(), "the router was running");
+    assert!(
+        fleet.wait_stopped(Duration::from_secs(10)).await,
+        "a connection in its handshake held the shutdown"
+    );
+    assert!(stopping.elapsed() < Duration::from_secs(5), "{:?}", stopping.elapsed());
+    assert!(read_to_close(&mut silent, Duration::from_secs(5)).await.is_some());
+}
