@@ -237,3 +237,43 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
     let status = wait_for_exit(&mut child, "the demo to stop on Ctrl-C").await;
     assert!(status.success(), "{status}");
 }
+
+/// Each verb fails with a message naming the problem, and a non-zero status, never a panic.
+#[test]
+fn bad_inputs_fail_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n").unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[routing\nheader = 1\n").unwrap();
+    let missing = dir.path().join("missing.toml");
+    let cases: [(Vec<&std::ffi::OsStr>, &str); 5] = [
+        (
+            vec!["check".as_ref(), "--config".as_ref(), missing.as_os_str()],
+            "missing.toml",
+        ),
+        (vec!["check".as_ref(), "--config".as_ref(), bad.as_os_str()], "bad.toml"),
+        (
+            vec!["route".as_ref(), "--config".as_ref(), missing.as_os_str(), "k".as_ref()],
+            "missing.toml",
+        ),
+        (
+            vec![
+                "route".as_ref(),
+                "--config".as_ref(),
+                good.as_os_str(),
+                "--body".as_ref(),
+                "{not json".as_ref(),
+            ],
+            "--body is not JSON",
+        ),
+        (vec!["--config".as_ref(), bad.as_os_str()], "bad.toml"),
+    ];
+    for (args, expected) in cases {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
