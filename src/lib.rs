@@ -3,8 +3,8 @@
 //!
 //! Map of the modules, in the order a request meets them:
 //! - [`server`]   listeners, HTTP/1.1 + h2c (or TLS) connections, the per-connection timer (header
-//!   read timeout, a client that leaves mid-request: `server::head_timeout`), graceful
-//!   shutdown, upkeep task
+//!   read timeout, a client that leaves mid-request or stops reading its answer:
+//!   `server::head_timeout`), graceful shutdown, upkeep task
 //! - [`tls`]      TLS on the proxy listener: PEM files → rustls server config (ring, ALPN)
 //! - [`proxy`]    the request path: read → keys → choose backend → forward → observe answer
 //! - [`dialect`]  reading keys out of requests (one validating scan, `dialect::scan`) and
