@@ -48,6 +48,13 @@ pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
     scan::request_state_at(body, body_field)
 }
 
+/// Where `part`, a slice borrowed from `whole`, sits in it.
+fn span_in(whole: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
+    debug_assert!(start + part.len() <= whole.len(), "not a slice of it");
+    start..start + part.len()
+}
+
 /// The value of a JSON string literal (`raw` includes the quotes), borrowed unless escaped.
 fn json_string(raw: &str) -> Result<Cow<'_, str>, serde_json::Error> {
     match raw.as_bytes().contains(&b'\\') {
@@ -141,13 +148,10 @@ pub fn parse_outcome(message: &[u8]) -> Outcome {
             // A borrowed `RawValue` is a slice of the message itself.
             let literal = result.request_state.map(RawValue::get).filter(|l| l.starts_with('"'));
             match literal.map(|l| (json_string(l), l)) {
-                Some((Ok(s), l)) => {
-                    let start = l.as_ptr() as usize - message.as_ptr() as usize;
-                    Outcome::InputRequired {
-                        request_state: s.into_owned(),
-                        at: start..start + l.len(),
-                    }
-                }
+                Some((Ok(s), l)) => Outcome::InputRequired {
+                    request_state: s.into_owned(),
+                    at: span_in(message, l.as_bytes()),
+                },
                 _ => Outcome::Final,
             }
         }

@@ -125,16 +125,14 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
         // The backend gets back the state it issued, where the client's echo stands (found
         // by the same scan that read the wrapped state, so it is there).
         None => Either::Left(
-            match unsealed
+            unsealed
                 .as_ref()
                 .and_then(|u| u.request_state.as_deref())
                 .and_then(|original| {
                     let at = dialect::request_state_at(&bytes, &snap.config.routing.body_field)?;
                     Some(sealing::restore_request_state(&bytes, at, original))
-                }) {
-                Some(restored) => restored,
-                None => bytes.clone(),
-            },
+                })
+                .unwrap_or_else(|| bytes.clone()),
         ),
     };
     let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());

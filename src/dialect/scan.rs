@@ -290,7 +290,7 @@ impl<'a> Scanner<'a> {
             }
             Ok(())
         })?;
-        self.state_at = request_state.map(|r| self.at(r.quoted));
+        self.state_at = request_state.map(|r| super::span_in(self.b, r.quoted));
         let decode = |raw: Option<RawStr<'a>>| raw.map(RawStr::value).transpose();
         Ok(RequestEnvelope {
             id,
@@ -361,12 +361,6 @@ impl<'a> Scanner<'a> {
         self.eat(b':')?;
         self.ws();
         Ok(())
-    }
-
-    /// Where `part`, a piece of the body this scanner reads, sits in it.
-    fn at(&self, part: &[u8]) -> Range<usize> {
-        let start = part.as_ptr() as usize - self.b.as_ptr() as usize;
-        start..start + part.len()
     }
 
     /// Skips one value and returns its text, which must be UTF-8 (serde_json's `RawValue`).
