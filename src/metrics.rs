@@ -23,7 +23,8 @@ pub struct Metrics {
     pub upstream_connections: IntCounterVec,
     pub upstream_resends: IntCounterVec,
     pub router_errors: IntCounterVec,
-    /// HTTP/1 connections closed because their client left while a request was in flight.
+    /// HTTP/1 connections closed because their client left while a request was in flight, or
+    /// took nothing of its answer for `stream_idle_timeout`.
     pub client_aborts: IntCounter,
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
@@ -91,7 +92,7 @@ impl Metrics {
         r.register(Box::new(pins_lost.clone())).expect("unique metric");
         let client_aborts = IntCounter::new(
             "mrtr_client_aborts_total",
-            "Requests given up because their HTTP/1 client closed the connection while they were in flight",
+            "Requests given up because their HTTP/1 client closed the connection while they were in flight, or took nothing of the answer for stream_idle_timeout",
         )
         .expect("valid metric");
         r.register(Box::new(client_aborts.clone())).expect("unique metric");
