@@ -65,6 +65,15 @@ fn check_reads_the_tls_files() {
     let text = String::from_utf8(out.stdout).unwrap();
     let printed = toml::Value::String(dir.path().join("server.pem").to_string_lossy().into()).to_string();
     assert!(text.contains(&format!("tls_cert = {printed}")), "{text}");
+    // `demo` drives its calls over plain HTTP: with TLS configured it says so and stops.
+    let demo = Command::new(BIN)
+        .args(["demo", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(demo.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&demo.stderr);
+    assert!(err.contains("demo drives its calls over plain HTTP"), "{err}");
 
     let out = check("tls_cert = \"gone.pem\"\ntls_key = \"server.key\"\n");
     assert!(!out.status.success());

@@ -181,34 +181,10 @@ async fn a_full_pin_table_refuses_a_new_call_that_echoes_a_routing_token() {
 /// `confirm` answers `pending` until `params.round` reaches `params.of`, then a final result.
 /// The example workers issue no sessions.
 async fn session_server() -> BackendSpec {
-    use hyper::server::conn::http1;
-    use hyper::service::service_fn;
-    use hyper_util::rt::TokioIo;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(sock), service_fn(session_answer));
-            tokio::spawn(conn);
-        }
-    });
-    BackendSpec {
-        name: "sessions".into(),
-        url: format!("http://{addr}"),
-        weight: 1,
-    }
+    test_backend("sessions", |_, body| session_answer(body)).await
 }
 
-async fn session_answer(
-    req: http::Request<hyper::body::Incoming>,
-) -> Result<http::Response<http_body_util::Full<Bytes>>, std::convert::Infallible> {
-    use http_body_util::BodyExt;
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+async fn session_answer(body: Bytes) -> http::Response<http_body_util::Full<Bytes>> {
     let msg: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let (round, of) = (msg["params"]["round"].as_u64(), msg["params"]["of"].as_u64());
     let (result, session) = match msg["method"].as_str() {
@@ -225,9 +201,8 @@ async fn session_answer(
     if let Some(s) = session {
         resp = resp.header("mcp-session-id", s);
     }
-    Ok(resp
-        .body(http_body_util::Full::new(Bytes::from(answer.to_string())))
-        .unwrap())
+    resp.body(http_body_util::Full::new(Bytes::from(answer.to_string())))
+        .unwrap()
 }
 
 /// A router in front of [`session_server`] with `routing`, and the session it opened.

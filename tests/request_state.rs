@@ -32,7 +32,6 @@ fn tokens(key: &str) -> String {
 }
 
 async fn start_state_server(name: &str, reasks: usize) -> (BackendSpec, Arc<StateServer>) {
-    use hyper::service::service_fn;
     let st = Arc::new(StateServer {
         name: name.to_string(),
         issued: Default::default(),
@@ -40,34 +39,12 @@ async fn start_state_server(name: &str, reasks: usize) -> (BackendSpec, Arc<Stat
         reasks,
         resumed: Default::default(),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let spec = BackendSpec {
-        name: name.to_string(),
-        url: format!("http://{}", listener.local_addr().unwrap()),
-        weight: 1,
-    };
     let server = st.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let st = server.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let st = st.clone();
-                    async move {
-                        let body = http_body_util::BodyExt::collect(req.into_body()).await?.to_bytes();
-                        Ok::<_, hyper::Error>(st.answer(&body))
-                    }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
+    let spec = test_backend(name, move |_, body| {
+        let st = server.clone();
+        async move { st.answer(&body) }
+    })
+    .await;
     (spec, st)
 }
 

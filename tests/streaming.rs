@@ -340,27 +340,17 @@ async fn http2_clients_are_served() {
 /// stream sends a numbered `: ping` every 100 ms (up to 100); any other POST in the session is
 /// answered by name.
 async fn pinging_session_server() -> BackendSpec {
-    use hyper::server::conn::http1;
-    use hyper::service::service_fn;
-    use hyper_util::rt::TokioIo;
     type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
-    async fn answer(req: http::Request<Incoming>) -> Result<http::Response<Body>, std::convert::Infallible> {
-        let sse = req.method() == Method::GET;
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+    async fn answer(method: Method, body: Bytes) -> http::Response<Body> {
         let resp = http::Response::builder().header("x-worker", "sessions");
-        if sse {
+        if method == Method::GET {
             let pings = futures_util::stream::unfold(1u32, |n| async move {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let frame = http_body::Frame::data(Bytes::from(format!(": ping {n}\n\n")));
                 (n <= 100).then_some((Ok(frame), n + 1))
             });
             let body = http_body_util::StreamBody::new(pings).boxed();
-            return Ok(resp.header("content-type", "text/event-stream").body(body).unwrap());
+            return resp.header("content-type", "text/event-stream").body(body).unwrap();
         }
         let msg: Value = serde_json::from_slice(&body).unwrap_or_default();
         let resp = match msg["method"] == "initialize" {
@@ -369,20 +359,9 @@ async fn pinging_session_server() -> BackendSpec {
         };
         let answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {}});
         let body = Full::new(Bytes::from(answer.to_string())).boxed();
-        Ok(resp.header("content-type", "application/json").body(body).unwrap())
+        resp.header("content-type", "application/json").body(body).unwrap()
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
-            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(sock), service_fn(answer)));
-        }
-    });
-    BackendSpec {
-        name: "sessions".into(),
-        url: format!("http://{addr}"),
-        weight: 1,
-    }
+    test_backend("sessions", answer).await
 }
 
 /// A client may listen on a session's GET stream far longer than `session_idle_ttl` without

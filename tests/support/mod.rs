@@ -439,3 +439,37 @@ pub async fn read_to_close<S: tokio::io::AsyncRead + Unpin>(s: &mut S, limit: Du
         }
     }
 }
+
+/// A purpose-built backend on a real socket, named `name`: hyper's HTTP/1 server calls
+/// `answer` with each request's method and whole body. For servers the example workers cannot
+/// play (sessions, escaped `requestState`s).
+pub async fn test_backend<F, Fut, B>(name: &str, answer: F) -> BackendSpec
+where
+    F: Fn(Method, Bytes) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<B>> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let answer = answer.clone();
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let answer = answer.clone();
+                async move {
+                    let method = req.method().clone();
+                    let body = req.into_body().collect().await?.to_bytes();
+                    Ok::<_, hyper::Error>(answer(method, body).await)
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(sock);
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+        }
+    });
+    BackendSpec {
+        name: name.to_string(),
+        url: format!("http://{addr}"),
+        weight: 1,
+    }
+}
