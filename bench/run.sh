@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-proxy benchmark: mrtr-router side by side with HAProxy and nginx, in one run on loopback.
 #
-#   bench/run.sh                      # full run (~6 min: 9 rows x 3 rounds), table + bench/results/latest.json
+#   bench/run.sh                      # full run (~9 min: 13 rows x 3 rounds), table + bench/results/latest.json
 #   BENCH_SMOKE=1 bench/run.sh        # 1 s per row, 1 round, no warm-up, 8 connections: proves it still runs
 #   BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh   # the same with a debug router
 #
@@ -70,8 +70,8 @@ READY_TIMEOUT=${BENCH_READY_TIMEOUT:-20}
 NGINX_KEEPALIVE=${BENCH_NGINX_KEEPALIVE:-$((CONNS * 3))}
 BASELINE=haproxy-header
 
-ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-header-2w
-           haproxy-header haproxy-body haproxy-mix haproxy-mix-paced nginx-header)
+ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-mix-paced-awake mrtr-header-2w
+           haproxy-header haproxy-body haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header)
 read -r -a PEERS <<<"${BENCH_PEERS:-${ALL_PEERS[*]}}"
 
 declare -A DESC=(
@@ -80,11 +80,13 @@ declare -A DESC=(
   [mrtr-body]="mrtr-router, 1 worker thread, key only in body messageId"
   [mrtr-mix]="mrtr-router, 1 worker thread, ${PENDING_PCT}% two-round calls (pending, then confirm), body-keyed"
   [mrtr-mix-paced]="mrtr-router, the mrtr-mix load paced: ${MIX_PAUSE_MS} ms pause per connection between answer and request"
+  [mrtr-mix-paced-awake]="mrtr-router, the paced mix with both cores held out of halt (a SCHED_IDLE busy loop on each)"
   [mrtr-header-2w]="mrtr-router, MRTR_WORKER_THREADS=2, header-keyed"
   [haproxy-header]="HAProxy: balance hdr(Mcp-Routing-Id), hash-type consistent"
   [haproxy-body]="HAProxy: http-buffer-request + json_query('\$.messageId'), balance hash var(txn.rk)"
   [haproxy-mix]="HAProxy body-keyed config, same two-round mix as mrtr-mix"
   [haproxy-mix-paced]="HAProxy body-keyed config, the paced mix of mrtr-mix-paced"
+  [haproxy-mix-paced-awake]="HAProxy body-keyed config, the paced mix with both cores held out of halt"
   [nginx-header]="nginx: hash \$http_mcp_routing_id consistent, upstream keepalive $NGINX_KEEPALIVE"
 )
 
@@ -120,7 +122,7 @@ done
 # ---------------------------------------------------------------------------------------------
 ensure_tools() {
   local -A pkg_of=([wrk]=wrk [haproxy]=haproxy [nginx]=nginx [curl]=curl [ss]=iproute2
-                   [taskset]=util-linux [getconf]=libc-bin [timeout]=coreutils [pgrep]=procps)
+                   [taskset]=util-linux [chrt]=util-linux [getconf]=libc-bin [timeout]=coreutils [pgrep]=procps)
   local missing=() cmd
   for cmd in "${!pkg_of[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || command -v "/usr/sbin/$cmd" >/dev/null 2>&1 \
@@ -252,9 +254,38 @@ cpu_sample() {  # "total idle" jiffies summed over a cpu list, from /proc/stat
     END { printf "%d %d\n", tot, idle }' /proc/stat
 }
 
-busy_pct() {  # busy_pct "tot0 idle0" "tot1 idle1"
-  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); dt = y[1] - x[1];
-    if (dt <= 0) { print "null"; exit } printf "%.1f\n", 100 * (dt - (y[2] - x[2])) / dt }'
+busy_pct() {  # busy_pct "tot0 idle0" "tot1 idle1" [ticks not to count as busy]
+  awk -v a="$1" -v b="$2" -v skip="${3:-0}" 'BEGIN { split(a, x, " "); split(b, y, " "); dt = y[1] - x[1];
+    if (dt <= 0) { print "null"; exit } u = dt - (y[2] - x[2]) - skip; if (u < 0) u = 0; printf "%.1f\n", 100 * u / dt }'
+}
+
+# The -awake rows hold each benchmarked cpu out of halt with one busy loop per cpu under
+# SCHED_IDLE, which runs only when nothing else on that cpu wants to (a woken proxy, backend or
+# wrk preempts it at once). On this VM (Firecracker, no cpuidle driver) an idle vCPU halts, and
+# its wake-up by the next packet goes through the host scheduler: milliseconds at times, for
+# every peer alike (BENCHMARKS.md). The loops' own CPU time is left out of core%, of the load
+# core's share and of other processes' share.
+AWAKE_LOAD=() AWAKE_PROXY=()
+start_awake() {  # start_awake: one idle-class busy loop on each load cpu and each proxy cpu
+  local cpu
+  for cpu in $(expand_cpus "$LOAD_CPUS"); do
+    chrt --idle 0 taskset -c "$cpu" bash -c 'while :; do :; done' &
+    AWAKE_LOAD+=("$!") STARTED+=("$!")
+  done
+  for cpu in $(expand_cpus "$PROXY_CPUS_ROW"); do
+    chrt --idle 0 taskset -c "$cpu" bash -c 'while :; do :; done' &
+    AWAKE_PROXY+=("$!") STARTED+=("$!")
+  done
+}
+stop_awake() {
+  local p
+  for p in ${AWAKE_LOAD[@]+"${AWAKE_LOAD[@]}"} ${AWAKE_PROXY[@]+"${AWAKE_PROXY[@]}"}; do stop_pid "$p"; done
+  AWAKE_LOAD=() AWAKE_PROXY=()
+}
+pids_ticks() {  # pids_ticks <pid...>: their utime+stime summed, in clock ticks (none: 0)
+  local total=0 p
+  for p in "$@"; do total=$((total + $(proc_ticks "$p"))); done
+  echo "$total"
 }
 
 metrics_delta() {  # metrics_delta <before> <after>: JSON of router counter deltas (Prometheus text)
@@ -639,7 +670,7 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   local k="$peer#$round" dir=$TMP/rows/$peer/r$round
   mkdir -p "$dir"
   local sse=0
-  ((SSE_PROBE)) && [[ $peer == *-mix || $peer == *-mix-paced ]] && sse=1
+  ((SSE_PROBE)) && [[ $peer == *-mix* ]] && sse=1
 
   if ((WARMUP > 0)); then
     run_wrk "$dir/warmup.out" "$WARMUP" "$script" "$url" "$@" \
@@ -661,6 +692,9 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   bs0=$(proc_sleeps "$BACKEND_PID")
   cs0=$(cpu_sample "$PROXY_CPUS_ROW")
   ls0=$(cpu_sample "$LOAD_CPUS")
+  local awp0 awl0 awp1 awl1
+  awp0=$(pids_ticks ${AWAKE_PROXY[@]+"${AWAKE_PROXY[@]}"})
+  awl0=$(pids_ticks ${AWAKE_LOAD[@]+"${AWAKE_LOAD[@]}"})
   # Other processes' share of the machine: all busy time minus the proxy's, the backend's and
   # wrk's (wrk runs under `timeout`, a child of this shell: `times` has it once reaped).
   local as0 as1
@@ -685,6 +719,8 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   bs1=$(proc_sleeps "$BACKEND_PID")
   cs1=$(cpu_sample "$PROXY_CPUS_ROW")
   ls1=$(cpu_sample "$LOAD_CPUS")
+  awp1=$(pids_ticks ${AWAKE_PROXY[@]+"${AWAKE_PROXY[@]}"})
+  awl1=$(pids_ticks ${AWAKE_LOAD[@]+"${AWAKE_LOAD[@]}"})
 
   R_METRICS[$k]=null
   if ((metrics)) && curl -sf --max-time 2 "http://$HOST:$ROUTER_ADMIN_PORT/metrics" \
@@ -746,7 +782,7 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
   if [[ -n $PEER_PID ]] && ((preq > 0)); then
     R_CPU[$k]=$(awk -v t=$((pt1 - pt0)) -v hz="$CLK_TCK" -v r="$preq" \
       'BEGIN { printf "%.2f", t * 1e6 / hz / r }')
-    R_CORE[$k]=$(busy_pct "$cs0" "$cs1")
+    R_CORE[$k]=$(busy_pct "$cs0" "$cs1" $((awp1 - awp0)))
   else
     R_CPU[$k]=null
     R_CORE[$k]=null
@@ -755,9 +791,9 @@ measure() {  # measure <peer> <round> <url> <script> <wrk args...>; PEER_PID is 
     'BEGIN { printf "%.2f", t * 1e6 / hz / r }' || echo null)
   # How often the backend went to sleep (and had to be woken): per 1000 requests.
   R_BSLEEP[$k]=$( ((breq > 0)) && awk -v n=$((bs1 - bs0)) -v r="$breq" 'BEGIN { printf "%.0f", n * 1000 / r }' || echo null)
-  R_LCORE[$k]=$(busy_pct "$ls0" "$ls1")
+  R_LCORE[$k]=$(busy_pct "$ls0" "$ls1" $((awl1 - awl0)))
   local wt=$(($(children_ticks "$dir/times.after") - $(children_ticks "$dir/times.before")))
-  R_OTHER[$k]=$(other_busy_pct "$as0" "$as1" $((pt1 - pt0 + bt1 - bt0 + wt)))
+  R_OTHER[$k]=$(other_busy_pct "$as0" "$as1" $((pt1 - pt0 + bt1 - bt0 + wt + awp1 - awp0 + awl1 - awl0)))
   if awk -v b="${R_OTHER[$k]}" 'BEGIN { exit !(b != "null" && b > 10) }'; then
     log "$peer [round $round/$ROUNDS]: WARNING: other processes used ${R_OTHER[$k]}% of the machine during the run: this round's numbers are noisy"
   fi
@@ -803,10 +839,10 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
   log "$peer [round $round/$ROUNDS]: ${DESC[$peer]}"
   case $peer in
     direct) PEER_URL=$DIRECT_URL ;;
-    mrtr-header | mrtr-body | mrtr-mix | mrtr-mix-paced) start_router 1 "$PROXY_CPUS" && started=1 ;;
+    mrtr-header | mrtr-body | mrtr-mix | mrtr-mix-paced*) start_router 1 "$PROXY_CPUS" && started=1 ;;
     mrtr-header-2w) PROXY_CPUS_ROW=$PROXY_CPUS_2W; start_router 2 "$PROXY_CPUS_2W" && started=1 ;;
     haproxy-header) start_haproxy header && started=1 ;;
-    haproxy-body | haproxy-mix | haproxy-mix-paced) start_haproxy body && started=1 ;;
+    haproxy-body | haproxy-mix | haproxy-mix-paced*) start_haproxy body && started=1 ;;
     nginx-header) start_nginx_proxy && started=1 ;;
   esac
   if [[ $peer != direct ]] && ((!started)); then
@@ -822,6 +858,10 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" || true ;;
       mrtr-mix-paced | haproxy-mix-paced)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" "$MIX_PAUSE_MS" || true ;;
+      *-mix-paced-awake)
+        start_awake
+        measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" "$MIX_PAUSE_MS" || true
+        stop_awake ;;
     esac
     if [[ -n $PEER_PID ]] && ! alive "$PEER_PID"; then
       [[ ${R_STATUS[$k]:-} == ok ]] && row_fail "$k" "proxy process died during the run"
@@ -961,7 +1001,7 @@ done
 base_ok=0
 [[ ${A_STATUS[$BASELINE]:-} == ok ]] && base_ok=1
 overall=0
-fmt='%-15s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s %8s  %s\n'
+fmt='%-23s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s %8s  %s\n'
 printf "\n$fmt" peer 'req/s' 'p50 ms' 'p99 ms' errors 'CPU us/r' 'CPU min-max' 'core%' 'new-up' \
   'be-sleep' 'rps/hap' 'cpu/hap' status
 rows_json=()
@@ -1037,7 +1077,7 @@ fi
 sse_rows=()
 for p in "${PEERS[@]}"; do [[ ${A_SSE[$p]} != null ]] && sse_rows+=("$p"); done
 if ((${#sse_rows[@]} > 0)); then
-  sfmt='%-15s %10s %10s %11s %11s %10s %10s %15s\n'
+  sfmt='%-23s %10s %10s %11s %11s %10s %10s %15s\n'
   echo
   echo "SSE answer latency, ms (bench/sse.lua: $SSE_CONNS conns, ${SSE_PAUSE_MS} ms pause between requests, run next to the mix load; medians over rounds)"
   printf "$sfmt" peer 'proxy p50' 'proxy p99' 'direct p50' 'direct p99' 'added p50' 'added p99' 'added p99 range'
@@ -1049,6 +1089,11 @@ if ((${#sse_rows[@]} > 0)); then
       "$(get added_p99_ms_min) to $(get added_p99_ms_max)"
   done
   echo "added = (through the proxy) - (straight to a backend), per round, for the same percentile: the proxy's share of an SSE answer's latency."
+  for p in "${sse_rows[@]}"; do
+    [[ $p == *-awake ]] || continue
+    echo "-awake rows: both cores held out of halt by an idle-class busy loop, so a packet never waits for a halted vCPU to be woken by the host (bench/README.md)."
+    break
+  done
 fi
 
 mkdir -p "$(dirname "$RESULTS")"
