@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-proxy benchmark: mrtr-router side by side with HAProxy and nginx, in one run on loopback.
 #
-#   bench/run.sh                      # full run (~9 min: 13 rows x 3 rounds), table + bench/results/latest.json
+#   bench/run.sh                      # full run (~9 min: 14 rows x 3 rounds), table + bench/results/latest.json
 #   BENCH_SMOKE=1 bench/run.sh        # 1 s per row, 1 round, no warm-up, 8 connections: proves it still runs
 #   BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh   # the same with a debug router
 #
@@ -62,6 +62,9 @@ if [[ -n ${BENCH_ROUTER_BIN:-} ]]; then
 else
   ROUTER_BIN=$REPO_DIR/target/release/mrtr-router
 fi
+# The hyper-floor row's binary: the example built next to the router binary (cargo puts
+# examples in <profile dir>/examples; `cargo test --all-targets` builds the debug one).
+FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 READY_TIMEOUT=${BENCH_READY_TIMEOUT:-20}
 # nginx keeps idle upstream connections in ONE cache per worker shared by all servers of the
 # upstream; with `keepalive 64` and 64 clients spread over 3 backends the cache fills with idle
@@ -71,7 +74,8 @@ NGINX_KEEPALIVE=${BENCH_NGINX_KEEPALIVE:-$((CONNS * 3))}
 BASELINE=haproxy-header
 
 ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-mix-paced-awake mrtr-header-2w
-           haproxy-header haproxy-body haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header)
+           haproxy-header haproxy-body haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header
+           hyper-floor)
 read -r -a PEERS <<<"${BENCH_PEERS:-${ALL_PEERS[*]}}"
 
 declare -A DESC=(
@@ -88,6 +92,7 @@ declare -A DESC=(
   [haproxy-mix-paced]="HAProxy body-keyed config, the paced mix of mrtr-mix-paced"
   [haproxy-mix-paced-awake]="HAProxy body-keyed config, the paced mix with both cores held out of halt"
   [nginx-header]="nginx: hash \$http_mcp_routing_id consistent, upstream keepalive $NGINX_KEEPALIVE"
+  [hyper-floor]="examples/hyper_floor.rs, 1 thread: hyper and tokio forwarding by a hash of Mcp-Routing-Id, no router logic (the floor under any hyper proxy)"
 )
 
 BACKEND_PORTS=(19001 19002 19003)
@@ -95,6 +100,7 @@ ROUTER_PORT=18080
 ROUTER_ADMIN_PORT=18090
 HAPROXY_PORT=18081
 NGINX_PORT=18082
+FLOOR_PORT=18083
 HOST=127.0.0.1
 
 die() { echo "bench: error: $*" >&2; exit 2; }
@@ -535,6 +541,20 @@ EOF
 }
 
 BUILD_ERR=
+start_floor() {
+  PEER_PORT=$FLOOR_PORT
+  PEER_URL="http://$HOST:$FLOOR_PORT/mcp"
+  PEER_LOG=$TMP/hyper-floor.log
+  if [[ -n $BUILD_ERR ]]; then PEER_ERR=$BUILD_ERR; return 1; fi
+  if [[ ! -x $FLOOR_BIN ]]; then
+    PEER_ERR="$FLOOR_BIN not found (cargo build --release --example hyper_floor, or set BENCH_FLOOR_BIN)"
+    return 1
+  fi
+  launch "$PROXY_CPUS" "$PEER_LOG" "$FLOOR_BIN" "$HOST:$FLOOR_PORT" \
+    "$HOST:${BACKEND_PORTS[0]},$HOST:${BACKEND_PORTS[1]},$HOST:${BACKEND_PORTS[2]}"
+  wait_post_ok "$PEER_URL" "$PEER_PID"
+}
+
 start_router() {  # $1 = worker threads, $2 = cpus
   local threads=$1 cpus=$2 dir=$TMP/router-$1w
   mkdir -p "$dir"
@@ -844,13 +864,14 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
     haproxy-header) start_haproxy header && started=1 ;;
     haproxy-body | haproxy-mix | haproxy-mix-paced*) start_haproxy body && started=1 ;;
     nginx-header) start_nginx_proxy && started=1 ;;
+    hyper-floor) start_floor && started=1 ;;
   esac
   if [[ $peer != direct ]] && ((!started)); then
     row_fail "$k" "${PEER_ERR:-could not start}"
     [[ -n $PEER_LOG && -s $PEER_LOG ]] && { log "last lines of $PEER_LOG:"; tail -n 5 "$PEER_LOG" >&2; }
   else
     case $peer in
-      direct | mrtr-header | mrtr-header-2w | haproxy-header | nginx-header)
+      direct | mrtr-header | mrtr-header-2w | haproxy-header | nginx-header | hyper-floor)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" header || true ;;
       mrtr-body | haproxy-body)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" body || true ;;
@@ -878,18 +899,18 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
-for port in "${BACKEND_PORTS[@]}" "$ROUTER_PORT" "$ROUTER_ADMIN_PORT" "$HAPROXY_PORT" "$NGINX_PORT"; do
+for port in "${BACKEND_PORTS[@]}" "$ROUTER_PORT" "$ROUTER_ADMIN_PORT" "$HAPROXY_PORT" "$NGINX_PORT" "$FLOOR_PORT"; do
   port_busy "$port" && die "port $port on $HOST is already in use; stop whatever listens there"
 done
 
 want_router=0
-for p in "${PEERS[@]}"; do [[ $p == mrtr-* ]] && want_router=1; done
+for p in "${PEERS[@]}"; do [[ $p == mrtr-* || $p == hyper-floor ]] && want_router=1; done
 if ((want_router)) && [[ $SKIP_BUILD != 1 ]]; then
   if ! command -v cargo >/dev/null 2>&1; then
     BUILD_ERR="cargo not found; cannot build the router (set BENCH_SKIP_BUILD=1 and BENCH_ROUTER_BIN)"
   else
-    log "cargo build --release ..."
-    if ! (cd "$REPO_DIR" && cargo build --release) >"$TMP/build.log" 2>&1; then
+    log "cargo build --release --bins --example hyper_floor ..."
+    if ! (cd "$REPO_DIR" && cargo build --release --bins --example hyper_floor) >"$TMP/build.log" 2>&1; then
       tail -n 20 "$TMP/build.log" >&2
       BUILD_ERR="cargo build --release failed"
     fi

@@ -22,11 +22,9 @@ step "cargo test"
 cargo test --all-targets
 
 step "bench smoke run (bench/run.sh with the debug router): proves the bench script still works; not a performance check"
-# cargo test builds target/debug/mrtr-router for the integration tests; build it if it is not there.
-if [[ ! -x target/debug/mrtr-router ]]; then
-  echo "target/debug/mrtr-router is missing after cargo test: cargo build --bin mrtr-router"
-  cargo build --bin mrtr-router
-fi
+# cargo test built the router already; the hyper-floor row needs examples/hyper_floor.rs as a plain
+# binary (cargo test builds examples as test harnesses under another name).
+cargo build --bins --example hyper_floor
 echo "BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh"
 echo "(1 round, 1 s per row, 8 connections, about 20-30 s; fails only on errors, misroutes or a proxy that does not start)"
 if ! BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh; then
