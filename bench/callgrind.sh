@@ -3,20 +3,22 @@
 # unlike CPU time on a shared VM, comes out the same run after run (±1%). It leaves out the
 # kernel (about half of every proxy's cost, see BENCHMARKS.md).
 #
-#   bench/callgrind.sh                 # mrtr-router (header-keyed) and HAProxy, side by side
+#   bench/callgrind.sh                 # mrtr-router (header-keyed), HAProxy and hyper-floor, side by side
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
 #
 # Starts three nginx backends (the bench's fixed JSON-RPC answer), runs each proxy under
 # callgrind, warms it up with wrk for 2 s, zeroes the counters, drives it for 8 s
 # (1 thread, 16 connections, bench/mcp.lua header-keyed), dumps the counters and divides by the
 # requests wrk completed. Leaves the callgrind files in $BENCH_CG_DIR for callgrind_annotate.
-# Needs valgrind, wrk, nginx, haproxy (Debian packages) and a release build of the router.
+# Needs valgrind, wrk, nginx, haproxy (Debian packages) and a release build of the router and of
+# examples/hyper_floor.rs (`cargo build --release --bins --example hyper_floor`).
 set -euo pipefail
 
 REPO_DIR=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=$REPO_DIR/bench
 ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
-PEERS=${BENCH_CG_PEERS:-mrtr haproxy}
+FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
+PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
 PORTS=(19101 19102 19103)
 PROXY_PORT=18180
@@ -108,7 +110,8 @@ measure() {  # measure <name> <command...>
   kill "$vp"; wait "$vp" 2>/dev/null || true
   local req ir
   req=$(grep -oP 'requests=\K[0-9]+' "$OUT/$name.wrk")
-  ir=$(grep -h '^summary:\|^totals:' "$OUT/$name".*.1 | tail -1 | awk '{print $2}')
+  # This run's dump only: valgrind keeps the pid, and $OUT may hold older runs' files.
+  ir=$(grep -h '^summary:\|^totals:' "$OUT/$name.$vp.1" | tail -1 | awk '{print $2}')
   [[ -n $req && $req -gt 0 && -n $ir ]] || die "$name: no measurement (see $OUT)"
   printf '%-10s requests %7d   instructions/request %7d\n' "$name" "$req" $((ir / req))
 }
@@ -117,7 +120,11 @@ for peer in $PEERS; do
   case $peer in
     mrtr) MRTR_WORKER_THREADS=1 measure mrtr "$ROUTER_BIN" --config "$OUT/router.toml" ;;
     haproxy) measure haproxy haproxy -f "$OUT/haproxy.cfg" -db ;;
-    *) die "unknown peer '$peer' (mrtr, haproxy)" ;;
+    floor)
+      [[ -x $FLOOR_BIN ]] || die "no $FLOOR_BIN (cargo build --release --example hyper_floor)"
+      measure floor "$FLOOR_BIN" "127.0.0.1:$PROXY_PORT" \
+        "127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}" ;;
+    *) die "unknown peer '$peer' (mrtr, haproxy, floor)" ;;
   esac
 done
 echo "callgrind files: $OUT (callgrind_annotate --inclusive=yes $OUT/mrtr.<pid>.1)"
