@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-proxy benchmark: mrtr-router side by side with HAProxy and nginx, in one run on loopback.
 #
-#   bench/run.sh                      # full run (~9 min: 14 rows x 3 rounds), table + bench/results/latest.json
+#   bench/run.sh                      # full run (~10 min: 16 rows x 3 rounds), table + bench/results/latest.json
 #   BENCH_SMOKE=1 bench/run.sh        # 1 s per row, 1 round, no warm-up, 8 connections: proves it still runs
 #   BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh   # the same with a debug router
 #
@@ -74,7 +74,7 @@ NGINX_KEEPALIVE=${BENCH_NGINX_KEEPALIVE:-$((CONNS * 3))}
 BASELINE=haproxy-header
 
 ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-mix-paced-awake mrtr-header-2w
-           haproxy-header haproxy-body haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header
+           haproxy-header haproxy-body haproxy-header-fwd haproxy-body-fwd haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header
            hyper-floor)
 read -r -a PEERS <<<"${BENCH_PEERS:-${ALL_PEERS[*]}}"
 
@@ -88,6 +88,8 @@ declare -A DESC=(
   [mrtr-header-2w]="mrtr-router, MRTR_WORKER_THREADS=2, header-keyed"
   [haproxy-header]="HAProxy: balance hdr(Mcp-Routing-Id), hash-type consistent"
   [haproxy-body]="HAProxy: http-buffer-request + json_query('\$.messageId'), balance hash var(txn.rk)"
+  [haproxy-header-fwd]="HAProxy header-keyed config, adding the X-Forwarded-For/-Proto/-Host headers the router adds"
+  [haproxy-body-fwd]="HAProxy body-keyed config, adding the X-Forwarded-For/-Proto/-Host headers the router adds"
   [haproxy-mix]="HAProxy body-keyed config, same two-round mix as mrtr-mix"
   [haproxy-mix-paced]="HAProxy body-keyed config, the paced mix of mrtr-mix-paced"
   [haproxy-mix-paced-awake]="HAProxy body-keyed config, the paced mix with both cores held out of halt"
@@ -454,8 +456,8 @@ launch() {  # launch <cpus> <log> <cmd...>; sets PEER_PID
   STARTED+=("$PEER_PID")
 }
 
-start_haproxy() {  # $1 = header|body
-  local dir=$TMP/haproxy-$1 mode=$1
+start_haproxy() {  # $1 = header|body, $2 = 1: add the X-Forwarded-* headers the router adds
+  local dir=$TMP/haproxy-$1-${2:-0} mode=$1 fwd=${2:-0}
   mkdir -p "$dir"
   PEER_PORT=$HAPROXY_PORT
   PEER_URL="http://$HOST:$HAPROXY_PORT/mcp"
@@ -476,6 +478,13 @@ defaults
 
 frontend fe
   bind $HOST:$HAPROXY_PORT
+EOF
+    if ((fwd)); then
+      echo "  option forwardfor"
+      echo "  http-request set-header X-Forwarded-Proto http"
+      echo "  http-request set-header X-Forwarded-Host %[req.hdr(host)]"
+    fi
+    cat <<EOF
   default_backend mcp
 
 backend mcp
@@ -862,6 +871,8 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
     mrtr-header | mrtr-body | mrtr-mix | mrtr-mix-paced*) start_router 1 "$PROXY_CPUS" && started=1 ;;
     mrtr-header-2w) PROXY_CPUS_ROW=$PROXY_CPUS_2W; start_router 2 "$PROXY_CPUS_2W" && started=1 ;;
     haproxy-header) start_haproxy header && started=1 ;;
+    haproxy-header-fwd) start_haproxy header 1 && started=1 ;;
+    haproxy-body-fwd) start_haproxy body 1 && started=1 ;;
     haproxy-body | haproxy-mix | haproxy-mix-paced*) start_haproxy body && started=1 ;;
     nginx-header) start_nginx_proxy && started=1 ;;
     hyper-floor) start_floor && started=1 ;;
@@ -871,9 +882,9 @@ run_peer() {  # run_peer <peer> <round>; always returns 0, the outcome is in R_S
     [[ -n $PEER_LOG && -s $PEER_LOG ]] && { log "last lines of $PEER_LOG:"; tail -n 5 "$PEER_LOG" >&2; }
   else
     case $peer in
-      direct | mrtr-header | mrtr-header-2w | haproxy-header | nginx-header | hyper-floor)
+      direct | mrtr-header | mrtr-header-2w | haproxy-header | haproxy-header-fwd | nginx-header | hyper-floor)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" header || true ;;
-      mrtr-body | haproxy-body)
+      mrtr-body | haproxy-body | haproxy-body-fwd)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mcp.lua" body || true ;;
       mrtr-mix | haproxy-mix)
         measure "$peer" "$round" "$PEER_URL" "$BENCH_DIR/mix.lua" body "$PENDING_PCT" || true ;;
