@@ -5,6 +5,7 @@
 #
 #   bench/callgrind.sh                 # mrtr-router (header-keyed), HAProxy and hyper-floor, side by side
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
+#   BENCH_CG_PEERS="mrtr haproxy nginx floor" bench/callgrind.sh   # nginx as the proxy too
 #
 # Starts three nginx backends (the bench's fixed JSON-RPC answer), runs each proxy under
 # callgrind, warms it up with wrk for 2 s, zeroes the counters, drives it for 8 s
@@ -88,6 +89,41 @@ backend be
   server b2 127.0.0.1:${PORTS[2]}
 EOF
 
+# nginx as the proxy, as in bench/run.sh's nginx-header row; one process (no master) so that
+# callgrind sees the worker.
+mkdir -p "$OUT/nginx-proxy"
+cat >"$OUT/nginx-proxy.conf" <<EOF
+worker_processes 1;
+master_process off;
+daemon off;
+pid $OUT/nginx-proxy.pid;
+error_log $OUT/nginx-proxy-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/tmp; proxy_temp_path $OUT/tmp; fastcgi_temp_path $OUT/tmp;
+  uwsgi_temp_path $OUT/tmp; scgi_temp_path $OUT/tmp;
+  keepalive_requests 100000000;
+  keepalive_timeout 600s;
+  upstream mcp {
+    hash \$http_mcp_routing_id consistent;
+    server 127.0.0.1:${PORTS[0]}; server 127.0.0.1:${PORTS[1]}; server 127.0.0.1:${PORTS[2]};
+    keepalive 48;
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+  }
+  server {
+    listen 127.0.0.1:$PROXY_PORT;
+    location / {
+      proxy_pass http://mcp;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+
 ready() {  # ready: the proxy answers a request (bounded: 30 s under valgrind)
   for _ in $(seq 1 150); do
     curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' \
@@ -120,11 +156,12 @@ for peer in $PEERS; do
   case $peer in
     mrtr) MRTR_WORKER_THREADS=1 measure mrtr "$ROUTER_BIN" --config "$OUT/router.toml" ;;
     haproxy) measure haproxy haproxy -f "$OUT/haproxy.cfg" -db ;;
+    nginx) measure nginx nginx -p "$OUT/nginx-proxy" -c "$OUT/nginx-proxy.conf" ;;
     floor)
       [[ -x $FLOOR_BIN ]] || die "no $FLOOR_BIN (cargo build --release --example hyper_floor)"
       measure floor "$FLOOR_BIN" "127.0.0.1:$PROXY_PORT" \
         "127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}" ;;
-    *) die "unknown peer '$peer' (mrtr, haproxy, floor)" ;;
+    *) die "unknown peer '$peer' (mrtr, haproxy, nginx, floor)" ;;
   esac
 done
 echo "callgrind files: $OUT (callgrind_annotate --inclusive=yes $OUT/mrtr.<pid>.1)"
