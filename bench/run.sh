@@ -74,8 +74,8 @@ NGINX_KEEPALIVE=${BENCH_NGINX_KEEPALIVE:-$((CONNS * 3))}
 BASELINE=haproxy-header
 
 ALL_PEERS=(direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-mix-paced-awake mrtr-header-2w
-           haproxy-header haproxy-body haproxy-header-fwd haproxy-body-fwd haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header
-           hyper-floor)
+           haproxy-header haproxy-body haproxy-header-fwd haproxy-body-fwd
+           haproxy-mix haproxy-mix-paced haproxy-mix-paced-awake nginx-header hyper-floor)
 read -r -a PEERS <<<"${BENCH_PEERS:-${ALL_PEERS[*]}}"
 
 declare -A DESC=(
@@ -274,16 +274,14 @@ busy_pct() {  # busy_pct "tot0 idle0" "tot1 idle1" [ticks not to count as busy]
 # every peer alike (BENCHMARKS.md). The loops' own CPU time is left out of core%, of the load
 # core's share and of other processes' share.
 AWAKE_LOAD=() AWAKE_PROXY=()
-start_awake() {  # start_awake: one idle-class busy loop on each load cpu and each proxy cpu
+spin_on() {  # spin_on <cpu>: an idle-class busy loop on that cpu; $! is its pid
+  chrt --idle 0 taskset -c "$1" bash -c 'while :; do :; done' &
+  STARTED+=("$!")
+}
+start_awake() {  # start_awake: one loop on each load cpu and each proxy cpu
   local cpu
-  for cpu in $(expand_cpus "$LOAD_CPUS"); do
-    chrt --idle 0 taskset -c "$cpu" bash -c 'while :; do :; done' &
-    AWAKE_LOAD+=("$!") STARTED+=("$!")
-  done
-  for cpu in $(expand_cpus "$PROXY_CPUS_ROW"); do
-    chrt --idle 0 taskset -c "$cpu" bash -c 'while :; do :; done' &
-    AWAKE_PROXY+=("$!") STARTED+=("$!")
-  done
+  for cpu in $(expand_cpus "$LOAD_CPUS"); do spin_on "$cpu"; AWAKE_LOAD+=("$!"); done
+  for cpu in $(expand_cpus "$PROXY_CPUS_ROW"); do spin_on "$cpu"; AWAKE_PROXY+=("$!"); done
 }
 stop_awake() {
   local p
