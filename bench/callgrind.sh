@@ -36,18 +36,21 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-cat >"$OUT/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $OUT/nginx.pid;
-error_log $OUT/nginx-error.log warn;
-events { worker_connections 4096; }
+# The lines both nginx configs (backends, proxy) start their events and http blocks with.
+NGINX_HTTP_START="events { worker_connections 4096; }
 http {
   access_log off;
   client_body_temp_path $OUT/tmp; proxy_temp_path $OUT/tmp; fastcgi_temp_path $OUT/tmp;
   uwsgi_temp_path $OUT/tmp; scgi_temp_path $OUT/tmp;
   keepalive_requests 100000000;
-  keepalive_timeout 600s;
+  keepalive_timeout 600s;"
+
+cat >"$OUT/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $OUT/nginx.pid;
+error_log $OUT/nginx-error.log warn;
+${NGINX_HTTP_START}
   default_type application/json;
   server {
     listen 127.0.0.1:${PORTS[0]}; listen 127.0.0.1:${PORTS[1]}; listen 127.0.0.1:${PORTS[2]};
@@ -98,13 +101,7 @@ master_process off;
 daemon off;
 pid $OUT/nginx-proxy.pid;
 error_log $OUT/nginx-proxy-error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $OUT/tmp; proxy_temp_path $OUT/tmp; fastcgi_temp_path $OUT/tmp;
-  uwsgi_temp_path $OUT/tmp; scgi_temp_path $OUT/tmp;
-  keepalive_requests 100000000;
-  keepalive_timeout 600s;
+${NGINX_HTTP_START}
   upstream mcp {
     hash \$http_mcp_routing_id consistent;
     server 127.0.0.1:${PORTS[0]}; server 127.0.0.1:${PORTS[1]}; server 127.0.0.1:${PORTS[2]};
@@ -164,4 +161,4 @@ for peer in $PEERS; do
     *) die "unknown peer '$peer' (mrtr, haproxy, nginx, floor)" ;;
   esac
 done
-echo "callgrind files: $OUT (callgrind_annotate --inclusive=yes $OUT/mrtr.<pid>.1)"
+echo "callgrind files: $OUT (callgrind_annotate --inclusive=yes $OUT/<peer>.<pid>.1)"
