@@ -208,9 +208,7 @@ impl PinTable {
             shard.remove(&key.0);
             drop(shard);
             self.removed(kind);
-            if !finished {
-                self.expired_unswept[kind as usize].fetch_add(1, Ordering::Relaxed);
-            }
+            self.expired_outside_sweep(kind, finished);
             return None;
         }
         if !e.finished {
@@ -258,8 +256,8 @@ impl PinTable {
             }
             Some(old) => {
                 let expired = old.deadline_ms <= now;
-                if expired && !old.finished {
-                    self.expired_unswept[old.kind as usize].fetch_add(1, Ordering::Relaxed);
+                if expired {
+                    self.expired_outside_sweep(old.kind, old.finished);
                 }
                 if old.kind != kind {
                     self.per_kind[old.kind as usize].fetch_sub(1, Ordering::Relaxed);
@@ -290,6 +288,14 @@ impl PinTable {
     fn removed(&self, kind: PinKind) {
         self.len.fetch_sub(1, Ordering::Relaxed);
         self.per_kind[kind as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Notes a pin found past its deadline and removed outside a sweep, for the next sweep to
+    /// report; a finished pin's deadline ends its replay window, which is no expiry.
+    fn expired_outside_sweep(&self, kind: PinKind, finished: bool) {
+        if !finished {
+            self.expired_unswept[kind as usize].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Drops every pin whose deadline passed; reports those too that expired since the last

@@ -220,6 +220,14 @@ pub fn decide(
             && keys.may_create_pin()
             && pins.len() >= routing.max_pins
     };
+    // What a request routed by a pin or a token must pass: its call's rounds, and the table's room.
+    let admit = |call: Option<Matched>| {
+        check_rounds(call, keys, routing.max_rounds)?;
+        match full(call) {
+            true => Err(RouterError::PinCapacity { max: routing.max_pins }),
+            false => Ok(()),
+        }
+    };
     if let Some(u) = unsealed {
         let key = BackendKey::of(&u.backend);
         if snap.backend(key).is_none() {
@@ -237,10 +245,7 @@ pub fn decide(
         let matched = matched.map(|m| call_in_session(m, &mut candidates, find));
         match usable(key, None) {
             Some(backend) => {
-                check_rounds(matched, keys, routing.max_rounds)?;
-                if full(matched) {
-                    return Err(RouterError::PinCapacity { max: routing.max_pins });
-                }
+                admit(matched)?;
                 return Ok(Decision {
                     backend: backend.clone(),
                     source: Source::Token,
@@ -269,10 +274,7 @@ pub fn decide(
             match usable(pin.backend, Some(pin.epoch)) {
                 Some(backend) => {
                     let matched = call_in_session(matched, &mut candidates, find);
-                    check_rounds(Some(matched), keys, routing.max_rounds)?;
-                    if full(Some(matched)) {
-                        return Err(RouterError::PinCapacity { max: routing.max_pins });
-                    }
+                    admit(Some(matched))?;
                     return Ok(Decision {
                         backend: backend.clone(),
                         source: Source::Pin,

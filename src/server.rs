@@ -443,26 +443,17 @@ struct Watch<'a> {
 impl Watch<'_> {
     /// Shuts `conn` down gracefully if the drain has started.
     fn poll<C: GracefulConnection>(&mut self, cx: &mut Context<'_>, conn: Pin<&mut C>) {
-        if self.draining {
-            return;
-        }
-        // Registered before the flag is read: a drain that starts in between still finds this
-        // task (it sets the flag before it wakes the tasks).
-        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            self.drain.tasks.lock().insert(self.id, cx.waker().clone());
-            self.waker = Some(cx.waker().clone());
-        }
-        if self.drain.started.load(Ordering::SeqCst) {
+        if !self.draining && self.poll_started(cx).is_ready() {
             conn.graceful_shutdown();
             self.draining = true;
         }
     }
-}
 
-impl Watch<'_> {
-    /// Ready once the drain has started: for a connection not yet handed to hyper (its
-    /// protocol not known, its TLS handshake not done), which then simply closes.
+    /// Ready once the drain has started. On its own, for a connection not yet handed to hyper
+    /// (its protocol not known, its TLS handshake not done), which then simply closes.
     fn poll_started(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Registered before the flag is read: a drain that starts in between still finds this
+        // task (it sets the flag before it wakes the tasks).
         if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.drain.tasks.lock().insert(self.id, cx.waker().clone());
             self.waker = Some(cx.waker().clone());
