@@ -207,6 +207,18 @@ impl Fleet {
         self.stop.take().is_some_and(|s| s.send(()).is_ok())
     }
 
+    /// Begins the shutdown and asserts that the router stops within 5 s, well inside its
+    /// timeouts: `what` is what must not have held it.
+    pub async fn assert_stops_promptly(&mut self, what: &str) {
+        let stopping = std::time::Instant::now();
+        assert!(self.begin_shutdown(), "the router was running");
+        assert!(
+            self.wait_stopped(Duration::from_secs(10)).await,
+            "{what} held the shutdown"
+        );
+        assert!(stopping.elapsed() < Duration::from_secs(5), "{:?}", stopping.elapsed());
+    }
+
     /// Waits up to `limit` for the router's run to return: whether it did (also true when an
     /// earlier call saw it return). Panics if the run panicked.
     pub async fn wait_stopped(&mut self, limit: Duration) -> bool {
