@@ -6,6 +6,7 @@
 #   bench/callgrind.sh                 # mrtr-router (header-keyed), HAProxy and hyper-floor, side by side
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
 #   BENCH_CG_PEERS="mrtr haproxy nginx floor" bench/callgrind.sh   # nginx as the proxy too
+#   BENCH_CG_LOAD=body BENCH_CG_PEERS=mrtr bench/callgrind.sh       # body-keyed (key only in messageId)
 #
 # Starts three nginx backends (the bench's fixed JSON-RPC answer), runs each proxy under
 # callgrind, warms it up with wrk for 2 s, zeroes the counters, drives it for 8 s
@@ -20,6 +21,7 @@ BENCH_DIR=$REPO_DIR/bench
 ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
 FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
+LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument: header or body
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
 PORTS=(19101 19102 19103)
 PROXY_PORT=18180
@@ -136,9 +138,9 @@ measure() {  # measure <name> <command...>
   local vp=$!
   PIDS+=("$vp")
   ready || die "$name did not answer under valgrind (see $OUT/$name.log)"
-  wrk -t1 -c16 -d2s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- header >/dev/null
+  wrk -t1 -c16 -d2s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- "$LOAD" >/dev/null
   callgrind_control -z "$vp" >/dev/null 2>&1
-  wrk -t1 -c16 -d8s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- header >"$OUT/$name.wrk"
+  wrk -t1 -c16 -d8s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- "$LOAD" >"$OUT/$name.wrk"
   callgrind_control -d "$vp" >/dev/null 2>&1
   kill "$vp"; wait "$vp" 2>/dev/null || true
   local req ir
@@ -146,7 +148,7 @@ measure() {  # measure <name> <command...>
   # This run's dump only: valgrind keeps the pid, and $OUT may hold older runs' files.
   ir=$(grep -h '^summary:\|^totals:' "$OUT/$name.$vp.1" | tail -1 | awk '{print $2}')
   [[ -n $req && $req -gt 0 && -n $ir ]] || die "$name: no measurement (see $OUT)"
-  printf '%-10s requests %7d   instructions/request %7d\n' "$name" "$req" $((ir / req))
+  printf '%-10s %-6s requests %7d   instructions/request %7d\n' "$name" "$LOAD" "$req" $((ir / req))
 }
 
 for peer in $PEERS; do

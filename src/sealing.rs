@@ -3,6 +3,7 @@
 //! into what an answer hands out (`Mcp-Routing-Id`, `requestState`, `Mcp-Session-Id`).
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
@@ -14,9 +15,9 @@ use crate::token::{self, Rejected, TokenKeys};
 /// The keys for each kind of sealed value.
 pub struct Sealing {
     /// Routing tokens and wrapped `requestState`s (`tokens.token_ttl`).
-    calls: TokenKeys,
+    calls: Arc<TokenKeys>,
     /// Wrapped session ids (`tokens.session_ttl`): they live as long as the session.
-    sessions: TokenKeys,
+    sessions: Arc<TokenKeys>,
 }
 
 /// What the tokens of one request say.
@@ -63,12 +64,12 @@ impl Replacement {
 }
 
 impl Sealing {
-    pub fn new(cfg: &TokensConfig) -> Result<Sealing, String> {
-        Ok(Sealing {
-            calls: TokenKeys::new(cfg.keys.clone(), cfg.token_ttl)?,
-            sessions: TokenKeys::new(cfg.keys.clone(), cfg.session_ttl)
-                .map_err(|e| e.replace("token_ttl", "session_ttl"))?,
-        })
+    /// The keys `[tokens]` configured (checked and built when the config was read).
+    pub fn new(cfg: &TokensConfig) -> Sealing {
+        Sealing {
+            calls: cfg.calls.clone(),
+            sessions: cfg.sessions.clone(),
+        }
     }
 
     /// Verifies every sealed value the request carries. `Ok(None)`: nothing of ours in it.
@@ -136,12 +137,11 @@ mod tests {
     use std::time::Duration;
 
     fn sealing() -> Sealing {
-        let cfg = TokensConfig {
-            keys: vec![vec![7u8; 32]],
-            token_ttl: Duration::from_secs(60),
-            session_ttl: Duration::from_secs(600),
-        };
-        Sealing::new(&cfg).unwrap()
+        let keys = |ttl| Arc::new(TokenKeys::new(vec![vec![7u8; 32]], Duration::from_secs(ttl)).unwrap());
+        Sealing {
+            calls: keys(60),
+            sessions: keys(600),
+        }
     }
 
     /// An answer's state is wrapped where it stands, the client echoes the token, and the

@@ -288,14 +288,7 @@ impl Shared {
 }
 
 fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Result<Snapshot, ConfigError> {
-    let sealing = match &config.tokens {
-        Some(t) => Some(Arc::new(Sealing::new(t).map_err(|message| ConfigError {
-            file: PathBuf::from("[tokens]"),
-            line: None,
-            message,
-        })?)),
-        None => None,
-    };
+    let sealing = config.tokens.as_ref().map(|t| Arc::new(Sealing::new(t)));
     let now = Instant::now();
     let desired: Vec<&BackendConfig> = config
         .backends

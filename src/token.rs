@@ -140,39 +140,59 @@ impl fmt::Debug for TokenKeys {
     }
 }
 
+/// Why a list of keys cannot sign: the message names the setting, `index` the key (if one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyProblem {
+    /// Which of `tokens.keys` is at fault; `None` for the list or the ttl.
+    pub index: Option<usize>,
+    pub message: String,
+}
+
 impl TokenKeys {
     /// Keys in config order (the first signs) and the lifetime of new tokens. The error names
     /// the offending setting, e.g. `tokens.keys[1]: must be at least 32 bytes (got 5)`.
     pub fn new(keys: Vec<Vec<u8>>, ttl: Duration) -> Result<TokenKeys, String> {
+        TokenKeys::build(&keys, ttl).map_err(|p| p.message)
+    }
+
+    /// [`TokenKeys::new`], with the key at fault: every check of token keys is made here.
+    pub fn build(keys: &[Vec<u8>], ttl: Duration) -> Result<TokenKeys, KeyProblem> {
+        let problem = |index, message: String| KeyProblem { index, message };
         if keys.is_empty() {
-            return Err("tokens.keys: at least one key is required".into());
+            return Err(problem(None, "tokens.keys: at least one key is required".into()));
         }
-        if ttl.as_secs() == 0 {
-            return Err("tokens.token_ttl: must be at least 1s".into());
-        }
-        let ttl_secs =
-            u32::try_from(ttl.as_secs()).map_err(|_| format!("tokens.token_ttl: must be at most {}s", u32::MAX))?;
+        let ttl_secs = ttl_secs(ttl).map_err(|m| problem(None, m))?;
         let mut built: Vec<Key> = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             if key.len() < MIN_KEY_LEN {
-                return Err(format!(
+                let message = format!(
                     "tokens.keys[{i}]: must be at least {MIN_KEY_LEN} bytes (got {})",
                     key.len()
-                ));
+                );
+                return Err(problem(Some(i), message));
             }
             let id = key_id(key);
             if let Some(j) = built.iter().position(|k| k.id == id) {
-                return Err(if keys[j] == *key {
+                let message = if keys[j] == *key {
                     format!("tokens.keys[{i}]: same key as tokens.keys[{j}]")
                 } else {
                     format!("tokens.keys[{i}]: key id collides with tokens.keys[{j}]; generate another key")
-                });
+                };
+                return Err(problem(Some(i), message));
             }
             let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
             mac.update(PREFIX.as_bytes());
             built.push(Key { id, mac });
         }
         Ok(TokenKeys { keys: built, ttl_secs })
+    }
+
+    /// The same keys issuing tokens with another lifetime (checked like [`TokenKeys::new`]'s).
+    pub fn with_ttl(&self, ttl: Duration) -> Result<TokenKeys, String> {
+        Ok(TokenKeys {
+            keys: self.keys.clone(),
+            ttl_secs: ttl_secs(ttl)?,
+        })
     }
 
     /// Lifetime of the tokens this issues.
@@ -369,6 +389,14 @@ fn with_body<R>(text: &str, f: impl FnOnce(&[u8]) -> Result<R, Rejected>) -> Res
         .decode_slice(text, buf)
         .map_err(|_| Rejected::Malformed)?;
     f(&buf[..n])
+}
+
+/// A token lifetime in whole seconds: at least one, at most `u32::MAX`.
+fn ttl_secs(ttl: Duration) -> Result<u32, String> {
+    if ttl.as_secs() == 0 {
+        return Err("tokens.token_ttl: must be at least 1s".into());
+    }
+    u32::try_from(ttl.as_secs()).map_err(|_| format!("tokens.token_ttl: must be at most {}s", u32::MAX))
 }
 
 /// Values carried as is: visible ASCII that needs no escaping in a JSON string.

@@ -1,0 +1,47 @@
+//! Every default and every fixed limit in one place, so the docs, `check` and the code agree.
+
+use std::time::Duration;
+
+pub const LISTEN: &str = "127.0.0.1:8080";
+pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(300);
+pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// MCP streams idle between events: a shorter stream idle limit would cut live streams.
+pub const MIN_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub const MAX_HEADERS: usize = 100;
+pub const ROUTING_HEADER: &str = "Mcp-Routing-Id";
+pub const BODY_FIELD: &str = "messageId";
+pub const VIRTUAL_NODES: usize = 160;
+pub const LOAD_FACTOR: f64 = 0.0;
+pub const PIN_IDLE_TTL: Duration = Duration::from_secs(600);
+pub const SESSION_IDLE_TTL: Duration = Duration::from_secs(3600);
+pub const TASK_IDLE_TTL: Duration = Duration::from_secs(3600);
+pub const REPLAY_WINDOW: Duration = Duration::from_secs(60);
+pub const MAX_ROUNDS: u32 = 32;
+pub const MAX_PINS: usize = 1_000_000;
+pub const ON_PIN_LOST: &str = "strict";
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+pub const RETRY_AFTER_SECS: u64 = 1;
+pub const WEIGHT: u32 = 1;
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+pub const HEALTH_PATH: &str = "";
+pub const UNHEALTHY_AFTER: u32 = 3;
+pub const HEALTHY_AFTER: u32 = 2;
+pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(5);
+pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
+/// Wrapped session ids live as long as a session may: clients keep them from `initialize` on.
+pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Idle keep-alive connections kept per backend, and for how long.
+pub const MAX_IDLE_PER_BACKEND: usize = 1024;
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// The longest duration any key accepts: 3650 days (ten years). Deadlines are computed as
+/// `now + duration`, which a longer value (up to `u64::MAX` seconds) would overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(MAX_DURATION_DAYS * 24 * 3600);
+pub const MAX_DURATION_DAYS: u64 = 3650;

@@ -1,0 +1,232 @@
+//! Configuration: the TOML file (DESIGN §7) read section by section into the validated
+//! [`Config`] the rest of the router uses; nothing else sees an unchecked value. Each key is
+//! declared once, where its section is read (`reader`), which also writes `check`'s printout.
+
+pub mod defaults;
+mod fleet;
+mod reader;
+mod routing;
+mod server;
+mod tokens;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
+pub use routing::{OnPinLost, RoutingConfig};
+pub use server::{AdminConfig, ServerConfig, TlsConfig};
+pub use tokens::TokensConfig;
+
+use reader::{Doc, Section};
+
+/// A configuration problem, with the file and line where it was found when known.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub routing: RoutingConfig,
+    pub health: HealthConfig,
+    /// `[tokens]`: present when sealed routing tokens are on (DESIGN §5).
+    pub tokens: Option<TokensConfig>,
+    /// `[discovery]`: backends from DNS, merged with the static ones.
+    pub discovery: Option<DiscoveryConfig>,
+    /// Static backends; may be empty when discovery is configured.
+    pub backends: Vec<BackendConfig>,
+    /// The effective configuration as TOML, every default spelled out (see [`Config::to_toml`]).
+    printout: String,
+}
+
+/// The sections a config file may have, in the order they are read and printed.
+const SECTIONS: [&str; 7] = ["server", "admin", "routing", "health", "tokens", "discovery", "backend"];
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::parse(path, &Config::read_text(path)?)
+    }
+
+    /// Reads a config file's text, with an error naming the file.
+    pub fn read_text(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })
+    }
+
+    /// Validates config text; `path` names the file in errors, and relative paths in the config
+    /// (TLS files) are taken from its directory.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let mut doc = Doc::new(path, text);
+        let root = doc.tables()?;
+        let root = root.get_ref();
+        doc.only_sections(root, &SECTIONS)?;
+        let server = server::server(doc.section(root, "server")?)?;
+        let admin = server::admin(doc.section(root, "admin")?, &server)?;
+        let routing = routing::routing(doc.section(root, "routing")?)?;
+        let health = fleet::health(doc.section(root, "health")?)?;
+        let tokens = tokens::tokens(doc.section(root, "tokens")?)?;
+        let discovery = fleet::discovery(doc.section(root, "discovery")?)?;
+        let mut backends: Vec<BackendConfig> = Vec::new();
+        for (table, span) in doc.tables_of(root, "backend")? {
+            let b = fleet::backend(Section::element(&mut doc, "backend", table, span), &backends)?;
+            backends.push(b);
+        }
+        if backends.is_empty() && discovery.is_none() {
+            return doc.err(
+                None,
+                "no [[backend]] configured: at least one backend (or [discovery]) is required",
+            );
+        }
+        Ok(Config {
+            server,
+            admin,
+            routing,
+            health,
+            tokens,
+            discovery,
+            backends,
+            printout: doc.into_printout(),
+        })
+    }
+
+    /// The effective configuration as TOML, every default spelled out (for `check`). Strings
+    /// are written as TOML strings (quotes, backslashes and control characters escaped), so
+    /// the output loads back as the same config (but for token keys, which are never printed).
+    pub fn to_toml(&self) -> String {
+        self.printout.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("test.toml"), text)
+    }
+
+    const ONE: &str = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
+
+    #[test]
+    fn defaults_apply() {
+        let c = parse(ONE).unwrap();
+        assert_eq!(c.routing.virtual_nodes, 160);
+        assert_eq!(c.routing.header.as_str(), "mcp-routing-id");
+        assert_eq!(c.backends[0].weight, 1);
+        assert_eq!(c.server.max_body_bytes, 1 << 20);
+        // The printed effective config parses back to the same config.
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn tokens_discovery_and_health_sections() {
+        std::env::set_var("MRTR_TEST_TOKEN_KEY", "k".repeat(40));
+        let c = parse(&format!(
+            "{ONE}[tokens]\nkeys = [\"${{MRTR_TEST_TOKEN_KEY}}\", \"{}\"]\ntoken_ttl = \"5m\"\n[discovery]\ndns = \"mcp.svc:8000\"\n[health]\npath = \"/healthz\"\n",
+            "o".repeat(32)
+        ))
+        .unwrap();
+        let t = c.tokens.as_ref().unwrap();
+        assert_eq!(
+            (t.keys[0].len(), t.keys.len(), t.token_ttl),
+            (40, 2, Duration::from_secs(300))
+        );
+        let d = c.discovery.as_ref().unwrap();
+        assert_eq!((d.host.as_str(), d.port), ("mcp.svc", 8000));
+        assert_eq!(c.health.path, "/healthz");
+        assert!(!format!("{t:?}").contains("kkkk"), "keys never printed");
+        // Discovery alone is enough; no static backend needed.
+        assert!(parse("[discovery]\ndns = \"mcp.svc:8000\"\n")
+            .unwrap()
+            .backends
+            .is_empty());
+    }
+
+    #[test]
+    fn errors_name_key_and_line() {
+        let e = parse(&format!("{ONE}[routing]\npin_idle_ttl = \"ten\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("routing.pin_idle_ttl"), "{e}");
+        let e = parse(&format!("{ONE}[routing]\nbogus = 1\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = parse("[[backend]]\nname = \"a\"\nurl = \"ftp://x\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        let e = parse(&format!("{ONE}{ONE}")).unwrap_err();
+        assert!(e.to_string().contains("defined twice"), "{e}");
+        assert!(parse("").unwrap_err().to_string().contains("no [[backend]]"));
+        let e = parse(&format!("{ONE}[routing]\nvirtual_nodes = 10\n")).unwrap_err();
+        assert!(e.to_string().contains("virtual_nodes"), "{e}");
+        let e = parse(&format!("{ONE}[tokens]\nkeys = [\"short\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("tokens.keys[0]") && e.line == Some(5), "{e}");
+        let e = parse(&format!("{ONE}[tokens]\nkeys = [\"${{MRTR_SURELY_UNSET_VAR}}\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("MRTR_SURELY_UNSET_VAR"), "{e}");
+        let e = parse(&format!("{ONE}[discovery]\ndns = \"workers\"\n")).unwrap_err();
+        assert!(e.to_string().contains("name:port"), "{e}");
+        let e = parse(&format!("{ONE}[health]\npath = \"healthz\"\n")).unwrap_err();
+        assert!(e.to_string().contains("health.path"), "{e}");
+    }
+
+    #[test]
+    fn the_printed_config_escapes_strings_and_loads_back_the_same() {
+        let c = parse(
+            "[routing]\nbody_field = 'say \"hi\" \\ bye'\nload_factor = 1.25\n[discovery]\ndns = \"[::1]:8000\"\n\
+             [[backend]]\nname = 'a\"b\\c \\\" d'\nurl = \"http://127.0.0.1:9001/p\"\nweight = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.backends[0].name, r#"a"b\c \" d"#);
+        assert_eq!(c.routing.body_field, r#"say "hi" \ bye"#);
+        let printed = c.to_toml();
+        let again = parse(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(again, c, "{printed}");
+        // And what it printed is a TOML document on its own.
+        let doc: toml::Table = printed.parse().unwrap();
+        assert_eq!(doc["backend"][0]["name"].as_str(), Some(r#"a"b\c \" d"#));
+    }
+
+    #[test]
+    fn durations_are_capped_at_ten_years() {
+        let e = parse(&format!("{ONE}[routing]\ndrain_timeout = \"18446744073709551615s\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.to_string().contains("routing.drain_timeout: at most 3650 days"),
+            "{e}"
+        );
+        let e = parse(&format!("{ONE}[server]\nupstream_timeout = \"3651days\"\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("server.upstream_timeout: at most 3650 days"),
+            "{e}"
+        );
+        // The maximum itself is accepted, and prints back to the same value.
+        let c = parse(&format!("{ONE}[routing]\ndrain_timeout = \"3650days\"\n")).unwrap();
+        assert_eq!(c.routing.drain_timeout, defaults::MAX_DURATION);
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        let c = parse(&format!(
+            "{ONE}[routing]\ndrain_timeout = \"{}s\"\n",
+            defaults::MAX_DURATION.as_secs()
+        ))
+        .unwrap();
+        assert_eq!(c.routing.drain_timeout, defaults::MAX_DURATION);
+    }
+}

@@ -1,0 +1,165 @@
+//! `[server]` (the proxy listener, its limits and timeouts, TLS) and `[admin]`.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::reader::{quoted, Section, Text};
+use super::{defaults, ConfigError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Largest request body the router reads to find a key; larger is 413.
+    pub max_body_bytes: usize,
+    /// Time a client has to send its request headers (HTTP/1): kept by the connection watchdog.
+    pub header_read_timeout: Duration,
+    /// Time a client has to send the whole request body once headers are in.
+    pub body_read_timeout: Duration,
+    /// Deadline for a non-streaming answer (head and whole JSON body).
+    pub upstream_timeout: Duration,
+    /// An SSE stream with no bytes for this long is closed (never below 60 s).
+    pub stream_idle_timeout: Duration,
+    /// How long SIGTERM waits for in-flight requests and streams.
+    pub shutdown_grace: Duration,
+    /// Most request headers accepted (HTTP/1); more is 431.
+    pub max_headers: usize,
+    /// `tls_cert` + `tls_key`: the proxy listener speaks TLS (HTTP/1.1 and HTTP/2 by ALPN).
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS on the proxy listener: the two files, read and checked when the config is loaded, and
+/// the rustls server config built from them (see `crate::tls`).
+#[derive(Clone)]
+pub struct TlsConfig {
+    /// The certificate chain (PEM, leaf first), as resolved against the config file's directory.
+    pub cert_path: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_path: PathBuf,
+    /// Shared by every TLS connection accepted while this config runs.
+    pub server: Arc<rustls::ServerConfig>,
+    /// SHA-256 over both files' contents: two configs are equal when paths and contents are.
+    digest: [u8; 32],
+}
+
+impl PartialEq for TlsConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest && self.cert_path == other.cert_path && self.key_path == other.key_path
+    }
+}
+
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("cert_path", &self.cert_path)
+            .field("key_path", &self.key_path)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
+    let server = ServerConfig {
+        listen: s.addr("listen", defaults::LISTEN)?.0,
+        max_body_bytes: s.int("max_body_bytes", defaults::MAX_BODY_BYTES as i64, 64..=1 << 30)? as usize,
+        header_read_timeout: s.duration("header_read_timeout", defaults::HEADER_READ_TIMEOUT)?,
+        body_read_timeout: s.duration("body_read_timeout", defaults::BODY_READ_TIMEOUT)?,
+        upstream_timeout: s.duration("upstream_timeout", defaults::UPSTREAM_TIMEOUT)?,
+        stream_idle_timeout: stream_idle_timeout(&mut s)?,
+        shutdown_grace: s.duration("shutdown_grace", defaults::SHUTDOWN_GRACE)?,
+        max_headers: s.int("max_headers", defaults::MAX_HEADERS as i64, 16..=10_000)? as usize,
+        tls: tls(&mut s)?,
+    };
+    s.finish(true)?;
+    Ok(server)
+}
+
+fn stream_idle_timeout(s: &mut Section) -> Result<Duration, ConfigError> {
+    let d = s.duration("stream_idle_timeout", defaults::STREAM_IDLE_TIMEOUT)?;
+    if d < defaults::MIN_STREAM_IDLE_TIMEOUT {
+        let span = s.text("stream_idle_timeout")?.and_then(|t| t.span);
+        return s.err(
+            span,
+            "server.stream_idle_timeout: must be at least 60s (MCP streams idle between events)",
+        );
+    }
+    Ok(d)
+}
+
+/// `tls_cert` and `tls_key`: both or neither; the files are read, parsed and checked to belong
+/// together here, so `check` and a reload see a bad file.
+fn tls(s: &mut Section) -> Result<Option<TlsConfig>, ConfigError> {
+    let (cert, key) = match (s.text("tls_cert")?, s.text("tls_key")?) {
+        (None, None) => return Ok(None),
+        (Some(cert), Some(key)) => (cert, key),
+        (Some(one), None) | (None, Some(one)) => {
+            return s.err(
+                one.span,
+                "server.tls_cert and server.tls_key: set both (TLS) or neither (plain HTTP)",
+            )
+        }
+    };
+    let (cert_path, cert_pem) = read_file(s, "server.tls_cert", &cert)?;
+    let (key_path, key_pem) = read_file(s, "server.tls_key", &key)?;
+    let certs = crate::tls::certs(&cert_pem).or_else(|e| {
+        s.err(
+            cert.span.clone(),
+            format!("server.tls_cert: {}: {e}", cert_path.display()),
+        )
+    })?;
+    let private_key = crate::tls::private_key(&key_pem)
+        .or_else(|e| s.err(key.span.clone(), format!("server.tls_key: {}: {e}", key_path.display())))?;
+    let server = crate::tls::server_config(certs, private_key).or_else(|e| {
+        let (key_file, cert_file) = (key_path.display(), cert_path.display());
+        s.err(
+            key.span.clone(),
+            format!("server.tls_key: {key_file} does not fit the certificate in {cert_file}: {e}"),
+        )
+    })?;
+    s.print("tls_cert", quoted(&cert_path.to_string_lossy()));
+    s.print("tls_key", quoted(&key_path.to_string_lossy()));
+    Ok(Some(TlsConfig {
+        digest: digest(&[&cert_pem, &key_pem]),
+        cert_path,
+        key_path,
+        server,
+    }))
+}
+
+/// A file the config names, and its content; errors name the key and the resolved path.
+pub(super) fn read_file(s: &Section, key: &str, path: &Text) -> Result<(PathBuf, Vec<u8>), ConfigError> {
+    let path_buf = s.doc().resolve(path.value);
+    match std::fs::read(&path_buf) {
+        Ok(bytes) => Ok((path_buf, bytes)),
+        Err(e) => s.err(
+            path.span.clone(),
+            format!("{key}: cannot read {}: {e}", path_buf.display()),
+        ),
+    }
+}
+
+/// SHA-256 over the files' contents (length-prefixed): configs compare equal when their files do.
+pub(super) fn digest(contents: &[&[u8]]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut digest = sha2::Sha256::new();
+    for content in contents {
+        digest.update((content.len() as u64).to_be_bytes());
+        digest.update(content);
+    }
+    digest.finalize().into()
+}
+
+pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig, ConfigError> {
+    let (listen, span) = s.addr("listen", defaults::ADMIN_LISTEN)?;
+    if listen == server.listen {
+        return s.err(span, "admin.listen: must differ from server.listen");
+    }
+    s.finish(true)?;
+    Ok(AdminConfig { listen })
+}
