@@ -6,11 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use mrtr_router::balance::HashRing;
 use mrtr_router::config::{BackendConfig, Config};
-use mrtr_router::dialect;
-use mrtr_router::pins::{PinKey, PinKind, PinTable, PinTtls};
-use mrtr_router::upstream::{Backend, BackendKey};
+use mrtr_router::internals::{self as dialect, Backend, BackendKey, HashRing, PinKey, PinKind, PinTable, PinTtls};
 
 fn ttls() -> PinTtls {
     let d = Duration::from_secs(600);
@@ -32,7 +29,7 @@ fn pins(c: &mut Criterion) {
         .map(|i| PinKey::new(PinKind::Client, &i.to_le_bytes()))
         .collect();
     for k in &keys {
-        table.pin(*k, PinKind::Client, BackendKey(1), 1, 1, &t);
+        table.pin(*k, BackendKey(1), 1, 1, &t);
     }
     let mut g = c.benchmark_group("pins");
     g.throughput(Throughput::Elements(2));
@@ -40,7 +37,7 @@ fn pins(c: &mut Criterion) {
     g.bench_function("insert_then_lookup_100k_live", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
-            table.pin(keys[i], PinKind::Client, BackendKey(2), 1, 2, &t);
+            table.pin(keys[i], BackendKey(2), 1, 2, &t);
             black_box(table.lookup(keys[i], &t))
         })
     });

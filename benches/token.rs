@@ -4,7 +4,7 @@ use std::hint::black_box;
 use std::time::{Duration, SystemTime};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mrtr_router::token::TokenKeys;
+use mrtr_router::internals::TokenKeys;
 
 fn token(c: &mut Criterion) {
     let keys = TokenKeys::new(vec![vec![7; 32], vec![9; 32]], Duration::from_secs(3600)).unwrap();

@@ -3,14 +3,14 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::body::ProxyBody;
-use crate::dialect;
-use crate::route::{self, RequestKeys};
+use crate::dialect::{NotJson, RequestKeys};
+use crate::route;
 use crate::state::Shared;
 
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ProxyBody> {
@@ -102,42 +102,37 @@ fn backends(shared: &Shared) -> Response<ProxyBody> {
 /// Explains how a request would be routed, without changing any pin. `?key=K` explains a
 /// client key; a POST explains its own JSON body and MCP headers.
 async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody> {
-    let snap = shared.snapshot();
+    let limit = shared.snapshot().config.server.max_body_bytes;
     let query_key = req
         .uri()
         .query()
         .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")).map(percent_decode));
     let (parts, body) = req.into_parts();
-    let limit = snap.config.server.max_body_bytes;
     let body = match Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
     };
-    let envelope = if body.is_empty() {
-        Default::default()
-    } else {
-        match dialect::parse_request(&body, &snap.config.routing.body_field) {
-            Ok(e) => e,
-            Err(e) => {
-                return reply(
-                    StatusCode::BAD_REQUEST,
-                    "text/plain",
-                    format!("body is not JSON: {e}\n"),
-                )
-            }
-        }
-    };
-    let mut keys = RequestKeys::new(&parts.headers, &snap.config.routing.header, envelope);
-    if let Some(k) = query_key.as_deref() {
-        keys.set_header_key(k);
+    match explain(shared, &parts.headers, query_key.as_deref(), &body) {
+        Ok(out) => reply(StatusCode::OK, "application/json", format!("{out:#}\n")),
+        Err(e) => reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            format!("body is not JSON: {e}\n"),
+        ),
     }
-    let out = explain(shared, &keys);
-    reply(StatusCode::OK, "application/json", format!("{out:#}\n"))
 }
 
-/// The JSON explanation of a routing decision (also printed by `mrtr-router route`).
-pub fn explain(shared: &Shared, keys: &RequestKeys) -> serde_json::Value {
+/// The JSON explanation of how a request with these headers and this JSON-RPC body (may be
+/// empty) would be routed; `key`, when given, stands in the routing header. Also printed by
+/// `mrtr-router route`.
+pub fn explain(shared: &Shared, headers: &HeaderMap, key: Option<&str>, body: &[u8]) -> Result<Value, NotJson> {
     let snap = shared.snapshot();
+    let routing = &snap.config.routing;
+    let body = Some(body).filter(|b| !b.is_empty());
+    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body)?;
+    if let Some(k) = key {
+        keys.set_header_key(k);
+    }
     let found = json!({
         "method": keys.method,
         "client_key": keys.client_key(),
@@ -147,19 +142,8 @@ pub fn explain(shared: &Shared, keys: &RequestKeys) -> serde_json::Value {
         "task_id": keys.task_id,
         "session_id": keys.session_id,
     });
-    let unsealed = match snap
-        .sealing
-        .as_ref()
-        .map(|s| s.unseal(keys, std::time::SystemTime::now()))
-    {
-        Some(Ok(u)) => u,
-        Some(Err(rejected)) => {
-            return json!({"error": "invalid_routing_token", "message": rejected.reason(), "keys": found});
-        }
-        None => None,
-    };
-    match route::decide(&snap, &shared.pins, keys, unsealed.as_ref(), false) {
-        Ok(d) => json!({
+    Ok(match route::resolve(&snap, &shared.pins, &keys, false) {
+        Ok((d, _)) => json!({
             "backend": &*d.backend.name,
             "url": d.backend.url(),
             "source": d.source.label(),
@@ -168,8 +152,11 @@ pub fn explain(shared: &Shared, keys: &RequestKeys) -> serde_json::Value {
             "explanation": d.to_string(),
             "keys": found,
         }),
+        Err(crate::error::RouterError::InvalidToken { reason }) => {
+            json!({"error": "invalid_routing_token", "message": reason, "keys": found})
+        }
         Err(e) => json!({"error": e.reason(), "message": e.to_string(), "keys": found}),
-    }
+    })
 }
 
 fn percent_decode(s: &str) -> String {

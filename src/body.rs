@@ -11,9 +11,8 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::pool::DrivenBody;
 use crate::sealing::Replacement;
-use crate::upstream::InflightGuard;
+use crate::upstream::{DrivenBody, InflightGuard};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

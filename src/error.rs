@@ -34,9 +34,15 @@ pub enum RouterError {
 }
 
 impl RouterError {
-    pub fn upstream_unavailable(backend: &crate::upstream::Backend) -> RouterError {
+    pub fn upstream_unavailable(backend: &str) -> RouterError {
         RouterError::UpstreamUnavailable {
-            backend: backend.name.to_string(),
+            backend: backend.to_string(),
+        }
+    }
+
+    pub fn upstream_timeout(backend: &str) -> RouterError {
+        RouterError::UpstreamTimeout {
+            backend: backend.to_string(),
         }
     }
 

@@ -2,20 +2,15 @@
 //! on a config file change, and forgetting drained backends. Each loop reads the current
 //! snapshot every round, so reloads change intervals and targets at once.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::join_all;
-use http::uri::PathAndQuery;
-use http::{Method, Request};
-use http_body_util::{BodyExt, Either, Full};
 
 use crate::pins::PinKind;
-use crate::state::{config_digest, Shared};
-use crate::upstream::{Backend, HealthChange};
+use crate::state::Shared;
+use crate::upstream::{health, HealthChange};
 
 /// How often the config file is compared with what was last loaded.
 pub const CONFIG_POLL: Duration = Duration::from_secs(1);
@@ -60,16 +55,16 @@ pub fn sweep_once(shared: &Shared) {
 /// Active health checks of every known backend (serving and draining), every `[health].interval`.
 pub async fn health_checks(shared: Arc<Shared>) {
     loop {
-        let health = shared.snapshot().config.health.clone();
+        let cfg = shared.snapshot().config.health.clone();
         let backends = shared.backend_states();
-        let checks = backends.iter().map(|(b, _)| check(b, &health.path, health.timeout));
+        let checks = backends.iter().map(|(b, _)| health::check(b, &cfg.path, cfg.timeout));
         let results = join_all(checks).await;
         let mut changed = false;
         for ((b, _), ok) in backends.iter().zip(results) {
             let change = if ok {
-                b.record_check_success(health.healthy_after)
+                b.record_check_success(cfg.healthy_after)
             } else {
-                b.record_failure(health.unhealthy_after)
+                b.record_failure(cfg.unhealthy_after)
             };
             match change {
                 Some(HealthChange::Ejected) => {
@@ -83,43 +78,8 @@ pub async fn health_checks(shared: Arc<Shared>) {
         if changed {
             shared.rebuild();
         }
-        tokio::time::sleep(health.interval).await;
+        tokio::time::sleep(cfg.interval).await;
     }
-}
-
-/// One check: a TCP connect, or an HTTP GET of `path` answered 2xx, within `timeout`.
-async fn check(backend: &Backend, path: &str, timeout: Duration) -> bool {
-    let attempt = async {
-        if path.is_empty() {
-            let authority = backend.authority();
-            let port = authority.port_u16().unwrap_or(80);
-            return tokio::net::TcpStream::connect((authority.host(), port)).await.is_ok();
-        }
-        let Ok(Ok(target)) = PathAndQuery::try_from(path).map(|pq| backend.target_for(Some(&pq))) else {
-            return false;
-        };
-        let Ok(req) = Request::builder()
-            .method(Method::GET)
-            .uri(target)
-            .header(http::header::HOST, backend.host())
-            .body(Either::Left(Full::new(Bytes::new())))
-        else {
-            return false;
-        };
-        let conn = match backend.pool.checkout() {
-            Some(conn) => conn,
-            None => match backend.pool.connect(backend.authority()).await {
-                Ok(conn) => conn,
-                Err(_) => return false,
-            },
-        };
-        match conn.send(req).await {
-            // Read to the end, so that the connection can serve the next check.
-            Ok(resp) if resp.status().is_success() => resp.into_body().collect().await.is_ok(),
-            _ => false,
-        }
-    };
-    tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
 }
 
 /// Resolves `[discovery].dns` every interval and merges the addresses with the static backends.
@@ -130,7 +90,7 @@ pub async fn discovery(shared: Arc<Shared>) {
             tokio::time::sleep(CONFIG_POLL).await;
             continue;
         };
-        match resolve(&shared, &d.host, d.port).await {
+        match shared.lookup.resolve(&d.host, d.port).await {
             Ok(addrs) => {
                 shared.metrics.discovery_resolutions.with_label_values(&["ok"]).inc();
                 shared.set_discovered(d.port, &addrs);
@@ -144,23 +104,17 @@ pub async fn discovery(shared: Arc<Shared>) {
     }
 }
 
-async fn resolve(shared: &Shared, host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
-    if let Some(resolver) = shared.resolver() {
-        return resolver(host.to_string(), port).await;
-    }
-    Ok(tokio::net::lookup_host((host, port)).await?.collect())
-}
-
 /// Reloads when the config file's content changes (also through a symlink swap, as a
 /// Kubernetes ConfigMap update does). A file that fails to load is reported once per content.
 pub async fn watch_config(shared: Arc<Shared>) {
-    let Some(path) = shared.config_path.clone() else { return };
+    let Some(file) = &shared.config_file else { return };
+    let path = file.path().to_path_buf();
     loop {
         tokio::time::sleep(CONFIG_POLL).await;
         let Ok(bytes) = tokio::fs::read(&path).await else {
             continue;
         };
-        if shared.config_is_new(config_digest(&bytes)) {
+        if file.is_new(&bytes) {
             tracing::info!(path = %path.display(), "config file changed");
             let _ = shared.reload();
         }

@@ -1,49 +1,56 @@
 //! `mrtr-router`: a reverse proxy for fleets of MCP servers that sends every round of a
 //! multi-round call to the instance holding it (see `../shared/DESIGN.md` and README.md).
 //!
-//! Map of the modules, in the order a request meets them:
-//! - [`server`]   listeners, HTTP/1.1 + h2c (or TLS) connections, the per-connection timer (header
-//!   read timeout, a client that leaves mid-request or stops reading its answer:
-//!   `server::head_timeout`), graceful shutdown, upkeep task
-//! - [`tls`]      TLS on the proxy listener: PEM files → rustls server config (ring, ALPN)
-//! - [`proxy`]    the request path: read → keys → choose backend → forward → observe answer
-//! - [`dialect`]  reading keys out of requests (one validating scan, `dialect::scan`) and
-//!   outcomes out of answers (DESIGN §2)
-//! - [`route`]    the routing decision (DESIGN §3), shared with `route` and `/debug/route`
-//! - [`pins`]     the pin table of in-flight calls (DESIGN §4)
-//! - [`balance`]  consistent-hash ring, bounded load, keyless least-outstanding choice
-//! - [`upstream`] backends, in-flight accounting, health state
-//! - [`pool`]     keep-alive connections per backend, driven by the request holding them
-//! - [`fleet`]    background upkeep: pin expiry, health checks, discovery, config watch, draining
-//! - [`body`]     response bodies: buffered, streamed, SSE split into events
-//! - [`state`]    the hot snapshot (config + backends + ring) swapped as one on reload
-//! - [`token`]    sealed routing tokens (DESIGN §5): the format, sealing and verifying
-//! - [`sealing`]  where tokens travel: unsealing requests, sealing answers
-//! - [`config`]   TOML → validated [`config::Config`]; every default in [`config::defaults`]
-//! - [`error`]    the router's own errors, rendered in one place (DESIGN §6)
-//! - [`metrics`], [`admin`]  Prometheus metrics and the admin endpoints
-//! - [`example`], [`demo`]   built-in example MCP workers and the `demo` command
+//! The modules, bottom up; arrows go one way, down (`tests/architecture.rs` checks it):
+//! - [`config`]  TOML → validated [`Config`], one folder by section; every default in
+//!   [`config::defaults`]. `token` (the sealed token format), `tls` (PEM → rustls), `error`
+//!   (the router's own errors, rendered in one place, DESIGN §6) and `metrics` (the
+//!   Prometheus registry and the label values users see) sit beside it at the bottom.
+//! - `dialect`   reading the three MCP dialects (DESIGN §2): the keys a request carries
+//!   (`RequestKeys`, one validating scan of the body) and the outcome an answer reports
+//! - `pins`      the pin table of in-flight calls (DESIGN §4), on an injectable clock
+//! - `upstream/` the backends: the `Backend` type, its keep-alive pool, membership
+//!   (configured, discovered, draining), DNS lookups, active health checks
+//! - `balance`   consistent-hash ring, bounded load, keyless least-outstanding choice
+//! - `sealing`   where tokens travel: unsealing requests, sealing what answers hand out
+//! - `body`      response bodies: buffered, streamed, SSE split into events
+//! - `state`     the hot snapshot (config + backends + ring) swapped as one, beside the pin
+//!   table, the metrics and the membership
+//! - `route`     the routing decision (DESIGN §3): `route::resolve` serves the proxy,
+//!   `/debug/route` and `mrtr-router route`
+//! - `calls`     the call lifecycle: what each dialect's answer does to the pins
+//! - `proxy/`    the request path as phases: read → keys → decide → forward → observe
+//! - `admin`     `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`
+//! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining
+//! - `server/`   listeners, HTTP/1.1 + h2c (or TLS) connections, the connection watchdog
+//!   (head timeout, a client that left or stopped reading), graceful shutdown
+//! - [`handle`]  [`RouterHandle`]: what operators' tools and the tests may look at
+//! - [`example`], [`demo`]  built-in example MCP workers and the `demo` command
+//!
+//! [`internals`] re-exports the few inner types the benches, fuzz targets and tests exercise
+//! directly; it is not a stable interface.
 
-pub mod admin;
-pub mod balance;
-pub mod body;
+mod admin;
+mod balance;
+mod body;
+mod calls;
 pub mod config;
 pub mod demo;
-pub mod dialect;
-pub mod error;
+mod dialect;
+mod error;
 pub mod example;
-pub mod fleet;
-pub mod metrics;
-pub mod pins;
-pub mod pool;
-pub mod proxy;
-pub mod route;
-pub mod sealing;
-pub mod server;
-pub mod state;
-pub mod tls;
-pub mod token;
-pub mod upstream;
+mod fleet;
+pub mod handle;
+mod metrics;
+mod pins;
+mod proxy;
+mod route;
+mod sealing;
+mod server;
+mod state;
+mod tls;
+mod token;
+mod upstream;
 
 use std::future::Future;
 use std::path::Path;
@@ -52,7 +59,20 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub use config::{Config, ConfigError};
-pub use state::Shared;
+pub use handle::RouterHandle;
+
+use config::ConfigFile;
+use server::Shutdown;
+use state::Shared;
+
+/// The inner types benches, fuzz targets and tests exercise directly. Not a stable interface.
+pub mod internals {
+    pub use crate::balance::HashRing;
+    pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
+    pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
+    pub use crate::token::{Claims, Rejected, TokenKeys};
+    pub use crate::upstream::{Backend, BackendKey};
+}
 
 /// The two listeners a router serves, already bound (tests bind port 0).
 pub struct Listeners {
@@ -80,35 +100,35 @@ impl Router {
     pub fn from_file(path: &Path) -> Result<Router, ConfigError> {
         let text = Config::read_text(path)?;
         let config = Config::parse(path, &text)?;
-        let digest = state::config_digest(text.as_bytes());
         Ok(Router {
-            shared: Shared::new(config, Some((path.to_path_buf(), digest)))?,
+            shared: Shared::new(config, Some(ConfigFile::new(path, &text))),
         })
     }
 
     /// A router from a config value (no file to reload).
-    pub fn new(config: Config) -> Result<Router, ConfigError> {
-        Ok(Router {
-            shared: Shared::new(config, None)?,
-        })
+    pub fn new(config: Config) -> Router {
+        Router {
+            shared: Shared::new(config, None),
+        }
     }
 
-    /// A handle on the running router's state: reload, pins, metrics.
-    pub fn handle(&self) -> Arc<Shared> {
-        self.shared.clone()
+    /// A handle on the running router: reload, and a look at its backends, ring and pins.
+    pub fn handle(&self) -> RouterHandle {
+        RouterHandle::new(self.shared.clone())
+    }
+
+    /// How a request would be routed, as JSON (what `/debug/route` answers): `key` stands in
+    /// the routing header; `body` is a JSON-RPC request body, or empty.
+    pub fn explain(&self, key: Option<&str>, body: &[u8]) -> Result<serde_json::Value, dialect::NotJson> {
+        admin::explain(&self.shared, &http::HeaderMap::new(), key, body)
     }
 
     /// Serves until `shutdown` resolves, then drains in-flight requests (bounded) and returns.
     pub async fn run(self, listeners: Listeners, shutdown: impl Future<Output = ()> + Send + 'static) {
         let shared = self.shared;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let admin_stop = {
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|stopped| *stopped).await;
-            }
-        };
-        let admin = tokio::spawn(server::serve_admin(shared.clone(), listeners.admin, admin_stop));
+        // The admin listener outlives the proxy's drain: `/readyz` says 503 meanwhile.
+        let stop_admin = Arc::new(Shutdown::default());
+        let admin = tokio::spawn(server::serve_admin(shared.clone(), listeners.admin, stop_admin.clone()));
         let upkeep = [
             tokio::spawn(fleet::upkeep(shared.clone())),
             tokio::spawn(fleet::health_checks(shared.clone())),
@@ -116,7 +136,7 @@ impl Router {
             tokio::spawn(fleet::watch_config(shared.clone())),
         ];
         server::serve_proxy(shared.clone(), listeners.proxy, shutdown).await;
-        let _ = stop_tx.send(true);
+        stop_admin.start();
         for task in upkeep {
             task.abort();
         }

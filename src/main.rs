@@ -7,7 +7,7 @@ use anyhow::Context;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
-use mrtr_router::{admin, dialect, route::RequestKeys, Config, Listeners, Router};
+use mrtr_router::{Config, Listeners, Router};
 
 /// Reverse proxy for fleets of MCP servers: every round of a multi-round call reaches the
 /// instance that holds it.
@@ -67,21 +67,11 @@ fn main() -> anyhow::Result<()> {
             }
             Some(Command::Route { key, body }) => {
                 let router = Router::from_file(&cli.config)?;
-                let shared = router.handle();
-                let snap = shared.snapshot();
                 let body = body.unwrap_or_default();
-                let envelope = if body.is_empty() {
-                    Default::default()
-                } else {
-                    dialect::parse_request(body.as_bytes(), &snap.config.routing.body_field)
-                        .context("--body is not JSON")?
-                };
-                let headers = http::HeaderMap::new();
-                let mut keys = RequestKeys::new(&headers, &snap.config.routing.header, envelope);
-                if let Some(k) = key.as_deref() {
-                    keys.set_header_key(k);
-                }
-                println!("{:#}", admin::explain(&shared, &keys));
+                let explained = router
+                    .explain(key.as_deref(), body.as_bytes())
+                    .context("--body is not JSON")?;
+                println!("{explained:#}");
                 Ok(())
             }
             Some(Command::Demo) => mrtr_router::demo::run(&cli.config, ctrl_c())
@@ -98,14 +88,14 @@ async fn ctrl_c() {
 /// Serves until SIGTERM or Ctrl-C; SIGHUP reloads the config file.
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let router = Router::from_file(&path)?;
-    let shared = router.handle();
-    let config = shared.snapshot().config.clone();
+    let handle = router.handle();
+    let config = handle.config();
     let listeners = Listeners::bind(&config).await.context("binding listeners")?;
     tracing::info!(listen = %config.server.listen, tls = config.server.tls.is_some(), admin = %config.admin.listen, backends = config.backends.len(), "mrtr-router started");
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let reloader = tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            let _ = shared.reload();
+            let _ = handle.reload();
         }
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -6,6 +6,11 @@ use prometheus::{
     TextEncoder,
 };
 
+/// The `kind` label values of the pin metrics, indexed by `PinKind as usize`.
+pub const PIN_KINDS: [&str; 4] = ["client", "request_state", "task", "session"];
+/// The `source` label values of `mrtr_route_decisions_total`, indexed by `route::Source as usize`.
+pub const ROUTE_SOURCES: [&str; 4] = ["token", "pin", "ring", "keyless"];
+
 /// Every metric the router exports.
 pub struct Metrics {
     registry: Registry,
@@ -29,8 +34,8 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub tokens_rejected: IntCounterVec,
     pub discovery_resolutions: IntCounterVec,
-    /// Hot-path children resolved once: decisions by [`Source`](crate::route::Source) index,
-    /// pins created and finished by [`PinKind`](crate::pins::PinKind) index.
+    /// Hot-path children resolved once: decisions by [`ROUTE_SOURCES`] index, pins created and
+    /// finished by [`PIN_KINDS`] index.
     pub decisions_by_source: [IntCounter; 4],
     pub pins_created_by_kind: [IntCounter; 4],
     pub pins_finished_by_kind: [IntCounter; 4],
@@ -65,7 +70,6 @@ impl Metrics {
             &["kind"],
         );
         let by = |vec: &IntCounterVec, labels: [&str; 4]| labels.map(|l| vec.with_label_values(&[l]));
-        let kinds = crate::pins::PinKind::ALL.map(|k| k.label());
         let request_duration = HistogramVec::new(
             HistogramOpts::new(
                 "mrtr_request_duration_seconds",
@@ -158,15 +162,22 @@ impl Metrics {
                 "Routing tokens rejected by reason",
                 &["reason"],
             ),
-            decisions_by_source: by(&route_decisions, crate::route::Source::ALL.map(|s| s.label())),
-            pins_created_by_kind: by(&pins_created, kinds),
-            pins_finished_by_kind: by(&pins_finished, kinds),
+            decisions_by_source: by(&route_decisions, ROUTE_SOURCES),
+            pins_created_by_kind: by(&pins_created, PIN_KINDS),
+            pins_finished_by_kind: by(&pins_finished, PIN_KINDS),
             request_duration,
             rounds_per_call,
             pins_lost,
             client_aborts,
             ring_members,
             registry: r,
+        }
+    }
+
+    /// Drops the per-backend gauges of a backend the router forgot.
+    pub fn forget_backend(&self, name: &str) {
+        for gauge in [&self.backend_up, &self.backend_draining, &self.backend_inflight] {
+            let _ = gauge.remove_label_values(&[name]);
         }
     }
 

@@ -3,15 +3,18 @@
 //! Keys are 128-bit digests of what the client echoes (a routing id, a `requestState`, a task
 //! id, a session id), so the table never stores client-sized strings. Entries are 40 bytes
 //! in a sharded map; expiry is a deadline per entry, enforced on lookup and by [`PinTable::sweep`].
+//! Time comes from the table's [`Clock`], which tests drive by hand.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
+use crate::metrics::PIN_KINDS;
 use crate::upstream::BackendKey;
 
 const SHARDS: usize = 64;
@@ -33,26 +36,51 @@ pub enum PinKind {
 impl PinKind {
     pub const ALL: [PinKind; 4] = [PinKind::Client, PinKind::RequestState, PinKind::Task, PinKind::Session];
 
+    /// Its `kind` label in the pin metrics.
     pub fn label(self) -> &'static str {
-        match self {
-            PinKind::Client => "client",
-            PinKind::RequestState => "request_state",
-            PinKind::Task => "task",
-            PinKind::Session => "session",
-        }
+        PIN_KINDS[self as usize]
     }
 }
 
-/// A pin's key: a keyed 128-bit digest of the kind and the client-visible handle.
+/// A pin's key: a keyed 128-bit digest of the kind and the client-visible handle, and the kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PinKey(u128);
+pub struct PinKey {
+    digest: u128,
+    kind: PinKind,
+}
 
 impl PinKey {
     pub fn new(kind: PinKind, handle: &[u8]) -> PinKey {
         let mut h = SipHasher13::new_with_keys(0x7069_6e73_2d76_3100, 0x6d72_7472_2d70_696e);
         h.write_u8(kind as u8);
         h.write(handle);
-        PinKey(h.finish128().as_u128())
+        PinKey {
+            digest: h.finish128().as_u128(),
+            kind,
+        }
+    }
+
+    /// The kind of handle it was made from.
+    pub fn kind(&self) -> PinKind {
+        self.kind
+    }
+}
+
+/// Where the pin table reads the time: milliseconds since the table was made.
+#[derive(Clone)]
+pub enum Clock {
+    /// The monotonic clock.
+    Monotonic(Instant),
+    /// A clock that moves only when told (tests of expiry, with no sleeping).
+    Manual(Arc<AtomicU64>),
+}
+
+impl Clock {
+    fn now_ms(&self) -> u64 {
+        match self {
+            Clock::Monotonic(epoch) => epoch.elapsed().as_millis() as u64,
+            Clock::Manual(ms) => ms.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -147,7 +175,7 @@ type Shard = HashMap<u128, Entry, BuildHasherDefault<KeyHasher>>;
 /// The table of live pins.
 pub struct PinTable {
     shards: Box<[Mutex<Shard>]>,
-    epoch: Instant,
+    clock: Clock,
     len: AtomicUsize,
     per_kind: [AtomicI64; 4],
     /// Active pins found expired and removed outside a sweep (by a lookup, or replaced by a new
@@ -164,9 +192,14 @@ impl Default for PinTable {
 
 impl PinTable {
     pub fn new() -> PinTable {
+        PinTable::with_clock(Clock::Monotonic(Instant::now()))
+    }
+
+    /// A table reading the time from `clock`.
+    pub fn with_clock(clock: Clock) -> PinTable {
         PinTable {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            epoch: Instant::now(),
+            clock,
             len: AtomicUsize::new(0),
             per_kind: Default::default(),
             expired_unswept: Default::default(),
@@ -174,11 +207,11 @@ impl PinTable {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     fn shard(&self, key: PinKey) -> &Mutex<Shard> {
-        &self.shards[(key.0 >> 64) as usize % SHARDS]
+        &self.shards[(key.digest >> 64) as usize % SHARDS]
     }
 
     /// Pins in the table (active and finished-in-replay-window).
@@ -202,10 +235,10 @@ impl PinTable {
     pub fn lookup(&self, key: PinKey, ttls: &PinTtls) -> Option<Pin> {
         let now = self.now_ms();
         let mut shard = self.shard(key).lock();
-        let e = shard.get_mut(&key.0)?;
+        let e = shard.get_mut(&key.digest)?;
         if e.deadline_ms <= now {
             let (kind, finished) = (e.kind, e.finished);
-            shard.remove(&key.0);
+            shard.remove(&key.digest);
             drop(shard);
             self.removed(kind);
             self.expired_outside_sweep(kind, finished);
@@ -221,22 +254,15 @@ impl PinTable {
     pub fn peek(&self, key: PinKey) -> Option<Pin> {
         let now = self.now_ms();
         let shard = self.shard(key).lock();
-        let e = shard.get(&key.0).filter(|e| e.deadline_ms > now)?;
+        let e = shard.get(&key.digest).filter(|e| e.deadline_ms > now)?;
         Some(e.view())
     }
 
-    /// Pins `key` to `backend` as an active call that has had `rounds` rounds. Returns true
-    /// when the key was not pinned before (a new pin); an entry past its deadline counts as
-    /// gone.
-    pub fn pin(
-        &self,
-        key: PinKey,
-        kind: PinKind,
-        backend: BackendKey,
-        epoch: u32,
-        rounds: u32,
-        ttls: &PinTtls,
-    ) -> bool {
+    /// Pins `key` to `backend` (as it was at `epoch`) as an active call that has had `rounds`
+    /// rounds. Returns true when the key was not pinned before (a new pin); an entry past its
+    /// deadline counts as gone.
+    pub fn pin(&self, key: PinKey, backend: BackendKey, epoch: u32, rounds: u32, ttls: &PinTtls) -> bool {
+        let kind = key.kind;
         let now = self.now_ms();
         let deadline_ms = now + ttls.idle(kind).as_millis() as u64;
         let entry = Entry {
@@ -247,7 +273,7 @@ impl PinTable {
             kind,
             finished: false,
         };
-        let old = self.shard(key).lock().insert(key.0, entry);
+        let old = self.shard(key).lock().insert(key.digest, entry);
         match old {
             None => {
                 self.len.fetch_add(1, Ordering::Release);
@@ -273,7 +299,7 @@ impl PinTable {
     pub fn finish(&self, key: PinKey, ttls: &PinTtls) -> Option<Pin> {
         let now = self.now_ms();
         let mut shard = self.shard(key).lock();
-        let e = shard.get_mut(&key.0)?;
+        let e = shard.get_mut(&key.digest)?;
         if e.finished || e.deadline_ms <= now {
             return None;
         }
@@ -347,6 +373,16 @@ mod tests {
     const B1: BackendKey = BackendKey(1);
     const B2: BackendKey = BackendKey(2);
 
+    /// A table on a clock that moves only by [`advance`].
+    fn manual() -> (PinTable, Arc<AtomicU64>) {
+        let ms = Arc::new(AtomicU64::new(0));
+        (PinTable::with_clock(Clock::Manual(ms.clone())), ms)
+    }
+
+    fn advance(clock: &AtomicU64, ms: u64) {
+        clock.fetch_add(ms, Ordering::Relaxed);
+    }
+
     #[test]
     fn pin_lookup_finish_replay() {
         let t = PinTable::new();
@@ -354,11 +390,8 @@ mod tests {
         let k = PinKey::new(PinKind::Client, b"transfer-1");
         assert_ne!(k, PinKey::new(PinKind::Session, b"transfer-1"), "kinds never collide");
         assert!(t.lookup(k, &long).is_none());
-        assert!(t.pin(k, PinKind::Client, B1, 7, 1, &long));
-        assert!(
-            !t.pin(k, PinKind::Client, B1, 7, 2, &long),
-            "re-pin of an active call is not new"
-        );
+        assert!(t.pin(k, B1, 7, 1, &long));
+        assert!(!t.pin(k, B1, 7, 2, &long), "re-pin of an active call is not new");
         let p = t.lookup(k, &long).unwrap();
         assert_eq!((p.backend, p.rounds, p.finished), (B1, 2, false));
         assert_eq!(t.finish(k, &long).unwrap().rounds, 2);
@@ -370,17 +403,16 @@ mod tests {
 
     #[test]
     fn idle_ttl_expires_and_follow_up_refreshes() {
-        let t = PinTable::new();
+        let (t, clock) = manual();
         let short = ttls(80, 10);
         let a = PinKey::new(PinKind::Client, b"a");
         let b = PinKey::new(PinKind::Client, b"b");
-        t.pin(a, PinKind::Client, B1, 7, 1, &short);
-        t.pin(b, PinKind::Client, B2, 7, 1, &short);
+        t.pin(a, B1, 7, 1, &short);
+        t.pin(b, B2, 7, 1, &short);
         // Keep `a` alive with follow-ups for longer than its TTL; `b` gets none.
-        let until = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < until {
+        for _ in 0..20 {
             assert!(t.lookup(a, &short).is_some());
-            std::thread::sleep(Duration::from_millis(10));
+            advance(&clock, 10);
         }
         let swept = t.sweep();
         assert_eq!(swept.expired[PinKind::Client as usize], 1);
@@ -391,40 +423,33 @@ mod tests {
 
     #[test]
     fn replay_window_ends() {
-        let t = PinTable::new();
+        let (t, clock) = manual();
         let k = PinKey::new(PinKind::Task, b"t");
-        t.pin(k, PinKind::Task, B1, 7, 1, &ttls(60_000, 30));
+        t.pin(k, B1, 7, 1, &ttls(60_000, 30));
         t.finish(k, &ttls(60_000, 30));
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while t.peek(k).is_some() {
-            assert!(Instant::now() < deadline, "finished pin outlived its replay window");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        advance(&clock, 29);
+        assert!(t.peek(k).is_some(), "still in its replay window");
+        advance(&clock, 1);
+        assert!(t.peek(k).is_none(), "finished pin outlived its replay window");
         let swept = t.sweep();
         assert_eq!((swept.expired, swept.retired, swept.per_backend.len()), ([0; 4], 1, 0));
         assert!(t.is_empty());
     }
 
-    /// Waits (bounded) until `k`'s deadline has passed; `peek` sees that without removing it.
-    fn wait_past_deadline(t: &PinTable, k: PinKey) {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while t.peek(k).is_some() {
-            assert!(Instant::now() < deadline, "pin outlived its deadline");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
     #[test]
     fn a_pin_a_lookup_finds_expired_is_reported_by_the_next_sweep_once() {
-        let t = PinTable::new();
+        let (t, clock) = manual();
         let short = ttls(20, 20);
         let idle = PinKey::new(PinKind::Client, b"idle");
         let done = PinKey::new(PinKind::Task, b"done");
-        t.pin(idle, PinKind::Client, B1, 7, 1, &short);
-        t.pin(done, PinKind::Task, B1, 7, 1, &short);
+        t.pin(idle, B1, 7, 1, &short);
+        t.pin(done, B1, 7, 1, &short);
         t.finish(done, &short);
-        wait_past_deadline(&t, idle);
-        wait_past_deadline(&t, done);
+        advance(&clock, 20);
+        assert!(
+            t.peek(idle).is_none() && t.peek(done).is_none(),
+            "both past their deadlines"
+        );
         assert!(t.lookup(idle, &short).is_none());
         assert!(t.lookup(done, &short).is_none());
         assert!(t.is_empty(), "the lookups removed both");
@@ -435,11 +460,12 @@ mod tests {
 
     #[test]
     fn re_pinning_an_expired_key_is_a_new_pin_and_reports_the_expiry() {
-        let t = PinTable::new();
+        let (t, clock) = manual();
         let k = PinKey::new(PinKind::RequestState, b"state");
-        t.pin(k, PinKind::RequestState, B1, 7, 1, &ttls(20, 20));
-        wait_past_deadline(&t, k);
-        assert!(t.pin(k, PinKind::RequestState, B2, 7, 1, &ttls(60_000, 60_000)));
+        t.pin(k, B1, 7, 1, &ttls(20, 20));
+        advance(&clock, 20);
+        assert!(t.peek(k).is_none(), "past its deadline");
+        assert!(t.pin(k, B2, 7, 1, &ttls(60_000, 60_000)));
         assert_eq!((t.len(), t.count(PinKind::RequestState)), (1, 1));
         assert_eq!(t.sweep().expired, [0, 1, 0, 0]);
         assert_eq!(t.lookup(k, &ttls(60_000, 60_000)).unwrap().backend, B2);
@@ -450,16 +476,9 @@ mod tests {
         let t = PinTable::new();
         let l = ttls(60_000, 60_000);
         for i in 0..100u32 {
-            t.pin(
-                PinKey::new(PinKind::Session, &i.to_le_bytes()),
-                PinKind::Session,
-                B1,
-                7,
-                1,
-                &l,
-            );
+            t.pin(PinKey::new(PinKind::Session, &i.to_le_bytes()), B1, 7, 1, &l);
         }
-        t.pin(PinKey::new(PinKind::Task, b"x"), PinKind::Task, B1, 7, 1, &l);
+        t.pin(PinKey::new(PinKind::Task, b"x"), B1, 7, 1, &l);
         assert_eq!(
             (t.count(PinKind::Session), t.count(PinKind::Task), t.len()),
             (100, 1, 101)

@@ -1,127 +1,18 @@
-//! The routing decision (DESIGN §3): the keys a request carries, and which backend they choose.
-//! Shared by the proxy, `mrtr-router route` and `/debug/route`, so all three explain the same logic.
+//! The routing decision (DESIGN §3): which backend a request's keys choose, and why. One
+//! [`resolve`] (unseal, then decide) serves the proxy, `mrtr-router route` and `/debug/route`,
+//! so all three explain the same logic.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-
-use http::HeaderMap;
+use std::time::SystemTime;
 
 use crate::config::OnPinLost;
-use crate::dialect::{RequestEnvelope, NAME_HEADER, SESSION_HEADER};
+use crate::dialect::RequestKeys;
 use crate::error::RouterError;
 use crate::pins::{Pin, PinKey, PinKind, PinTable};
 use crate::sealing::Unsealed;
 use crate::state::Snapshot;
 use crate::upstream::{Backend, BackendKey};
-
-/// Every handle in a request that can choose a backend.
-#[derive(Debug, Default, Clone)]
-pub struct RequestKeys<'a> {
-    /// JSON-RPC method (absent for GET/DELETE).
-    pub method: Option<Cow<'a, str>>,
-    /// The request's raw JSON-RPC id, for error answers.
-    pub id: Option<&'a str>,
-    /// The routing header value (2a).
-    pub header_key: Option<&'a str>,
-    /// The body key field value (2a).
-    pub message_id: Option<Cow<'a, str>>,
-    /// `params.requestState` (2b).
-    pub request_state: Option<Cow<'a, str>>,
-    /// Task id: `Mcp-Name` on `tasks/*`, else `params.taskId` (2b).
-    pub task_id: Option<Cow<'a, str>>,
-    /// `Mcp-Session-Id` (2c).
-    pub session_id: Option<&'a str>,
-}
-
-/// A header's first value as text, if it has one.
-fn header_text(v: &http::HeaderValue) -> Option<&str> {
-    std::str::from_utf8(v.as_bytes()).ok().filter(|s| !s.is_empty())
-}
-
-impl<'a> RequestKeys<'a> {
-    pub fn new(headers: &'a HeaderMap, routing_header: &http::HeaderName, envelope: RequestEnvelope<'a>) -> Self {
-        let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
-        // One pass over the headers (a handful) instead of a hashed lookup per name; the first
-        // value of each counts, as with `HeaderMap::get`.
-        let (mut header_key, mut session_id, mut name) = (None, None, None);
-        for (n, v) in headers {
-            if n == routing_header {
-                header_key.get_or_insert(v);
-            }
-            if n == SESSION_HEADER {
-                session_id.get_or_insert(v);
-            }
-            if is_task_method && n == NAME_HEADER {
-                name.get_or_insert(v);
-            }
-        }
-        RequestKeys {
-            method: envelope.method,
-            id: envelope.id,
-            header_key: header_key.and_then(header_text),
-            message_id: envelope.message_id,
-            request_state: envelope.request_state,
-            task_id: name.and_then(header_text).map(Cow::Borrowed).or(envelope.task_id),
-            session_id: session_id.and_then(header_text),
-        }
-    }
-
-    /// Takes `key` as if it came in the routing header (for explanations): an empty value is
-    /// no key, as an empty header is.
-    pub fn set_header_key(&mut self, key: &'a str) {
-        self.header_key = Some(key).filter(|k| !k.is_empty());
-    }
-
-    /// The routing header when it names a call, not when it is one of the router's sealed
-    /// tokens (those name a backend, and are alike for every call sealed in the same second).
-    fn call_header(&self) -> Option<&str> {
-        self.header_key.filter(|h| !crate::token::is_token(h))
-    }
-
-    /// The key hashed on the ring: the routing header, else the body key (DESIGN §2a).
-    pub fn client_key(&self) -> Option<&str> {
-        self.call_header().or(self.message_id.as_deref())
-    }
-
-    /// Pin keys to look up, in DESIGN §3 order: learned handles first, then client keys.
-    pub fn pin_candidates(&self) -> impl Iterator<Item = (PinKey, &str)> + '_ {
-        let learned = [
-            self.request_state.as_deref().map(|s| (PinKind::RequestState, s)),
-            self.task_id.as_deref().map(|s| (PinKind::Task, s)),
-            self.session_id.map(|s| (PinKind::Session, s)),
-        ];
-        let client = self.client_handles().map(|h| h.map(|s| (PinKind::Client, s)));
-        learned
-            .into_iter()
-            .chain(client)
-            .flatten()
-            .map(|(kind, s)| (PinKey::new(kind, s.as_bytes()), s))
-    }
-
-    /// Client pin keys a `pending` answer is recorded under (routing id and messageId).
-    pub fn client_pin_keys(&self) -> impl Iterator<Item = PinKey> + '_ {
-        self.client_handles()
-            .into_iter()
-            .flatten()
-            .map(|s| PinKey::new(PinKind::Client, s.as_bytes()))
-    }
-
-    /// The call's routing header and its body key; the same string in both is one handle.
-    fn client_handles(&self) -> [Option<&str>; 2] {
-        let header = self.call_header();
-        [header, self.message_id.as_deref().filter(|m| Some(*m) != header)]
-    }
-
-    /// Whether this request may start a call that needs a pin (refused when the table is full).
-    pub fn may_create_pin(&self) -> bool {
-        self.client_key().is_some()
-            || matches!(
-                self.method.as_deref(),
-                Some("tools/call" | "prompts/get" | "resources/read" | "initialize")
-            )
-    }
-}
 
 /// Where a decision came from (the `source` label of `mrtr_route_decisions_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,16 +24,9 @@ pub enum Source {
 }
 
 impl Source {
-    /// Every source, in discriminant order (metric children are indexed by `source as usize`).
-    pub const ALL: [Source; 4] = [Source::Token, Source::Pin, Source::Ring, Source::Keyless];
-
+    /// Its `source` label in `mrtr_route_decisions_total`.
     pub fn label(self) -> &'static str {
-        match self {
-            Source::Token => "token",
-            Source::Pin => "pin",
-            Source::Ring => "ring",
-            Source::Keyless => "keyless",
-        }
+        crate::metrics::ROUTE_SOURCES[self as usize]
     }
 }
 
@@ -180,6 +64,27 @@ impl fmt::Display for Decision {
         }
         Ok(())
     }
+}
+
+/// Chooses the backend for a request: what its sealed tokens say first (verified here; a bad
+/// token is refused and chooses nothing), then [`decide`]. Returns what the tokens unsealed too:
+/// the proxy gives the backend back its own state and session id.
+pub fn resolve(
+    snap: &Snapshot,
+    pins: &PinTable,
+    keys: &RequestKeys,
+    refresh: bool,
+) -> Result<(Decision, Option<Unsealed>), RouterError> {
+    let unsealed = match &snap.sealing {
+        Some(s) => s
+            .unseal(keys, SystemTime::now())
+            .map_err(|rejected| RouterError::InvalidToken {
+                reason: rejected.reason(),
+            })?,
+        None => None,
+    };
+    let decision = decide(snap, pins, keys, unsealed.as_ref(), refresh)?;
+    Ok((decision, unsealed))
 }
 
 /// Chooses the backend for a request (DESIGN §3). `unsealed` is what the request's tokens
@@ -349,46 +254,4 @@ fn check_rounds(matched: Option<Matched>, keys: &RequestKeys, max_rounds: u32) -
         return Err(RouterError::TooManyRounds { key, max: max_rounds });
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_key_in_both_header_and_body_is_one_candidate() {
-        let mut headers = HeaderMap::new();
-        let routing = http::HeaderName::from_static("mcp-routing-id");
-        headers.insert(routing.clone(), http::HeaderValue::from_static("k-1"));
-        let body = br#"{"id":1,"method":"tools/call","messageId":"k-1"}"#;
-        let env = crate::dialect::parse_request(body, "messageId").unwrap();
-        let keys = RequestKeys::new(&headers, &routing, env);
-        assert_eq!(keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(), ["k-1"]);
-        let other = br#"{"id":1,"method":"tools/call","messageId":"k-2"}"#;
-        let env = crate::dialect::parse_request(other, "messageId").unwrap();
-        let keys = RequestKeys::new(&headers, &routing, env);
-        assert_eq!(
-            keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(),
-            ["k-1", "k-2"]
-        );
-    }
-
-    #[test]
-    fn headers_are_read_by_their_first_value_and_mcp_name_only_on_tasks() {
-        let routing = http::HeaderName::from_static("mcp-routing-id");
-        let mut headers = HeaderMap::new();
-        headers.append(SESSION_HEADER, http::HeaderValue::from_static("s-1"));
-        headers.append(SESSION_HEADER, http::HeaderValue::from_static("s-2"));
-        headers.append(NAME_HEADER, http::HeaderValue::from_static("t-header"));
-        headers.append(routing.clone(), http::HeaderValue::from_static(""));
-        let keys_of = |body: &'static [u8]| {
-            let env = crate::dialect::parse_request(body, "messageId").unwrap();
-            let k = RequestKeys::new(&headers, &routing, env);
-            (k.session_id, k.header_key, k.task_id.map(|t| t.into_owned()))
-        };
-        let call = keys_of(br#"{"id":1,"method":"tools/call","params":{"taskId":"t-body"}}"#);
-        assert_eq!(call, (Some("s-1"), None, Some("t-body".to_string())));
-        let task = keys_of(br#"{"id":1,"method":"tasks/get","params":{"taskId":"t-body"}}"#);
-        assert_eq!(task, (Some("s-1"), None, Some("t-header".to_string())));
-    }
 }

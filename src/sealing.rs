@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
-use crate::route::RequestKeys;
+use crate::dialect::RequestKeys;
 use crate::token::{self, Rejected, TokenKeys};
 
 /// The keys for each kind of sealed value.

@@ -54,8 +54,8 @@ struct LoadStats {
 
 /// Two hot keys owned by one backend (so it is the one they pile onto).
 fn hot_keys(fleet: &Fleet) -> (String, Vec<String>) {
-    let snap = fleet.shared.snapshot();
-    let owner = |k: &str| snap.ring.owner(k).unwrap().name.to_string();
+    let snap = fleet.handle.view();
+    let owner = |k: &str| snap.ring_owner(k).unwrap();
     let first = "hot-0".to_string();
     let busy = owner(&first);
     let second = (1..).map(|i| format!("hot-{i}")).find(|k| owner(k) == busy).unwrap();
@@ -94,8 +94,8 @@ async fn skewed_load(fleet: &Arc<Fleet>, hot: &[String]) -> LoadStats {
     let mut stats = LoadStats::default();
     tokio::time::sleep_until(t0 + SAMPLE_FROM).await;
     while t0.elapsed() < SAMPLE_UNTIL {
-        let snap = fleet.shared.snapshot();
-        let counts: Vec<i64> = snap.ring.members().iter().map(|b| b.inflight()).collect();
+        let snap = fleet.handle.view();
+        let counts: Vec<i64> = snap.ring().iter().map(|b| b.inflight).collect();
         let total: i64 = counts.iter().sum();
         if total >= MEANINGFUL_TOTAL {
             let mean = total as f64 / counts.len() as f64;
@@ -155,7 +155,7 @@ async fn bounded_load_caps_peak_to_mean_under_skew_and_never_moves_pinned_calls(
     // Calls pinned to the busy backend before the load: keys it owns, placed while idle.
     let pinned: Vec<String> = (0..)
         .map(|i| format!("pinned-{i}"))
-        .filter(|k| *fleet.shared.snapshot().ring.owner(k).unwrap().name == *busy)
+        .filter(|k| *fleet.handle.view().ring_owner(k).unwrap() == *busy)
         .take(12)
         .collect();
     for mid in &pinned {
@@ -174,8 +174,8 @@ async fn bounded_load_caps_peak_to_mean_under_skew_and_never_moves_pinned_calls(
     tokio::time::sleep(SAMPLE_UNTIL + Duration::from_millis(20)).await;
     let mut would_move = 0;
     for mid in &pinned {
-        let snap = fleet.shared.snapshot();
-        if *snap.ring.pick(mid).unwrap().name != *busy {
+        let snap = fleet.handle.view();
+        if *snap.ring_pick(mid).unwrap() != *busy {
             would_move += 1;
         }
         let b = fleet.post(&[], &confirm(mid, 2)).await;

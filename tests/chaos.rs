@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mrtr_router::example::{Worker, WorkerState};
-use mrtr_router::pins::{PinKey, PinKind};
-use mrtr_router::upstream::BackendKey;
+use mrtr_router::handle::PinKind;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -152,13 +151,12 @@ impl Chaos {
         let next = self.fleet.config_path.with_extension("next");
         std::fs::write(&next, text).unwrap();
         std::fs::rename(&next, &self.fleet.config_path).unwrap();
-        self.fleet.shared.reload().expect("reload accepted");
+        self.fleet.handle.reload().expect("reload accepted");
         self.reloads.fetch_add(1, SeqCst);
     }
 
     fn healthy(&self, slot: usize) -> Option<bool> {
-        let key = BackendKey::of(&self.slots[slot].name);
-        self.fleet.shared.snapshot().backends.get(&key).map(|b| b.is_healthy())
+        self.fleet.handle.backend(&self.slots[slot].name).map(|b| b.healthy)
     }
 
     /// Kills a slot's instance like a crash, waits until the router ejected it, then starts a
@@ -183,14 +181,8 @@ impl Chaos {
         // to the old instance before the ejection: one still connecting when the new instance
         // binds would reach it (no router can tell two instances at one address apart; real
         // restarts take far longer than this test's few milliseconds).
-        let key = BackendKey::of(&s.name);
         eventually(Duration::from_secs(5), "requests to the killed backend end", || {
-            self.fleet
-                .shared
-                .snapshot()
-                .backends
-                .get(&key)
-                .is_none_or(|b| b.inflight() == 0)
+            self.fleet.handle.backend(&s.name).is_none_or(|b| b.inflight == 0)
         })
         .await;
         let w = Worker::start(&s.name, TcpListener::bind(s.addr).await.unwrap());
@@ -216,18 +208,17 @@ impl Chaos {
 
     /// One line about a request and the call's pin right after it, for failure reports.
     fn note(&self, what: &str, mid: &str, sent: Instant, a: Option<&Answer>) -> String {
-        let snap = self.fleet.shared.snapshot();
-        let key = PinKey::new(PinKind::Client, mid.as_bytes());
-        let pin = self.fleet.shared.pins.peek(key).map(|p| {
-            let b = snap.backend(p.backend);
+        let handle = &self.fleet.handle;
+        let pin = handle.pin(PinKind::Client, mid).map(|p| {
+            let b = handle.backend(&p.backend);
             format!(
                 "pin(epoch {}, rounds {}, finished {}) on {:?} (epoch {:?}, healthy {:?})",
                 p.epoch,
                 p.rounds,
                 p.finished,
-                snap.backend_name(p.backend),
-                b.map(|b| b.epoch()),
-                b.map(|b| b.is_healthy())
+                p.backend,
+                b.as_ref().map(|b| b.epoch),
+                b.as_ref().map(|b| b.healthy)
             )
         });
         let answer = a.map(|a| format!("{} {:?} from {:?}", a.status, a.router_error(), a.worker()));
@@ -513,7 +504,7 @@ async fn chaos_storm_never_misroutes_and_loses_only_calls_of_killed_workers() {
         let (cx, stop, peak) = (cx.clone(), stop.clone(), peak_pins.clone());
         tokio::spawn(async move {
             while !stop.load(SeqCst) {
-                peak.fetch_max(cx.fleet.shared.pins.len(), SeqCst);
+                peak.fetch_max(cx.fleet.handle.pin_count(), SeqCst);
                 let now = Instant::now();
                 for k in cx.kills.lock().iter_mut().filter(|k| k.readmitted.is_none()) {
                     if cx.healthy(k.slot) == Some(true) {
@@ -735,23 +726,23 @@ async fn chaos_storm_never_misroutes_and_loses_only_calls_of_killed_workers() {
     );
 
     // ---- once pins expire, the router's state is back to its baseline ----
-    let shared = cx.fleet.shared.clone();
+    let shared = cx.fleet.handle.clone();
     tokio::time::sleep(PIN_IDLE_TTL).await;
     eventually(Duration::from_secs(5), "every pin expires", || {
-        mrtr_router::fleet::sweep_once(&shared);
-        shared.pins.is_empty()
+        shared.sweep();
+        shared.pin_count() == 0
     })
     .await;
-    let states = shared.backend_states();
+    let states = shared.backends();
     assert!(
-        states.iter().all(|(b, _)| b.inflight() == 0),
+        states.iter().all(|b| b.inflight == 0),
         "in-flight counts leaked: {:?}",
         states
             .iter()
-            .map(|(b, _)| (b.name.to_string(), b.inflight()))
+            .map(|b| (b.name.to_string(), b.inflight))
             .collect::<Vec<_>>()
     );
-    let mut names: Vec<String> = states.iter().map(|(b, _)| b.name.to_string()).collect();
+    let mut names: Vec<String> = states.iter().map(|b| b.name.to_string()).collect();
     names.sort();
     assert_eq!(
         names,

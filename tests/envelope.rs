@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use mrtr_router::dialect::{parse_request, request_state_at};
+use mrtr_router::internals::{parse_request, request_state_at};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::value::RawValue;

@@ -37,8 +37,8 @@ async fn removed_backend_drains_its_pinned_calls_then_is_forgotten() {
     assert_eq!(b.json()["result"]["content"][0]["text"], "done");
     // Once its last pin is gone it is forgotten.
     tokio::time::sleep(Duration::from_millis(20)).await; // let the 10 ms replay window pass
-    mrtr_router::fleet::sweep_once(&fleet.shared);
-    assert!(fleet.shared.backend_states().iter().all(|(b, _)| *b.name != *holder));
+    fleet.handle.sweep();
+    assert!(fleet.handle.backends().iter().all(|b| *b.name != *holder));
     assert_eq!(fleet.total_unknown_followups(), 0);
 }
 
@@ -50,7 +50,7 @@ async fn follow_up_after_its_holder_drained_out(fleet: &Fleet, mid: &str) -> (St
     let rest: Vec<_> = fleet.specs().into_iter().filter(|s| s.name != holder).collect();
     fleet.reconfigure(&rest);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    mrtr_router::fleet::sweep_once(&fleet.shared);
+    fleet.handle.sweep();
     let b = fleet.post(&[], &confirm(mid, 2)).await;
     (holder, b)
 }
@@ -99,13 +99,13 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
     let addr = fleet.workers[0].addr;
     let victim = fleet.workers.remove(0);
     victim.stop().await;
-    let shared = fleet.shared.clone();
-    let victim_key = mrtr_router::upstream::BackendKey::of(&victim_name);
+    let shared = fleet.handle.clone();
+    let victim_key = victim_name.clone();
     eventually(Duration::from_secs(10), "ejection", || {
-        !shared.snapshot().backends[&victim_key].is_healthy()
+        !shared.backend(&victim_key).unwrap().healthy
     })
     .await;
-    assert_eq!(fleet.shared.snapshot().ring.len(), 2);
+    assert_eq!(fleet.handle.view().ring().len(), 2);
     // Keyless and new-key traffic keeps flowing on the others.
     for i in 0..20 {
         let a = fleet.post(&[], &whoami(&format!("after-{i}"))).await;
@@ -118,10 +118,10 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
         tokio::net::TcpListener::bind(addr).await.unwrap(),
     ));
     eventually(Duration::from_secs(10), "re-admission", || {
-        shared.snapshot().backends[&victim_key].is_healthy()
+        shared.backend(&victim_key).unwrap().healthy
     })
     .await;
-    assert_eq!(fleet.shared.snapshot().ring.len(), 3);
+    assert_eq!(fleet.handle.view().ring().len(), 3);
     let mut refused = 0;
     for (mid, holder) in &holders {
         let b = fleet.post(&[], &confirm(mid, 2)).await;
@@ -227,7 +227,7 @@ async fn admin_drain_and_undrain() {
     )
     .await;
     assert_eq!(r.status, 200);
-    assert_eq!(fleet.shared.snapshot().ring.len(), 2);
+    assert_eq!(fleet.handle.view().ring().len(), 2);
     let r = send(
         &fleet.client,
         Method::POST,
@@ -251,9 +251,9 @@ async fn config_file_change_is_reloaded_including_a_symlink_swap() {
     std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
     std::fs::remove_file(&fleet.config_path).unwrap();
     std::os::unix::fs::symlink("..data/config.toml", &fleet.config_path).unwrap();
-    let shared = fleet.shared.clone();
+    let shared = fleet.handle.clone();
     eventually(Duration::from_secs(10), "reload after the file changed", || {
-        shared.snapshot().ring.len() == 2
+        shared.view().ring().len() == 2
     })
     .await;
     let v2 = dir.join("..v2");
@@ -262,7 +262,7 @@ async fn config_file_change_is_reloaded_including_a_symlink_swap() {
     std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
     eventually(Duration::from_secs(10), "reload after the symlink swap", || {
-        shared.snapshot().ring.len() == 1
+        shared.view().ring().len() == 1
     })
     .await;
     // A broken file is rejected and the running config stays.
@@ -275,7 +275,7 @@ async fn config_file_change_is_reloaded_including_a_symlink_swap() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(m().await, Some(1.0));
-    assert_eq!(shared.snapshot().ring.len(), 1);
+    assert_eq!(shared.view().ring().len(), 1);
 }
 
 #[tokio::test]
@@ -300,23 +300,23 @@ async fn discovery_adds_and_drains_backends() {
         std::sync::Arc::new(parking_lot::Mutex::new(Ok(vec![ip("127.0.0.2"), ip("127.0.0.3")])));
     let a2 = answer.clone();
     // Set before the router's tasks first run (no await since the router started).
-    fleet.shared.set_resolver(std::sync::Arc::new(move |host, _port| {
+    fleet.handle.set_resolver(std::sync::Arc::new(move |host, _port| {
         let result = match &*a2.lock() {
             Ok(list) if host == "mcp-workers.test" => Ok(list.clone()),
             _ => Err(std::io::Error::other("no such host")),
         };
         Box::pin(async move { result })
     }));
-    let shared = fleet.shared.clone();
+    let shared = fleet.handle.clone();
     eventually(Duration::from_secs(10), "discovered backends join", || {
-        shared.snapshot().ring.len() == 3
+        shared.view().ring().len() == 3
     })
     .await;
     let name2 = format!("dns:127.0.0.3:{port}");
     // Pin a call on the second discovered backend.
     let mid = (0..200)
         .map(|i| format!("disc-{i}"))
-        .find(|m| *shared.snapshot().ring.owner(m).unwrap().name == *name2)
+        .find(|m| *shared.view().ring_owner(m).unwrap() == *name2)
         .unwrap();
     assert_eq!(fleet.post(&[], &start_call(&mid, 2)).await.worker(), "d2");
     // A failed lookup keeps the set.
@@ -338,17 +338,14 @@ async fn discovery_adds_and_drains_backends() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(shared.snapshot().ring.len(), 3);
+    assert_eq!(shared.view().ring().len(), 3);
     // The address disappears from DNS: that backend drains, its pinned call still finishes there.
     *answer.lock() = Ok(vec![ip("127.0.0.2")]);
     eventually(Duration::from_secs(10), "removed address leaves the ring", || {
-        shared.snapshot().ring.len() == 2
+        shared.view().ring().len() == 2
     })
     .await;
-    assert!(shared
-        .backend_states()
-        .iter()
-        .any(|(b, draining)| *b.name == *name2 && *draining));
+    assert!(shared.backends().iter().any(|b| *b.name == *name2 && b.removed));
     let done = fleet.post(&[], &confirm(&mid, 2)).await;
     assert_eq!(
         (

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use mrtr_router::pins::{PinKey, PinKind};
+use mrtr_router::handle::PinKind;
 use serde_json::json;
 use support::*;
 
@@ -19,18 +19,18 @@ fn reweighted(fleet: &Fleet) -> Vec<BackendSpec> {
 /// A key that the fleet's ring and the [`reweighted`] one give to different workers, so only a
 /// pin can keep it on its first worker across the change. Leaves the fleet on its own ring.
 fn key_moved_by_reweighting(fleet: &Fleet, prefix: &str) -> String {
-    let before = fleet.shared.snapshot();
+    let before = fleet.handle.view();
     fleet.reconfigure(&reweighted(fleet));
-    let after = fleet.shared.snapshot();
+    let after = fleet.handle.view();
     fleet.reconfigure(&fleet.specs());
     (0..1000)
         .map(|i| format!("{prefix}-{i}"))
-        .find(|k| before.ring.owner(k).unwrap().name != after.ring.owner(k).unwrap().name)
+        .find(|k| before.ring_owner(k).unwrap() != after.ring_owner(k).unwrap())
         .expect("a re-weighting moves some keys")
 }
 
 fn owner(fleet: &Fleet, key: &str) -> String {
-    fleet.shared.snapshot().ring.owner(key).unwrap().name.to_string()
+    fleet.handle.view().ring_owner(key).unwrap()
 }
 
 #[tokio::test]
@@ -72,9 +72,8 @@ async fn a_finished_call_stays_pinned_for_the_replay_window_then_goes() {
     assert_eq!(dup.worker(), start.worker());
     assert_eq!(dup.json()["result"], done.json()["result"], "answered idempotently");
     // Once the window ends the key is no longer pinned: a late duplicate goes by the ring.
-    let key = PinKey::new(PinKind::Client, mid.as_bytes());
     eventually(Duration::from_secs(10), "the replay window ends", || {
-        fleet.shared.pins.peek(key).is_none()
+        fleet.handle.pin(PinKind::Client, &mid).is_none()
     })
     .await;
     let late = fleet.post(&[], &confirm(&mid, 2)).await;
@@ -84,7 +83,7 @@ async fn a_finished_call_stays_pinned_for_the_replay_window_then_goes() {
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_route_decisions_total{source=\"pin\"}"), Some(2.0));
     assert_eq!(metric(&m, "mrtr_route_decisions_total{source=\"ring\"}"), Some(2.0));
-    assert!(fleet.shared.pins.is_empty());
+    assert_eq!(fleet.handle.pin_count(), 0);
 }
 
 #[tokio::test]
@@ -92,19 +91,18 @@ async fn a_pin_that_idles_out_before_its_follow_up_counts_as_expired_once() {
     let fleet = Fleet::start(1, "[routing]\npin_idle_ttl = \"100ms\"").await;
     let start = fleet.post(&[], &start_call("late", 2)).await;
     assert_eq!(start.json()["result"]["pending"], true);
-    let key = PinKey::new(PinKind::Client, b"late");
     eventually(Duration::from_secs(10), "the pin idles out", || {
-        fleet.shared.pins.peek(key).is_none()
+        fleet.handle.pin(PinKind::Client, "late").is_none()
     })
     .await;
     // The late follow-up's lookup finds the entry past its deadline and drops it (the background
     // sweep, once a second, is very unlikely to get there first in the few ms between).
     let late = fleet.post(&[], &confirm("late", 2)).await;
     assert_eq!(late.json()["result"]["content"][0]["text"], "done");
-    assert!(fleet.shared.pins.is_empty());
+    assert_eq!(fleet.handle.pin_count(), 0);
     // Sweeps report it, whichever removed it, and only once.
-    mrtr_router::fleet::sweep_once(&fleet.shared);
-    mrtr_router::fleet::sweep_once(&fleet.shared);
+    fleet.handle.sweep();
+    fleet.handle.sweep();
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_pins_expired_total{kind=\"client\"}"), Some(1.0));
 }

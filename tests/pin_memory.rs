@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use mrtr_router::pins::{PinKey, PinKind, PinTable, PinTtls};
-use mrtr_router::upstream::BackendKey;
+use mrtr_router::internals::{BackendKey, PinKey, PinKind, PinTable, PinTtls};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -30,7 +29,6 @@ fn a_million_pins_fit_in_200_mb() {
         let handle = format!("v1.{i:08}-M0AF2PbQoc_6m1A-vIOZqJnl83iRyE6yJJWsqjhoia4C7CmXa_eC-3G_2UBSPOXiesKaEACpkvtt");
         table.pin(
             PinKey::new(kind, handle.as_bytes()),
-            kind,
             BackendKey(u64::from(i % 7)),
             1,
             1,

@@ -171,11 +171,10 @@ async fn backend_closing_idle_connections_costs_no_request() {
     );
     // The last connection, closed by the backend while idle, leaves the pool at the next sweep
     // rather than waiting for a request or its idle timeout.
-    let backend = fleet.shared.backend_states()[0].0.clone();
     eventually(
         Duration::from_secs(10),
         "closed idle connection swept from the pool",
-        || backend.pool.idle_len() == 0,
+        || fleet.handle.backends()[0].idle_connections == 0,
     )
     .await;
     assert_eq!(

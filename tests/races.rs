@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mrtr_router::example::Worker;
-use mrtr_router::pins::{PinKey, PinKind};
-use mrtr_router::upstream::BackendKey;
+use mrtr_router::handle::PinKind;
 use serde_json::json;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -62,7 +61,6 @@ async fn a_call_answered_by_an_instance_already_ejected_never_follows_into_its_s
         weight: 1,
     };
     let fleet = Arc::new(Fleet::start_backends(Vec::new(), &[spec], FAST_HEALTH).await);
-    let key = BackendKey::of("b");
     let start = {
         let fleet = fleet.clone();
         tokio::spawn(async move { fleet.post(&[], &start_call("late-1", 2)).await })
@@ -83,12 +81,12 @@ async fn a_call_answered_by_an_instance_already_ejected_never_follows_into_its_s
     };
     let request = read_request(&mut conn).await;
     assert!(request.contains("\"late-1\""), "{request}");
-    let epoch_at_send = fleet.shared.snapshot().backends[&key].epoch();
+    let epoch_at_send = fleet.handle.backend("b").unwrap().epoch;
     // It stops accepting: the router ejects it.
     drop(listener);
-    let shared = fleet.shared.clone();
+    let shared = fleet.handle.clone();
     eventually(Duration::from_secs(5), "ejection", || {
-        !shared.snapshot().backends[&key].is_healthy()
+        !shared.backend("b").unwrap().healthy
     })
     .await;
     // Then it finishes the request it had: the call waits for a confirmation, in this instance.
@@ -106,18 +104,14 @@ async fn a_call_answered_by_an_instance_already_ejected_never_follows_into_its_s
     drop(conn);
     let a = start.await.unwrap();
     assert_eq!(a.json()["result"]["pending"], true, "{a:?}");
-    let pin = fleet
-        .shared
-        .pins
-        .peek(PinKey::new(PinKind::Client, b"late-1"))
-        .expect("the call is pinned");
+    let pin = fleet.handle.pin(PinKind::Client, "late-1").expect("the call is pinned");
     // The successor comes up at the same address and is re-admitted.
     let successor = Worker::start("b", TcpListener::bind(addr).await.unwrap());
     eventually(Duration::from_secs(5), "re-admission", || {
-        shared.snapshot().backends[&key].is_healthy()
+        shared.backend("b").unwrap().healthy
     })
     .await;
-    let epoch_now = fleet.shared.snapshot().backends[&key].epoch();
+    let epoch_now = fleet.handle.backend("b").unwrap().epoch;
     let b = fleet.post(&[], &confirm("late-1", 2)).await;
     assert_eq!(
         successor.state.unknown_followups.load(SeqCst),
@@ -143,7 +137,7 @@ async fn a_draining_backend_is_not_forgotten_while_a_call_on_it_is_still_answeri
     let holder = fleet.workers[0].state.name.clone();
     let mid = (0..)
         .map(|i| format!("slow-{i}"))
-        .find(|k| *fleet.shared.snapshot().ring.owner(k).unwrap().name == *holder)
+        .find(|k| *fleet.handle.view().ring_owner(k).unwrap() == *holder)
         .unwrap();
     let req = http::Request::post(fleet.url())
         .header("content-type", "application/json")
@@ -161,12 +155,8 @@ async fn a_draining_backend_is_not_forgotten_while_a_call_on_it_is_still_answeri
     read_until(&mut body, "notifications/progress").await;
     // The holder is removed while its answer is still on the way.
     fleet.reconfigure(&fleet.specs()[1..]);
-    mrtr_router::fleet::sweep_once(&fleet.shared);
-    let still_known = fleet
-        .shared
-        .backend_states()
-        .iter()
-        .any(|(b, draining)| *b.name == *holder && *draining);
+    fleet.handle.sweep();
+    let still_known = fleet.handle.backends().iter().any(|b| *b.name == *holder && b.removed);
     fleet.workers[0].state.release();
     let text = read_until(&mut body, "\"pending\":true").await;
     assert!(text.contains(&holder), "{text}");

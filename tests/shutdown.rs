@@ -129,11 +129,8 @@ async fn shutdown_stops_accepting_fails_readiness_and_lets_requests_and_streams_
     .await;
 
     assert!(fleet.begin_shutdown(), "the router was running");
-    let shared = fleet.shared.clone();
-    eventually(Duration::from_secs(10), "shutdown begins", || {
-        shared.shutting_down.load(SeqCst)
-    })
-    .await;
+    let shared = fleet.handle.clone();
+    eventually(Duration::from_secs(10), "shutdown begins", || shared.shutting_down()).await;
     assert_eq!(
         readyz(&client, fleet.admin).await,
         503,

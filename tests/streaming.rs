@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use mrtr_router::handle::PinKind;
 use serde_json::{json, Value};
 use support::*;
 
@@ -121,9 +122,8 @@ async fn sse_pending_answer_is_pinned_before_the_client_reads_it() {
         let mut body = resp.into_body();
         let text = read_until(&mut body, "\"pending\":true").await;
         // The moment the client holds the pending event, the pin is there.
-        let key = mrtr_router::pins::PinKey::new(mrtr_router::pins::PinKind::Client, mid.as_bytes());
         assert!(
-            fleet.shared.pins.peek(key).is_some(),
+            fleet.handle.pin(PinKind::Client, &mid).is_some(),
             "pin missing after the client read: {text}"
         );
         let worker =
@@ -254,7 +254,7 @@ async fn client_disconnect_closes_the_upstream_stream() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while fleet.shared.snapshot().ring.members()[0].inflight() != 0 {
+    while fleet.handle.view().ring()[0].inflight != 0 {
         assert!(tokio::time::Instant::now() < deadline, "in-flight count not released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

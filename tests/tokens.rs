@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::Method;
-use mrtr_router::token::TokenKeys;
+use mrtr_router::internals::TokenKeys;
 use serde_json::json;
 use support::*;
 
@@ -77,7 +77,7 @@ async fn a_restarted_replica_routes_by_token() {
     let t = routing_token(&r1);
     // A fresh router process: no pins at all, same keys.
     let a2 = Fleet::start_backends(Vec::new(), &specs, &tokens(&[KEY_A])).await;
-    assert!(a2.shared.pins.is_empty());
+    assert_eq!(a2.handle.pin_count(), 0);
     let r2 = a2.post(&[("mcp-routing-id", &t)], &confirm("restart-1", 2)).await;
     assert_eq!(r2.json()["result"]["content"][0]["text"], "done");
     assert_eq!(r2.worker(), r1.worker());

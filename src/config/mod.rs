@@ -3,6 +3,7 @@
 //! declared once, where its section is read (`reader`), which also writes `check`'s printout.
 
 pub mod defaults;
+mod file;
 mod fleet;
 mod reader;
 mod routing;
@@ -12,6 +13,7 @@ mod tokens;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
 pub use routing::{OnPinLost, RoutingConfig};
 pub use server::{AdminConfig, ServerConfig, TlsConfig};

@@ -124,6 +124,9 @@ pub(super) struct Section<'a, 't> {
     printout: String,
 }
 
+/// An array of strings as written, with where the array stands.
+pub(super) type TextList<'a> = (Vec<Text<'a>>, Range<usize>);
+
 /// A string value as written, with where it stands (for checks made after reading).
 pub(super) struct Text<'a> {
     pub value: &'a str,
@@ -340,7 +343,7 @@ impl<'a, 't> Section<'a, 't> {
     }
 
     /// An array of strings, with where each stands; not printed.
-    pub fn strings(&mut self, key: &'static str) -> Result<Option<(Vec<Text<'a>>, Range<usize>)>, ConfigError> {
+    pub fn strings(&mut self, key: &'static str) -> Result<Option<TextList<'a>>, ConfigError> {
         let Some(v) = self.value(key) else { return Ok(None) };
         let DeValue::Array(items) = v.get_ref() else {
             return self.wrong_type(key, v, "an array of strings");

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mrtr_router::example::Worker;
-use mrtr_router::{Listeners, Router, Shared};
+use mrtr_router::{Listeners, Router, RouterHandle};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -37,7 +36,7 @@ pub struct BackendSpec {
 pub struct Fleet {
     pub router: SocketAddr,
     pub admin: SocketAddr,
-    pub shared: Arc<Shared>,
+    pub handle: RouterHandle,
     pub workers: Vec<Worker>,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
@@ -111,7 +110,7 @@ impl Fleet {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, render_config(extra, specs)).unwrap();
         let router = Router::from_file(&config_path).expect("valid test config");
-        let shared = router.handle();
+        let handle = router.handle();
         let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (router_addr, admin_addr) = (proxy.local_addr().unwrap(), admin.local_addr().unwrap());
@@ -122,7 +121,7 @@ impl Fleet {
         Fleet {
             router: router_addr,
             admin: admin_addr,
-            shared,
+            handle,
             workers,
             dir,
             config_path,
@@ -140,7 +139,7 @@ impl Fleet {
     /// Rewrites the config file with these backends and reloads it.
     pub fn reconfigure(&self, backends: &[BackendSpec]) {
         std::fs::write(&self.config_path, render_config(&self.extra, backends)).unwrap();
-        self.shared.reload().expect("reload accepted");
+        self.handle.reload().expect("reload accepted");
     }
 
     pub fn specs(&self) -> Vec<BackendSpec> {

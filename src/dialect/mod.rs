@@ -2,6 +2,7 @@
 //! answer reports. Only the envelope fields the router uses are parsed; everything else is
 //! skipped without allocating.
 
+mod keys;
 mod scan;
 
 use std::borrow::Cow;
@@ -12,6 +13,7 @@ use serde::de::{Deserializer, IgnoredAny};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+pub use keys::RequestKeys;
 pub use scan::NotJson;
 
 /// Header that carries a legacy session id. (Names, not strings: a lookup by string parses

@@ -1,21 +1,17 @@
-//! Backends: their identity, in-flight accounting, and the pooled HTTP client that reaches them.
+//! One backend: its identity, address, health state, in-flight accounting and connection pool.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::HeaderValue;
-use http_body_util::{Either, Full};
-use hyper::body::Incoming;
-use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
-use crate::config::BackendConfig;
-use crate::pool::ConnPool;
+use http::uri::{Authority, PathAndQuery};
+use http::HeaderValue;
+use siphasher::sip::SipHasher13;
 
-/// Body sent upstream: the buffered POST body, or the client's stream as received.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+use super::pool::{ConnPool, Endpoint, PooledConn};
+use crate::config::BackendConfig;
+use crate::metrics::Metrics;
 
 /// Stable identity of a backend: a digest of its name. Pins store this (8 bytes) rather than
 /// the name, and it survives reloads as long as the name does.
@@ -37,11 +33,12 @@ pub struct Backend {
     pub name: Arc<str>,
     /// Ring share; updated in place on reload.
     weight: AtomicU32,
-    scheme: Scheme,
-    authority: Authority,
-    /// `authority` as the `Host` header of upstream requests.
+    /// What the config says of it (name, URL, weight at creation).
+    config: BackendConfig,
+    /// Where its connections go: the URL's host (IPv6 without brackets) and port.
+    endpoint: Endpoint,
+    /// The URL's authority as the `Host` header of upstream requests.
     host: HeaderValue,
-    base_path: String,
     /// Idle keep-alive connections to this backend.
     pub pool: Arc<ConnPool>,
     /// Requests sent and not yet finished (response body done or dropped).
@@ -88,7 +85,7 @@ pub enum HealthChange {
 }
 
 impl Backend {
-    pub fn new(cfg: &BackendConfig, metrics: Option<&crate::metrics::Metrics>) -> Backend {
+    pub fn new(cfg: &BackendConfig, metrics: Option<&Metrics>) -> Backend {
         let opened = metrics.map(|m| m.upstream_connections.with_label_values(&[&cfg.name]));
         let metrics = metrics.map(|m| BackendMetrics {
             inflight: m.backend_inflight.with_label_values(&[&cfg.name]),
@@ -100,11 +97,10 @@ impl Backend {
             key: BackendKey::of(&cfg.name),
             name: cfg.name.as_str().into(),
             weight: AtomicU32::new(cfg.weight),
-            scheme: cfg.scheme.clone(),
-            authority: cfg.authority.clone(),
+            config: cfg.clone(),
+            endpoint: Endpoint::of(&cfg.authority),
             host: HeaderValue::from_str(cfg.authority.as_str()).expect("an authority is a valid header value"),
             pool: ConnPool::new(opened),
-            base_path: cfg.base_path.clone(),
             inflight: AtomicI64::new(0),
             metrics,
             healthy: AtomicBool::new(true),
@@ -130,6 +126,14 @@ impl Backend {
 
     pub fn epoch(&self) -> u32 {
         self.epoch.load(Ordering::Acquire)
+    }
+
+    /// This backend as it is now (its epoch), for a request about to be sent.
+    pub fn incarnation(self: &Arc<Self>) -> Incarnation {
+        Incarnation {
+            backend: self.clone(),
+            epoch: self.epoch(),
+        }
     }
 
     /// Counts a failed check or request; ejects after `unhealthy_after` in a row.
@@ -165,7 +169,22 @@ impl Backend {
     }
 
     pub fn authority(&self) -> &Authority {
-        &self.authority
+        &self.config.authority
+    }
+
+    /// Where connections to this backend go.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// A kept-alive connection from the pool, else one being opened: the only place that
+    /// chooses between the two (the request path and the health checks both come here).
+    pub fn connection(&self) -> Connection<'_> {
+        match self.pool.checkout() {
+            Some(conn) => Connection::Ready(conn),
+            // Boxed: a cold path, kept out of every request's future.
+            None => Connection::Opening(Box::pin(self.pool.connect(&self.endpoint))),
+        }
     }
 
     /// The `Host` header for requests to this backend.
@@ -176,17 +195,17 @@ impl Backend {
     /// Whether this backend object still matches `cfg` (else a reload replaces it).
     pub fn matches(&self, cfg: &BackendConfig) -> bool {
         // Weight is not identity: a re-weighted backend keeps its object, counts and pins.
-        *self.name == *cfg.name
-            && self.scheme == cfg.scheme
-            && self.authority == cfg.authority
-            && self.base_path == cfg.base_path
+        BackendConfig {
+            weight: cfg.weight,
+            ..self.config.clone()
+        } == *cfg
     }
 
     #[cfg(test)]
     pub fn for_test(name: &str, weight: u32) -> Arc<Backend> {
         let cfg = BackendConfig {
             name: name.into(),
-            scheme: Scheme::HTTP,
+            scheme: http::uri::Scheme::HTTP,
             authority: Authority::from_static("127.0.0.1:1"),
             base_path: String::new(),
             weight,
@@ -214,7 +233,7 @@ impl Backend {
     }
 
     pub fn url(&self) -> String {
-        format!("{}://{}{}", self.scheme, self.authority, self.base_path)
+        self.config.url()
     }
 
     pub fn inflight(&self) -> i64 {
@@ -234,13 +253,29 @@ impl Backend {
     /// base path.
     pub fn target_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<PathAndQuery, http::Error> {
         let pq = path_and_query.map_or("/", |p| p.as_str());
-        if self.base_path.is_empty() {
+        let base_path = &self.config.base_path;
+        if base_path.is_empty() {
             return Ok(path_and_query
                 .cloned()
                 .unwrap_or_else(|| PathAndQuery::from_static("/")));
         }
-        Ok(format!("{}{}", self.base_path, pq).parse()?)
+        Ok(format!("{base_path}{pq}").parse()?)
     }
+}
+
+/// A backend as it was when a request was sent to it. An ejection while the request is in
+/// flight changes the backend's epoch, and then no pin its answer makes may follow the backend
+/// into the instance that comes back.
+#[derive(Clone)]
+pub struct Incarnation {
+    pub backend: Arc<Backend>,
+    pub epoch: u32,
+}
+
+/// A connection to a backend: taken from the pool at once, or still being opened.
+pub enum Connection<'a> {
+    Ready(PooledConn),
+    Opening(std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<PooledConn>> + Send + 'a>>),
 }
 
 /// Decrements the backend's in-flight count when the request is over.

@@ -20,13 +20,46 @@ use bytes::Bytes;
 use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::config::defaults;
-use crate::upstream::UpstreamBody;
+
+/// Body sent upstream: the buffered POST body, or the client's stream as received.
+pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+
+/// Where a backend's connections go: its URL's host and port, as a socket address needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// A name or an IP literal; IPv6 without the brackets the URL writes around it.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Endpoint {
+    pub fn of(authority: &Authority) -> Endpoint {
+        // `Authority::host` keeps an IPv6 literal's brackets, which no resolver takes.
+        let host = authority.host();
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        Endpoint {
+            host: host.to_string(),
+            port: authority.port_u16().unwrap_or(80),
+        }
+    }
+
+    /// A TCP connection to it, within [`defaults::CONNECT_TIMEOUT`].
+    pub async fn connect(&self) -> io::Result<TcpStream> {
+        tokio::time::timeout(
+            defaults::CONNECT_TIMEOUT,
+            TcpStream::connect((self.host.as_str(), self.port)),
+        )
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))?
+    }
+}
 
 type Driver = Pin<Box<http1::Connection<TokioIo<TcpStream>, UpstreamBody>>>;
 
@@ -90,14 +123,9 @@ impl ConnPool {
         }
     }
 
-    /// Opens a new connection to `authority` (within [`defaults::CONNECT_TIMEOUT`]).
-    pub async fn connect(self: &Arc<Self>, authority: &Authority) -> io::Result<PooledConn> {
-        // `Authority::host` keeps an IPv6 literal's brackets.
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-        let port = authority.port_u16().unwrap_or(80);
-        let stream = tokio::time::timeout(defaults::CONNECT_TIMEOUT, TcpStream::connect((host, port)))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    /// Opens a new connection to `endpoint`.
+    pub async fn connect(self: &Arc<Self>, endpoint: &Endpoint) -> io::Result<PooledConn> {
+        let stream = endpoint.connect().await?;
         stream.set_nodelay(true)?;
         // Head and body copied into one buffer and written with one `write`: for MCP's small
         // bodies cheaper than queueing both for `writev`.

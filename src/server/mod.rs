@@ -1,17 +1,19 @@
 //! Listeners: accepting connections (HTTP/1.1 and h2c, or either over TLS), the admin
 //! endpoints, background upkeep, and graceful shutdown.
 
-mod head_timeout;
+mod shutdown;
+mod watchdog;
 
-use std::collections::HashMap;
+pub use shutdown::Shutdown;
+
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,7 +40,7 @@ use crate::{admin, proxy, tls};
 /// the connections accepted after it.
 pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let mut builders = Arc::new(Builders::new(&shared.snapshot().config.server));
-    let drain = Arc::new(Drain::default());
+    let shutdown_conns = Arc::new(Shutdown::default());
     // Connections live in a set so that, past the grace period, the ones left can be closed.
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -66,8 +68,8 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         let conn = Connection {
             shared: shared.clone(),
             builders: builders.clone(),
-            drain: drain.clone(),
-            activity: Arc::new(head_timeout::Activity::default()),
+            shutdown: shutdown_conns.clone(),
+            activity: Arc::new(watchdog::Activity::default()),
             peer,
         };
         conns.spawn(conn.serve(stream));
@@ -75,7 +77,7 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     drop(listener);
     shared.shutting_down.store(true, Ordering::SeqCst);
     tracing::info!("shutting down: no new connections; waiting for in-flight requests");
-    drain.start();
+    shutdown_conns.start();
     let grace = shared.snapshot().config.server.shutdown_grace;
     tokio::select! {
         _ = async { while conns.join_next().await.is_some() {} } => tracing::info!("all connections closed"),
@@ -89,8 +91,8 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
 struct Connection {
     shared: Arc<Shared>,
     builders: Arc<Builders>,
-    drain: Arc<Drain>,
-    activity: Arc<head_timeout::Activity>,
+    shutdown: Arc<Shutdown>,
+    activity: Arc<watchdog::Activity>,
     peer: SocketAddr,
 }
 
@@ -106,14 +108,14 @@ impl Connection {
         let timeout = self.builders.header_read_timeout;
         let served = match self.builders.tls.clone() {
             Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
-            None => match self.until_drain(sniff(&stream, timeout)).await.flatten() {
+            None => match self.until_shutdown(sniff(&stream, timeout)).await.flatten() {
                 Some(Protocol::Http1) => {
                     let client = Some(stream.as_raw_fd());
                     let conn = self
                         .builders
                         .http1
                         .serve_connection(TokioIo::new(stream), self.service(false));
-                    let served = serve(conn, &self.drain, &self.activity, self.limits(), client).await;
+                    let served = serve(conn, &self.shutdown, &self.activity, self.limits(), client).await;
                     self.http1_ended(served, |c| {
                         let p = c.into_parts();
                         (p.io, p.read_buf)
@@ -129,11 +131,11 @@ impl Connection {
         }
     }
 
-    /// `f`'s output, or `None` if the drain starts first: a connection that has not reached
+    /// `f`'s output, or `None` if the shutdown starts first: a connection that has not reached
     /// hyper yet (protocol sniff, TLS handshake) closes at once on shutdown instead of holding
     /// it for up to `header_read_timeout`.
-    async fn until_drain<T>(&self, f: impl Future<Output = T>) -> Option<T> {
-        let mut watch = self.drain.register();
+    async fn until_shutdown<T>(&self, f: impl Future<Output = T>) -> Option<T> {
+        let mut watch = self.shutdown.register();
         tokio::select! {
             out = f => Some(out),
             () = poll_fn(|cx| watch.poll_started(cx)) => None,
@@ -155,7 +157,7 @@ impl Connection {
         let timeout = self.builders.header_read_timeout;
         let client = stream.as_raw_fd();
         let handshake = tokio::time::timeout(timeout, acceptor.accept(stream));
-        let Some(handshake) = self.until_drain(handshake).await else {
+        let Some(handshake) = self.until_shutdown(handshake).await else {
             return Ok(());
         };
         match handshake {
@@ -167,7 +169,7 @@ impl Connection {
                     .builders
                     .http1
                     .serve_connection(TokioIo::new(stream), self.service(true));
-                let served = serve(conn, &self.drain, &self.activity, self.limits(), Some(client)).await;
+                let served = serve(conn, &self.shutdown, &self.activity, self.limits(), Some(client)).await;
                 self.http1_ended(served, |c| {
                     let p = c.into_parts();
                     (p.io, p.read_buf)
@@ -195,7 +197,7 @@ impl Connection {
             .http2
             .serve_connection(TokioIo::new(io), self.service(tls));
         let timeout = self.builders.header_read_timeout;
-        match serve(conn, &self.drain, &self.activity, self.limits(), None).await {
+        match serve(conn, &self.shutdown, &self.activity, self.limits(), None).await {
             Served::Ended(r) => r,
             Served::ClientLeft => Ok(()),
             // No stream for the whole timeout: GOAWAY, and the connection ends. h2 waits for
@@ -227,7 +229,7 @@ impl Connection {
             }
             Served::TimedOut(conn) => {
                 let (io, unread) = parts(conn);
-                head_timeout::answer(&self.shared, io, unread).await;
+                watchdog::answer(&self.shared, io, unread).await;
                 Ok(())
             }
         }
@@ -239,9 +241,9 @@ impl Connection {
         tls: bool,
     ) -> impl Service<
         Request<Incoming>,
-        Response = Response<head_timeout::Tracked<ProxyBody>>,
+        Response = Response<watchdog::Tracked<ProxyBody>>,
         Error = Infallible,
-        Future = impl Future<Output = Result<Response<head_timeout::Tracked<ProxyBody>>, Infallible>> + Send + 'static,
+        Future = impl Future<Output = Result<Response<watchdog::Tracked<ProxyBody>>, Infallible>> + Send + 'static,
     > + Send
            + 'static {
         let (shared, activity) = (self.shared.clone(), self.activity.clone());
@@ -250,7 +252,7 @@ impl Connection {
             let done = activity.start();
             // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
             let answer = Box::pin(proxy::handle(shared.clone(), req, peer_ip.clone(), tls));
-            async move { Ok::<_, Infallible>(answer.await.map(|body| head_timeout::Tracked::new(body, done))) }
+            async move { Ok::<_, Infallible>(answer.await.map(|body| watchdog::Tracked::new(body, done))) }
         })
     }
 }
@@ -268,20 +270,20 @@ enum Served<C> {
 
 /// Serves `conn` until it ends, has waited `header_read_timeout` for a request, or its client
 /// (at `client`, an HTTP/1 socket owned by `conn`) has left mid-request (see [`head_timeout`]),
-/// shutting it down gracefully if the drain starts meanwhile.
+/// shutting it down gracefully if the shutdown starts meanwhile.
 async fn serve<C>(
     mut conn: C,
-    drain: &Drain,
-    activity: &head_timeout::Activity,
+    shutdown: &Shutdown,
+    activity: &watchdog::Activity,
     (timeout, stall_limit): (Duration, Duration),
     client: Option<RawFd>,
 ) -> Served<C>
 where
     C: GracefulConnection<Error = hyper::Error> + Unpin,
 {
-    let mut watch = drain.register();
+    let mut watch = shutdown.register();
     // `conn` owns the socket and outlives the timer: both are dropped when this returns.
-    let mut timer = head_timeout::HeadTimer::new(timeout, client, stall_limit);
+    let mut timer = watchdog::HeadTimer::new(timeout, client, stall_limit);
     let ended = poll_fn(|cx| {
         watch.poll(cx, Pin::new(&mut conn));
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
@@ -293,12 +295,12 @@ where
     .await;
     match ended {
         Ok(r) => Served::Ended(r),
-        Err(head_timeout::Expiry::HeadTimeout) => Served::TimedOut(conn),
-        Err(head_timeout::Expiry::ClientLeft) => {
+        Err(watchdog::Expiry::HeadTimeout) => Served::TimedOut(conn),
+        Err(watchdog::Expiry::ClientLeft) => {
             tracing::debug!("client left while its request was in flight");
             Served::ClientLeft
         }
-        Err(head_timeout::Expiry::Stalled) => {
+        Err(watchdog::Expiry::Stalled) => {
             tracing::debug!("client took nothing of its answer for stream_idle_timeout");
             Served::ClientLeft
         }
@@ -399,91 +401,16 @@ async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
     }
 }
 
-/// Graceful shutdown of the proxy's connections: once it starts, each connection finishes the
-/// requests it has in flight and closes (idle keep-alive connections close at once). Cheap on
-/// the hot path: a poll reads one flag, and registers its task's waker only when the waker
-/// changes, which in practice is once per connection. (hyper-util's `GracefulShutdown` polls a
-/// `watch` channel on every poll of every connection, ~700 instructions per request.)
-#[derive(Default)]
-struct Drain {
-    started: AtomicBool,
-    /// The task of each live connection, woken when the drain starts.
-    tasks: parking_lot::Mutex<HashMap<u64, Waker>>,
-    next_id: AtomicU64,
-}
-
-impl Drain {
-    fn start(&self) {
-        self.started.store(true, Ordering::SeqCst);
-        for (_, task) in self.tasks.lock().drain() {
-            task.wake();
-        }
-    }
-
-    /// A connection's watch on the drain, to be [`Watch::poll`]ed before each poll of it.
-    fn register(&self) -> Watch<'_> {
-        Watch {
-            drain: self,
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            waker: None,
-            draining: false,
-        }
-    }
-}
-
-/// A connection's place in [`Drain::tasks`], given up when the connection ends or is dropped.
-struct Watch<'a> {
-    drain: &'a Drain,
-    id: u64,
-    /// The waker registered in `drain.tasks`, if any.
-    waker: Option<Waker>,
-    draining: bool,
-}
-
-impl Watch<'_> {
-    /// Shuts `conn` down gracefully if the drain has started.
-    fn poll<C: GracefulConnection>(&mut self, cx: &mut Context<'_>, conn: Pin<&mut C>) {
-        if !self.draining && self.poll_started(cx).is_ready() {
-            conn.graceful_shutdown();
-            self.draining = true;
-        }
-    }
-
-    /// Ready once the drain has started. On its own, for a connection not yet handed to hyper
-    /// (its protocol not known, its TLS handshake not done), which then simply closes.
-    fn poll_started(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        // Registered before the flag is read: a drain that starts in between still finds this
-        // task (it sets the flag before it wakes the tasks).
-        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            self.drain.tasks.lock().insert(self.id, cx.waker().clone());
-            self.waker = Some(cx.waker().clone());
-        }
-        match self.drain.started.load(Ordering::SeqCst) {
-            true => Poll::Ready(()),
-            false => Poll::Pending,
-        }
-    }
-}
-
-impl Drop for Watch<'_> {
-    fn drop(&mut self) {
-        if self.waker.is_some() {
-            self.drain.tasks.lock().remove(&self.id);
-        }
-    }
-}
-
-/// Serves the admin endpoints until `shutdown` resolves.
-pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+/// Serves the admin endpoints until `stop` starts.
+pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<Shutdown>) {
     let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
             },
-            _ = &mut shutdown => return,
+            () = stop.started() => return,
         };
         let shared = shared.clone();
         let service = service_fn(move |req| {

@@ -1,0 +1,239 @@
+//! The call lifecycle (DESIGN §4): what a backend's answer does to the pins of the call its
+//! request belongs to, per dialect — create, refresh, finish, re-pin under a new
+//! `requestState` — and which handles in it are sealed for the client. The proxy hands it the
+//! answer's head and each JSON-RPC message; pins are in place before those bytes go out.
+
+use std::sync::{Arc, LazyLock};
+
+use http::header::{HeaderMap, HeaderValue};
+use http::{Method, StatusCode};
+use memchr::memmem;
+
+use crate::dialect::{self, Outcome, RequestKeys, SESSION_HEADER};
+use crate::pins::{PinKey, PinKind};
+use crate::route::{Decision, Matched};
+use crate::sealing::Replacement;
+use crate::state::{Shared, Snapshot};
+use crate::upstream::Incarnation;
+
+/// What the answer needs to know about the call its request belongs to. Owned by the
+/// request (JSON answers) or moved into the SSE body's event sink.
+pub struct Call {
+    shared: Arc<Shared>,
+    snap: Arc<Snapshot>,
+    /// The backend the request went to, as it was then.
+    target: Incarnation,
+    /// Client keys the request carried (routing id, messageId).
+    client_keys: [Option<PinKey>; 2],
+    /// The pin that routed this request, if any.
+    matched: Option<Matched>,
+    session: Option<PinKey>,
+    is_delete: bool,
+    /// `tasks/cancel`: a successful answer ends the task.
+    is_task_cancel: bool,
+    /// Whether the body may carry an outcome (a POST of a JSON-RPC request).
+    observes_body: bool,
+    may_create_pin: bool,
+    /// The session id exactly as the client sent it (maybe sealed), echoed back in answers.
+    client_session: Option<HeaderValue>,
+}
+
+/// What observing one message did.
+#[derive(Default)]
+pub struct Observed {
+    /// A new pin was made for this call.
+    pub created: bool,
+    /// A string in the message to seal for the client.
+    pub replacement: Option<Replacement>,
+}
+
+impl Call {
+    pub fn new(
+        shared: &Arc<Shared>,
+        snap: &Arc<Snapshot>,
+        keys: &RequestKeys,
+        decision: &Decision,
+        target: Incarnation,
+        method: &Method,
+    ) -> Call {
+        let mut client_keys = [None, None];
+        for (slot, key) in client_keys.iter_mut().zip(keys.client_pin_keys()) {
+            *slot = Some(key);
+        }
+        Call {
+            shared: shared.clone(),
+            snap: snap.clone(),
+            target,
+            client_keys,
+            matched: decision.matched.filter(|_| !decision.pin_lost),
+            session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
+            is_delete: *method == Method::DELETE,
+            is_task_cancel: keys.method.as_deref() == Some("tasks/cancel"),
+            observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
+            may_create_pin: keys.may_create_pin(),
+            client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
+        }
+    }
+
+    /// Whether the answer's body may carry an outcome (a POST of a JSON-RPC request).
+    pub fn observes_body(&self) -> bool {
+        self.observes_body
+    }
+
+    /// Whether the request may start a call that needs a pin.
+    pub fn may_create_pin(&self) -> bool {
+        self.may_create_pin
+    }
+
+    /// A stream in a session (the GET stream a client listens on for hours, or a long tool
+    /// call) keeps the session's pin alive: each event, `: ping` comments included, counts as
+    /// activity, so the pin never idles out under a client that is still listening. (An idle
+    /// stream is closed after `stream_idle_timeout`, so a live one always has events.)
+    pub fn keep_session_alive(&self) {
+        if let Some(key) = self.session {
+            self.shared.pins.lookup(key, &self.snap.ttls);
+        }
+    }
+
+    /// Pins `key` to the backend the request went to; true when the pin is new.
+    fn pin(&self, key: PinKey, rounds: u32) -> bool {
+        let (c, target) = (self, &self.target);
+        let created = c
+            .shared
+            .pins
+            .pin(key, target.backend.key, target.epoch, rounds, &c.snap.ttls);
+        if created {
+            c.shared.metrics.pins_created_by_kind[key.kind() as usize].inc();
+        }
+        created
+    }
+
+    fn finish(&self, key: PinKey) -> Option<u32> {
+        let c = self;
+        let pin = c.shared.pins.finish(key, &c.snap.ttls)?;
+        c.shared.metrics.pins_finished_by_kind[pin.kind as usize].inc();
+        Some(pin.rounds)
+    }
+
+    /// Session pins come from response headers: in place before any body byte is sent.
+    /// With sealing, the client gets the session id sealed (and its own sealed id echoed back).
+    /// Returns true when a pin was made.
+    pub fn observe_head(&self, status: StatusCode, headers: &mut HeaderMap) -> bool {
+        let c = self;
+        match c.session {
+            // A backend issues a session only in a successful answer to a request without one
+            // (the SDK attaches a fresh id even to its 4xx answers: those create nothing).
+            None if status.is_success() => {
+                let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()).cloned() else {
+                    return false;
+                };
+                let visible = match (&c.snap.sealing, id.to_str()) {
+                    (Some(s), Ok(raw)) => {
+                        HeaderValue::from_str(&s.wrap_session(raw, &c.target.backend.name)).unwrap_or(id)
+                    }
+                    _ => id,
+                };
+                let created = self.pin(PinKey::new(PinKind::Session, visible.as_bytes()), 0);
+                headers.insert(SESSION_HEADER, visible);
+                created
+            }
+            Some(session) => {
+                // "Session not found", or the session was deleted: the session is over.
+                if status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success()) {
+                    self.finish(session);
+                }
+                if let (Some(_), Some(sent), true) =
+                    (&c.snap.sealing, &c.client_session, headers.contains_key(SESSION_HEADER))
+                {
+                    headers.insert(SESSION_HEADER, sent.clone());
+                }
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Acts on one JSON-RPC message from the backend (a JSON body or one SSE event).
+    pub fn observe_message(&self, msg: &[u8]) -> Observed {
+        let c = self;
+        let mut seen = Observed::default();
+        // Cheap pre-check: only responses matter, and they carry "result" or "error".
+        if !RESPONSE_MARKERS.iter().any(|m| m.find(msg).is_some()) {
+            return seen;
+        }
+        let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
+        // Single-round traffic: no pin to finish, and an answer without these fields cannot
+        // continue a call, so there is nothing to parse.
+        if prior.is_none() && !CONTINUATION_MARKERS.iter().any(|m| m.find(msg).is_some()) {
+            return seen;
+        }
+        let outcome = dialect::parse_outcome(msg);
+        let rounds = prior.map_or(0, |m| m.pin.rounds) + 1;
+        match outcome {
+            Outcome::NotAResponse => {}
+            Outcome::Pending => {
+                for key in c.client_keys.iter().flatten() {
+                    seen.created |= self.pin(*key, rounds);
+                }
+            }
+            Outcome::InputRequired { request_state, at } => {
+                // The client echoes the sealed state when sealing is on: pin what it will send.
+                let wrapped = c
+                    .snap
+                    .sealing
+                    .as_ref()
+                    .map(|s| s.wrap_request_state(&request_state, &c.target.backend.name));
+                let visible = wrapped.as_deref().unwrap_or(&request_state);
+                seen.replacement = wrapped.as_deref().map(|w| Replacement::new(msg, at, w));
+                let key = PinKey::new(PinKind::RequestState, visible.as_bytes());
+                seen.created = self.pin(key, rounds);
+                // The previous round's state is done with, unless the server asked again with
+                // the same one: then the pin just made is that state's, and it goes on.
+                if let Some(m) = prior.filter(|m| m.pin.kind == PinKind::RequestState && m.key != key) {
+                    self.finish(m.key);
+                }
+            }
+            Outcome::Task { task_id, terminal } => {
+                let key = PinKey::new(PinKind::Task, task_id.as_bytes());
+                if terminal {
+                    self.finish(key);
+                } else {
+                    seen.created = self.pin(key, rounds);
+                }
+                self.finish_call(prior, None);
+            }
+            Outcome::Final => {
+                if let Some(m) = c.matched.filter(|m| m.pin.kind == PinKind::Task && c.is_task_cancel) {
+                    self.finish(m.key);
+                }
+                self.finish_call(prior, Some(rounds))
+            }
+            Outcome::Error => self.finish_call(prior, Some(rounds)),
+        }
+        seen
+    }
+
+    /// A final answer ends the call under every key it was pinned by.
+    fn finish_call(&self, prior: Option<Matched>, rounds: Option<u32>) {
+        let mut finished = false;
+        if let Some(m) = prior.filter(|m| m.pin.kind != PinKind::Task) {
+            finished |= self.finish(m.key).is_some();
+        }
+        for key in self.client_keys.iter().flatten() {
+            finished |= self.finish(*key).is_some();
+        }
+        if let (true, Some(rounds)) = (finished, rounds) {
+            self.shared.metrics.rounds_per_call.observe(rounds as f64);
+        }
+    }
+}
+
+// These markers are searched with searchers built once (`memmem::find` builds one per call).
+
+/// Fields one of which every JSON-RPC response carries.
+static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
+    LazyLock::new(|| [b"\"result\"".as_slice(), b"\"error\""].map(memmem::Finder::new));
+
+/// Fields one of which every answer that continues a call carries (DESIGN §4).
+static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
+    LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId\""].map(memmem::Finder::new));

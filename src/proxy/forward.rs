@@ -1,0 +1,161 @@
+//! Forwarding one request: a connection to the chosen backend (pooled, else new; an unpinned
+//! request whose backend refuses the connection moves once to the next candidate), sending it
+//! (once more on a fresh connection when a pooled one turns out closed before the request went
+//! out), all within the request's one upstream deadline; failures count toward the backend's health.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use http::{Request, Response};
+use tokio::time::Sleep;
+
+use crate::body::ErrorHook;
+use crate::error::RouterError;
+use crate::route::{self, Decision};
+use crate::state::{Shared, Snapshot};
+use crate::upstream::{Backend, Connection, DrivenBody, InflightGuard, PooledConn, SendError, UpstreamBody};
+
+/// What forwarding one request needs.
+pub(super) struct Forward<'a> {
+    pub shared: &'a Arc<Shared>,
+    pub snap: &'a Snapshot,
+}
+
+impl Forward<'_> {
+    /// A connection to the chosen backend: an idle one from its pool, else a new one. A backend
+    /// that refuses the connection never saw the request, so an unpinned request moves once to
+    /// the next candidate on the ring; pinned follow-ups never move, nor do requests whose token
+    /// names the backend (this replica may hold no pin for a call another one started). The
+    /// request counts as in flight from here on (bounded load reads that count).
+    pub(super) async fn connect(
+        &self,
+        decision: &Decision,
+        fallback_key: Option<&str>,
+        mut timer: Pin<&mut Sleep>,
+    ) -> Result<(PooledConn, Arc<Backend>, InflightGuard), RouterError> {
+        let (shared, snap) = (self.shared, self.snap);
+        let unpinned = decision.pin_lost || (decision.matched.is_none() && decision.source != route::Source::Token);
+        let mut backend = decision.backend.clone();
+        let mut retried = false;
+        loop {
+            let guard = backend.start_request();
+            let connected = match backend.connection() {
+                Connection::Ready(conn) => Some(Ok(conn)),
+                Connection::Opening(mut opening) => within(timer.as_mut(), opening.as_mut()).await,
+            };
+            let Some(result) = connected else {
+                return Err(self.timed_out(&backend));
+            };
+            let e = match result {
+                Ok(conn) => return Ok((conn, backend, guard)),
+                Err(e) => e,
+            };
+            tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
+            passive_failure(shared, snap, &backend, "connect");
+            let next = (unpinned && !retried)
+                .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())
+                .flatten();
+            let Some(next) = next else {
+                return Err(RouterError::upstream_unavailable(&backend.name));
+            };
+            backend = next;
+            retried = true;
+        }
+    }
+
+    /// Sends the request and waits for its answer's head. A pooled connection that turns out
+    /// closed before the request went out is replaced once by a new one.
+    pub(super) async fn send(
+        &self,
+        conn: PooledConn,
+        backend: &Backend,
+        request: Request<UpstreamBody>,
+        mut timer: Pin<&mut Sleep>,
+    ) -> Result<Response<DrivenBody>, RouterError> {
+        let (shared, snap) = (self.shared, self.snap);
+        let failed = |e: SendError| {
+            tracing::debug!(backend = %backend.name, error = %e.error(), "upstream request failed");
+            "reset"
+        };
+        // The first attempt's future is pinned here rather than in an inner `async` block: each
+        // layer of futures moves the request in and the answer out (~260 and ~200 bytes).
+        let reused = conn.reused;
+        let first = within(timer.as_mut(), std::pin::pin!(conn.send(request))).await;
+        let result = match first {
+            Some(Err(SendError::Unsent(request, e))) if reused => {
+                tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; opening a new one");
+                shared
+                    .metrics
+                    .upstream_resends
+                    .with_label_values(&[&backend.name])
+                    .inc();
+                // Boxed: a cold path, kept out of every request's future.
+                let mut resend = Box::pin(async {
+                    let conn = backend.pool.connect(backend.endpoint()).await.map_err(|_| "connect")?;
+                    conn.send(*request).await.map_err(failed)
+                });
+                within(timer.as_mut(), resend.as_mut()).await
+            }
+            other => other.map(|sent| sent.map_err(failed)),
+        };
+        match result {
+            Some(Ok(resp)) => {
+                backend.record_request_success();
+                Ok(resp)
+            }
+            Some(Err(kind)) => {
+                passive_failure(shared, snap, backend, kind);
+                Err(RouterError::upstream_unavailable(&backend.name))
+            }
+            None => Err(self.timed_out(backend)),
+        }
+    }
+
+    /// The error for a request whose upstream deadline passed, counted against `backend`.
+    pub(super) fn timed_out(&self, backend: &Backend) -> RouterError {
+        passive_failure(self.shared, self.snap, backend, "timeout");
+        RouterError::upstream_timeout(&backend.name)
+    }
+}
+
+/// Runs `f` until `timer` fires (`None`). The timer is registered once, however often it is
+/// used: one per request is enough. `f` comes pinned by the caller, so its state is stored once,
+/// in the caller's future (an `async fn` taking it by value would hold it twice).
+pub(super) fn within<'a, F: Future + ?Sized>(
+    mut timer: Pin<&'a mut Sleep>,
+    mut f: Pin<&'a mut F>,
+) -> impl Future<Output = Option<F::Output>> + 'a {
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(out) = f.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+}
+
+/// Counts a failed request against the backend's health; ejects it after `unhealthy_after`.
+pub(super) fn passive_failure(shared: &Shared, snap: &Snapshot, backend: &Backend, kind: &str) {
+    shared
+        .metrics
+        .upstream_errors
+        .with_label_values(&[&backend.name, kind])
+        .inc();
+    if backend.record_failure(snap.config.health.unhealthy_after).is_some() {
+        tracing::warn!(backend = %backend.name, kind, "backend ejected after failed requests");
+        shared.rebuild();
+    }
+}
+
+pub(super) fn upstream_error_hook(shared: &Arc<Shared>, backend: &Arc<Backend>) -> ErrorHook {
+    let shared = shared.clone();
+    let backend = backend.clone();
+    Box::new(move |kind| {
+        shared
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&backend.name, kind])
+            .inc()
+    })
+}

@@ -1,0 +1,215 @@
+//! Header hygiene and the upstream request: hop-by-hop headers out (both ways), `Host` and the
+//! `X-Forwarded-*` set in, `Content-Length` kept exact.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Version};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+
+use crate::dialect::SESSION_HEADER;
+use crate::upstream::{Backend, UpstreamBody};
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1; `Upgrade` is not proxied).
+const HOP_BY_HOP_COUNT: usize = 9;
+static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // A look at the names first: most messages carry one hop-by-hop header or none, and each
+    // removal hashes its name.
+    let mut present = [false; HOP_BY_HOP_COUNT];
+    for name in headers.keys() {
+        if let Some(i) = hop_by_hop_index(name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
+    // Headers named in `Connection` are hop-by-hop too. Usually it says only `keep-alive` or
+    // `close`, which names none. One lookup takes `Connection` out with all its values.
+    if std::mem::take(&mut present[0]) {
+        if let header::Entry::Occupied(e) = headers.entry(header::CONNECTION) {
+            // Collecting from the values as they are drained cost ~400 instructions even when
+            // there was nothing to collect; the plain case is checked first.
+            let named: Vec<HeaderName> = match e.iter().all(|v| is_plain_connection_value(v.as_bytes())) {
+                true => Vec::new(),
+                false => e.iter().flat_map(names_in_connection_value).collect(),
+            };
+            e.remove();
+            for name in &named {
+                headers.remove(name);
+            }
+        }
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+        headers.remove(name);
+    }
+}
+
+/// Sets `Content-Length` to `len` unless it says so already: the usual case, a body passed on
+/// unchanged, then costs one lookup instead of formatting and inserting a value.
+pub(super) fn set_content_length(headers: &mut HeaderMap, len: usize) {
+    let mut current = headers.get_all(header::CONTENT_LENGTH).iter();
+    let says_len = match (current.next(), current.next()) {
+        (Some(v), None) => v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len),
+        _ => false,
+    };
+    if !says_len {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+}
+
+/// The header names a `Connection` value lists (besides `keep-alive` and `close`).
+fn names_in_connection_value(v: &HeaderValue) -> Vec<HeaderName> {
+    v.to_str()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !is_plain_connection_value(n.as_bytes()))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect()
+}
+
+/// `keep-alive` and `close`: the `Connection` values that name no header.
+fn is_plain_connection_value(v: &[u8]) -> bool {
+    v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+}
+
+/// Which of [`HOP_BY_HOP`] `name` is. Most names are rejected by their length alone.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    let name = name.as_str();
+    match name.len() {
+        2 | 7 | 10 | 16..=19 => HOP_BY_HOP.iter().position(|h| h.as_str() == name),
+        _ => None,
+    }
+}
+
+/// The request for `backend`: the client's headers (moved out of `parts`) less hop-by-hop
+/// ones, plus `Host` and the `X-Forwarded-*` set.
+pub(super) fn build_upstream_request(
+    parts: &mut http::request::Parts,
+    body: Either<Bytes, Incoming>,
+    backend: &Backend,
+    peer: &HeaderValue,
+    tls: bool,
+    session_override: Option<&str>,
+) -> Result<Request<UpstreamBody>, http::Error> {
+    let target = backend.target_for(parts.uri.path_and_query())?;
+    let mut headers = std::mem::take(&mut parts.headers);
+    strip_hop_by_hop(&mut headers);
+    if let Some(session) = session_override {
+        headers.insert(SESSION_HEADER, HeaderValue::from_str(session)?);
+    }
+    let host = headers.insert(header::HOST, backend.host().clone()).or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    if let Some(host) = host {
+        headers.insert(X_FORWARDED_HOST, host);
+    }
+    // One lookup: the entry both reads a client's list and replaces it.
+    match headers.entry(X_FORWARDED_FOR) {
+        header::Entry::Occupied(mut e) => {
+            let joined = e.get().to_str().ok().and_then(|prev| {
+                HeaderValue::from_str(&format!("{prev}, {}", peer.to_str().unwrap_or("unknown"))).ok()
+            });
+            e.insert(joined.unwrap_or_else(|| peer.clone()));
+        }
+        header::Entry::Vacant(e) => {
+            e.insert(peer.clone());
+        }
+    }
+    headers.insert(
+        X_FORWARDED_PROTO,
+        HeaderValue::from_static(if tls { "https" } else { "http" }),
+    );
+    let body = match body {
+        Either::Left(bytes) => {
+            if !bytes.is_empty() || parts.method == Method::POST {
+                set_content_length(&mut headers, bytes.len());
+            }
+            Either::Left(Full::new(bytes))
+        }
+        Either::Right(incoming) => Either::Right(incoming),
+    };
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = http::Uri::from(target);
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// Whether a header value (e.g. a content type) begins with `prefix`, in any case.
+pub(super) fn starts_with_ignore_case(value: &[u8], prefix: &[u8]) -> bool {
+    value.len() >= prefix.len() && value[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_stripped_and_only_those() {
+        let mut h = HeaderMap::new();
+        for name in &HOP_BY_HOP {
+            h.append(name.clone(), HeaderValue::from_static("v"));
+        }
+        h.append(header::CONNECTION, HeaderValue::from_static("Keep-Alive, X-A,x-b"));
+        h.append(header::CONNECTION, HeaderValue::from_static("close"));
+        for n in [
+            "x-a",
+            "x-b",
+            "x-c",
+            "content-type",
+            "mcp-session-id",
+            "te-x",
+            "upgrades",
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static("v"));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "mcp-session-id", "te-x", "upgrades", "x-c"]);
+
+        // Only `keep-alive`: the common answer from nginx.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), [header::CONTENT_LENGTH]);
+    }
+
+    #[test]
+    fn content_length_is_set_unless_it_already_says_the_length() {
+        let lengths = |h: &HeaderMap| h.get_all(header::CONTENT_LENGTH).iter().cloned().collect::<Vec<_>>();
+        let mut h = HeaderMap::new();
+        set_content_length(&mut h, 12);
+        assert_eq!(lengths(&h), ["12"]);
+        set_content_length(&mut h, 12);
+        assert_eq!(lengths(&h), ["12"]);
+        set_content_length(&mut h, 7);
+        assert_eq!(lengths(&h), ["7"]);
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("7"));
+        set_content_length(&mut h, 7);
+        assert_eq!(lengths(&h), ["7"], "duplicates collapse to one");
+    }
+}

@@ -1,0 +1,192 @@
+//! The request path as a pipeline of phases, each a function returning `Result<_, RouterError>`:
+//! read the body within its limits (`read`) → find its keys (`dialect::RequestKeys`) → decide
+//! (`route::resolve`) → forward (`forward`, requests built by `headers`) → observe the answer
+//! (`answer`, which hands it to the call's lifecycle in `crate::calls`). [`handle`] is the one
+//! place where a [`RouterError`] becomes an answer and where request metrics are recorded.
+
+mod answer;
+mod forward;
+mod headers;
+mod read;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use crate::body::ProxyBody;
+use crate::calls::Call;
+use crate::config::defaults;
+use crate::dialect::{self, RequestKeys};
+use crate::error::RouterError;
+use crate::route;
+use crate::sealing;
+use crate::state::Shared;
+use crate::upstream::Backend;
+use forward::Forward;
+
+/// What one request did, filled in as its phases go; [`handle`] records it.
+#[derive(Default)]
+struct Record {
+    /// The request's JSON-RPC id as the client wrote it (a router error echoes it).
+    id: Option<Bytes>,
+    /// The backend's answer head: who answered, the `method` label, the status, and the time
+    /// from the request head to it.
+    answered: Option<(Arc<Backend>, &'static str, StatusCode, f64)>,
+}
+
+/// Serves one request from the client at `peer` (its IP as a header value, made once per
+/// connection). Never fails: every problem becomes a DESIGN §6 answer.
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderValue, tls: bool) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let mut record = Record::default();
+    let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
+    if let Some((backend, method, status, seconds)) = &record.answered {
+        backend.observe_request(method, *status, *seconds);
+    }
+    match result {
+        Ok(response) => {
+            join_the_write_burst().await;
+            response
+        }
+        Err(e) => {
+            let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
+            router_error(&shared, e, id)
+        }
+    }
+}
+
+async fn handle_inner(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    peer: &HeaderValue,
+    tls: bool,
+    started: Instant,
+    record: &mut Record,
+) -> Result<Response<ProxyBody>, RouterError> {
+    let snap = shared.snapshot();
+    let routing = &snap.config.routing;
+    let (mut parts, body) = req.into_parts();
+
+    // Read: a POST's body whole (bounded in size and time); other methods stream theirs.
+    let (bytes, stream) = match parts.method == Method::POST {
+        true => (read::read_body(body, &snap).await?, None),
+        false => (Bytes::new(), Some(body)),
+    };
+
+    // Keys: every handle the headers and the body carry.
+    let body_to_scan = stream.is_none().then_some(&bytes[..]);
+    let keys = RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan)
+        .map_err(|_| RouterError::Parse)?;
+    record.id = keys.id.map(|id| bytes.slice_ref(id.as_bytes()));
+
+    // Decide: sealed tokens first, then pins, then the ring.
+    let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
+    shared.metrics.decisions_by_source[decision.source as usize].inc();
+    if decision.pin_lost {
+        shared.metrics.pins_lost.inc();
+    }
+
+    // Forward. One timer bounds the whole exchange, up to a JSON answer's last byte.
+    let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+    let forward = Forward { shared, snap: &snap };
+    let (conn, backend, guard) = forward.connect(&decision, keys.client_key(), timer.as_mut()).await?;
+    // The incarnation the request goes to: an ejection while it is in flight voids any pin
+    // its answer makes.
+    let call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
+    let method = method_label(&parts.method, keys.method.as_deref());
+    drop(keys);
+    let body = match stream {
+        Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
+        Some(incoming) => Either::Right(incoming),
+        // The backend gets back the state it issued, where the client's echo stands (found
+        // by the same scan that read the wrapped state, so it is there).
+        None => Either::Left(
+            unsealed
+                .as_ref()
+                .and_then(|u| u.request_state.as_deref())
+                .and_then(|original| {
+                    let at = dialect::request_state_at(&bytes, &routing.body_field)?;
+                    Some(sealing::restore_request_state(&bytes, at, original))
+                })
+                .unwrap_or_else(|| bytes.clone()),
+        ),
+    };
+    let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
+    let request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
+        .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
+    join_the_write_burst().await;
+    let resp = forward.send(conn, &backend, request, timer.as_mut()).await?;
+
+    // Observe the answer; pins are in place before the client can read it.
+    let elapsed = started.elapsed().as_secs_f64();
+    record.answered = Some((backend.clone(), method, resp.status(), elapsed));
+    answer::observe(&forward, call, resp, &backend, guard, timer.as_mut()).await
+}
+
+/// Waits until every request that became ready in this turn of the event loop has got this far,
+/// so that writes leave in bursts: a backend or client that had gone idle is then woken once per
+/// burst, not once per request. Waking an idle peer costs the writer a cross-CPU interrupt, and
+/// the peer a sleep and a wake-up; without this, nginx behind the router slept ~440 times per
+/// 1000 requests (~80 behind HAProxy, which batches its sends the same way) and the router
+/// spent ~5 µs per request in those wake-ups (BENCHMARKS.md, be-sleep in `bench/README.md`).
+/// The cost is one more poll of the request's task.
+async fn join_the_write_burst() {
+    // Deferred, not rewoken at once: the scheduler runs every other ready task and polls the
+    // I/O driver before it resumes the deferred ones.
+    tokio::task::yield_now().await;
+}
+
+/// Answers a request with a router error, counted by reason.
+fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<ProxyBody> {
+    let metrics = &shared.metrics;
+    match &e {
+        RouterError::InvalidToken { reason } => metrics.tokens_rejected.with_label_values(&[reason]).inc(),
+        RouterError::PinnedBackendUnavailable { .. } => metrics.pins_lost.inc(),
+        _ => {}
+    }
+    metrics.router_errors.with_label_values(&[e.reason()]).inc();
+    e.to_response(id, defaults::RETRY_AFTER_SECS)
+}
+
+/// The `method` label: the JSON-RPC method if it is a known MCP one (so clients cannot grow
+/// the label set), else `other`; the HTTP method for requests without a body.
+fn method_label(http: &Method, rpc: Option<&str>) -> &'static str {
+    const KNOWN: [&str; 22] = [
+        "initialize",
+        "ping",
+        "tools/call",
+        "tools/list",
+        "prompts/get",
+        "prompts/list",
+        "resources/read",
+        "resources/list",
+        "resources/templates/list",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+        "logging/setLevel",
+        "tasks/get",
+        "tasks/list",
+        "tasks/result",
+        "tasks/cancel",
+        "tasks/update",
+        "notifications/initialized",
+        "notifications/cancelled",
+        "notifications/progress",
+        "confirm",
+    ];
+    match rpc {
+        Some(m) => KNOWN.iter().find(|k| **k == m).copied().unwrap_or("other"),
+        None if *http == Method::POST => "response",
+        None if *http == Method::GET => "GET",
+        None if *http == Method::DELETE => "DELETE",
+        None => "other",
+    }
+}

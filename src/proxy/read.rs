@@ -1,0 +1,137 @@
+//! Reading bodies within their limits: a client's POST body whole (`max_body_bytes`,
+//! `body_read_timeout`; the rest of a refused one drained so the client reads the 413), and a
+//! backend's JSON answer whole (within the upstream deadline) so its outcome can be observed.
+
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use http_body::Body;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use super::forward::within;
+use crate::body::MAX_OBSERVED_EVENT;
+use crate::error::RouterError;
+use crate::state::Snapshot;
+use crate::upstream::DrivenBody;
+
+/// Collects body frames; the common case, one frame, is kept without a copy.
+#[derive(Default)]
+struct BodyBuf {
+    single: Option<Bytes>,
+    buf: BytesMut,
+}
+
+impl BodyBuf {
+    fn len(&self) -> usize {
+        self.buf.len() + self.single.as_ref().map_or(0, |s| s.len())
+    }
+
+    fn push(&mut self, data: Bytes) {
+        match self.single.take() {
+            None if self.buf.is_empty() => self.single = Some(data),
+            prev => {
+                if let Some(p) = prev {
+                    self.buf.extend_from_slice(&p);
+                }
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+
+    fn finish(self) -> Bytes {
+        self.single.unwrap_or_else(|| self.buf.freeze())
+    }
+}
+
+/// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
+pub(super) async fn read_body(mut body: Incoming, snap: &Snapshot) -> Result<Bytes, RouterError> {
+    let result = read_limited(&mut body, snap).await;
+    if let Err(RouterError::BodyTooLarge { .. }) = result {
+        // A lingering close: read and drop what the client is still sending (bounded), so
+        // that it reads the 413 instead of a connection reset.
+        let drain = async {
+            let mut seen = 0;
+            while let Some(Ok(frame)) = body.frame().await {
+                seen += frame.data_ref().map_or(0, |d| d.len());
+                if seen > LINGER_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+    }
+    result
+}
+
+/// How much of a refused body is read and dropped before the 413 goes out, and for how long.
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn read_limited(body: &mut Incoming, snap: &Snapshot) -> Result<Bytes, RouterError> {
+    let limit = snap.config.server.max_body_bytes;
+    // hyper has parsed `Content-Length` already: a declared length is the body's exact size.
+    if body.size_hint().exact().is_some_and(|n| n > limit as u64) {
+        return Err(RouterError::BodyTooLarge { limit });
+    }
+    let mut acc = BodyBuf::default();
+    let push = |acc: &mut BodyBuf, frame: Result<http_body::Frame<Bytes>, hyper::Error>| {
+        let Ok(data) = frame.map_err(|_| RouterError::Parse)?.into_data() else {
+            return Ok(());
+        };
+        if acc.len() + data.len() > limit {
+            return Err(RouterError::BodyTooLarge { limit });
+        }
+        acc.push(data);
+        Ok(())
+    };
+    // Usually the whole body came with the headers: take what is there without arming a timer.
+    loop {
+        match body.frame().now_or_never() {
+            Some(Some(frame)) => push(&mut acc, frame)?,
+            Some(None) => return Ok(acc.finish()),
+            None => break,
+        }
+    }
+    let rest = async {
+        while let Some(frame) = body.frame().await {
+            push(&mut acc, frame)?;
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(snap.config.server.body_read_timeout, rest).await {
+        Ok(r) => r.map(|()| acc.finish()),
+        Err(_) => Err(RouterError::BodyTimeout),
+    }
+}
+
+pub(super) enum Collected {
+    Whole(Bytes),
+    /// Too large to observe: what was read, and the rest still to stream.
+    Prefix(Bytes, DrivenBody),
+}
+
+pub(super) enum CollectError {
+    Timeout,
+    Upstream,
+}
+
+/// Reads a JSON answer whole (up to [`MAX_OBSERVED_EVENT`]) before the upstream deadline.
+pub(super) async fn collect_json(mut body: DrivenBody, timer: Pin<&mut Sleep>) -> Result<Collected, CollectError> {
+    let read = async move {
+        let mut acc = BodyBuf::default();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|_| CollectError::Upstream)?.into_data() else {
+                continue;
+            };
+            acc.push(data);
+            if acc.len() > MAX_OBSERVED_EVENT {
+                return Ok(Collected::Prefix(acc.finish(), body));
+            }
+        }
+        Ok(Collected::Whole(acc.finish()))
+    };
+    within(timer, std::pin::pin!(read)).await.ok_or(CollectError::Timeout)?
+}

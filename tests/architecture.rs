@@ -1,0 +1,327 @@
+//! Arrows go one way (DESIGN §8): no two modules of `src/` import each other, directly or
+//! through a circle. Reads every path in `src/` (unit tests excluded), resolves each to the
+//! module (file) it names, and fails naming the circle. Two graphs are checked: the top-level
+//! modules (`proxy` stands for all of `src/proxy/`), and the files, where a folder's `mod.rs`
+//! and its own files may name each other (it declares them and re-exports what they define,
+//! they use what it defines) but sibling files may not form a circle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A module's path below the crate root: `[]` is `lib.rs`, `["upstream", "pool"]` is
+/// `src/upstream/pool.rs`.
+type Module = Vec<String>;
+
+/// The module each source file of the library is.
+fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path == src.join("main.rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(src).unwrap().with_extension("");
+            let mut module: Module = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+            if module.last().is_some_and(|l| l == "mod" || l == "lib") {
+                module.pop();
+            }
+            out.insert(module, path);
+        }
+    }
+    out
+}
+
+#[derive(Debug, PartialEq)]
+enum Token {
+    Ident(String),
+    PathSep,
+    Open,
+    Close,
+    Comma,
+    Other,
+}
+
+/// The code of a file as tokens, without comments, string literals and its unit tests.
+fn tokens(text: &str) -> Vec<Token> {
+    let code = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '/' && chars.get(i + 1) == Some(&'/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push(Token::Other);
+        } else if c.is_alphanumeric() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            out.push(Token::Ident(chars[start..i].iter().collect()));
+        } else if c == ':' && chars.get(i + 1) == Some(&':') {
+            out.push(Token::PathSep);
+            i += 2;
+        } else {
+            out.push(match c {
+                '{' => Token::Open,
+                '}' => Token::Close,
+                ',' => Token::Comma,
+                _ => Token::Other,
+            });
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Every path of two or more segments (a `use` tree expanded: `a::{b, c::d}` gives `a::b` and
+/// `a::c::d`); [`resolve`] tells which name a module of the crate.
+fn paths(tokens: &[Token]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let Token::Ident(first) = t else { continue };
+        let mid_path = i > 0 && tokens[i - 1] == Token::PathSep;
+        if !mid_path && tokens.get(i + 1) == Some(&Token::PathSep) {
+            tree(tokens, i + 1, vec![first.clone()], &mut out);
+        }
+    }
+    out
+}
+
+/// Reads `::seg::seg…` or `::{…}` at `at` after `prefix`; returns where it stopped.
+fn tree(tokens: &[Token], mut at: usize, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+    loop {
+        if tokens.get(at) != Some(&Token::PathSep) {
+            out.push(prefix);
+            return at;
+        }
+        match tokens.get(at + 1) {
+            Some(Token::Ident(seg)) => {
+                prefix.push(seg.clone());
+                at += 2;
+            }
+            Some(Token::Open) => {
+                at += 2;
+                loop {
+                    match tokens.get(at) {
+                        Some(Token::Ident(seg)) => {
+                            let mut item = prefix.clone();
+                            if seg != "self" {
+                                item.push(seg.clone());
+                            }
+                            at = tree(tokens, at + 1, item, out);
+                        }
+                        Some(Token::Close) | None => return at + 1,
+                        Some(_) => at += 1,
+                    }
+                }
+            }
+            _ => {
+                out.push(prefix);
+                return at;
+            }
+        }
+    }
+}
+
+/// The module a path names: its longest prefix that is a module (`crate::upstream::Backend` is
+/// `upstream`; `pool::Pool` in `upstream` is `upstream::pool`), or `None` for a path into
+/// another crate, the module itself or its inline submodules.
+fn resolve(from: &Module, path: &[String], known: &BTreeSet<Module>) -> Option<Module> {
+    let mut base: Module = from.clone();
+    let mut rest = path;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        Some("self") => rest = &rest[1..],
+        Some("super") => {
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop()?;
+                rest = &rest[1..];
+            }
+        }
+        // A child module, named without `self::`.
+        Some(child) if known.contains(&[from.clone(), vec![child.to_string()]].concat()) => {}
+        _ => return None,
+    }
+    let mut target = base.clone();
+    let mut found = base;
+    for seg in rest {
+        target.push(seg.clone());
+        if known.contains(&target) {
+            found = target.clone();
+        } else {
+            break;
+        }
+    }
+    (found != *from).then_some(found)
+}
+
+type Graph = BTreeMap<Module, BTreeSet<Module>>;
+
+fn graph(src: &Path) -> Graph {
+    let files = modules(src);
+    let known: BTreeSet<Module> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, path)| {
+            let text = std::fs::read_to_string(path).unwrap();
+            let edges = paths(&tokens(&text))
+                .iter()
+                .filter_map(|p| resolve(module, p, &known))
+                .collect();
+            (module.clone(), edges)
+        })
+        .collect()
+}
+
+fn name(m: &Module) -> String {
+    match m.is_empty() {
+        true => "crate".to_string(),
+        false => m.join("::"),
+    }
+}
+
+/// A circle of imports, if there is one, as `a → b → … → a`.
+fn find_circle(graph: &Graph) -> Option<String> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Open,
+        Done,
+    }
+    fn visit(m: &Module, graph: &Graph, marks: &mut BTreeMap<Module, Mark>, trail: &mut Vec<Module>) -> Option<String> {
+        marks.insert(m.clone(), Mark::Open);
+        trail.push(m.clone());
+        for next in graph.get(m).into_iter().flatten() {
+            match marks.get(next).copied().unwrap_or(Mark::New) {
+                Mark::Open => {
+                    let from = trail.iter().position(|t| t == next).unwrap();
+                    let mut circle: Vec<String> = trail[from..].iter().map(name).collect();
+                    circle.push(name(next));
+                    return Some(circle.join(" → "));
+                }
+                Mark::New => {
+                    if let Some(c) = visit(next, graph, marks, trail) {
+                        return Some(c);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        trail.pop();
+        marks.insert(m.clone(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for m in graph.keys() {
+        if marks.get(m).copied().unwrap_or(Mark::New) == Mark::New {
+            if let Some(c) = visit(m, graph, &mut marks, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+/// The graph of top-level modules: every file counts as the module its folder (or it) is.
+fn top_level(graph: &Graph) -> Graph {
+    let top = |m: &Module| m.iter().take(1).cloned().collect::<Module>();
+    let mut out = Graph::new();
+    for (from, edges) in graph {
+        let entry = out.entry(top(from)).or_default();
+        entry.extend(edges.iter().map(top).filter(|to| *to != top(from)));
+    }
+    out
+}
+
+/// The graph of files without the edges between a module and the folder it is in.
+fn between_siblings(graph: &Graph) -> Graph {
+    let nested = |a: &Module, b: &Module| a.starts_with(b) || b.starts_with(a);
+    graph
+        .iter()
+        .map(|(from, edges)| {
+            (
+                from.clone(),
+                edges.iter().filter(|to| !nested(from, to)).cloned().collect(),
+            )
+        })
+        .collect()
+}
+
+/// The circle of imports in `src`, if there is one.
+fn circle_in(src: &Path) -> Option<String> {
+    let files = graph(src);
+    find_circle(&top_level(&files)).or_else(|| find_circle(&between_siblings(&files)))
+}
+
+#[test]
+fn no_two_modules_import_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = graph(&src);
+    assert!(
+        graph.len() > 20,
+        "read the modules of src/: {:?}",
+        graph.keys().collect::<Vec<_>>()
+    );
+    if let Some(circle) = circle_in(&src) {
+        panic!("modules of src/ import each other in a circle: {circle}");
+    }
+}
+
+/// The check itself can fail: a circle through a grouped `use`, `super` and a re-export is found.
+#[test]
+fn the_check_finds_a_circle() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("up")).unwrap();
+    let files = [
+        ("lib.rs", "mod a;\nmod b;\nmod up;\n"),
+        ("a.rs", "use crate::{b::Thing, up};\n"),
+        ("b.rs", "// use crate::a; (a comment is no import)\npub struct Thing;\n"),
+        ("up/mod.rs", "mod pool;\npub use pool::Pool;\n"),
+        (
+            "up/pool.rs",
+            "pub struct Pool;\nfn f() { let _ = super::super::b::Thing; }\n",
+        ),
+    ];
+    for (path, text) in files {
+        std::fs::write(src.join(path), text).unwrap();
+    }
+    assert_eq!(circle_in(src), None);
+    std::fs::write(src.join("b.rs"), "pub struct Thing;\nuse crate::up::Pool;\n").unwrap();
+    std::fs::write(src.join("up/pool.rs"), "pub struct Pool;\nuse crate::a as _;\n").unwrap();
+    assert_eq!(circle_in(src).as_deref(), Some("a → b → up → a"));
+    // Between two files of one folder.
+    std::fs::write(src.join("up/pool.rs"), "pub struct Pool;\nuse super::conn::Conn;\n").unwrap();
+    std::fs::write(
+        src.join("up/conn.rs"),
+        "pub struct Conn;\nfn f() { let _ = super::pool::Pool; }\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("b.rs"), "pub struct Thing;\n").unwrap();
+    let circle = circle_in(src).expect("up::conn → up::pool → up::conn");
+    assert!(
+        circle.contains("up::conn → up::pool") || circle.contains("up::pool → up::conn"),
+        "{circle}"
+    );
+}
