@@ -23,9 +23,12 @@ FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
 LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument: header or body
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
-PORTS=(19101 19102 19103)
-PROXY_PORT=18180
-ADMIN_PORT=18190
+# Ports of their own (BENCH_CG_PORT_BASE, default 27100), so a bench run elsewhere on the machine
+# cannot answer in the measured proxy's place.
+BASE=${BENCH_CG_PORT_BASE:-27100}
+PORTS=($((BASE + 1)) $((BASE + 2)) $((BASE + 3)))
+PROXY_PORT=$((BASE + 80))
+ADMIN_PORT=$((BASE + 90))
 
 die() { echo "callgrind: error: $*" >&2; exit 2; }
 for tool in valgrind callgrind_control wrk nginx haproxy curl; do

@@ -16,7 +16,7 @@ fn token(c: &mut Criterion) {
         .take(200)
         .collect();
     let token = keys.seal("worker-1", now);
-    let wrapped = keys.wrap(&state, "worker-1", now);
+    let wrapped = keys.seal_value(&state, "worker-1", now);
 
     let mut g = c.benchmark_group("token");
     g.bench_function("seal", |b| b.iter(|| keys.seal(black_box("worker-1"), black_box(now))));
@@ -24,10 +24,10 @@ fn token(c: &mut Criterion) {
         b.iter(|| keys.verify(black_box(&token), black_box(now)).unwrap())
     });
     g.bench_function("wrap_request_state_200B", |b| {
-        b.iter(|| keys.wrap(black_box(&state), black_box("worker-1"), black_box(now)))
+        b.iter(|| keys.seal_value(black_box(&state), black_box("worker-1"), black_box(now)))
     });
     g.bench_function("unwrap_request_state_200B", |b| {
-        b.iter(|| keys.unwrap(black_box(&wrapped), black_box(now)).unwrap())
+        b.iter(|| keys.open_value(black_box(&wrapped), black_box(now)).unwrap())
     });
     g.finish();
 }

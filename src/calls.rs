@@ -208,7 +208,6 @@ impl Call {
                 }
                 self.finish_call(prior, Some(rounds))
             }
-            Outcome::Error => self.finish_call(prior, Some(rounds)),
         }
         seen
     }

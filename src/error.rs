@@ -11,6 +11,8 @@ pub const ROUTER_ERROR_HEADER: &str = "mcp-router-error";
 pub enum RouterError {
     #[error("request body is not valid JSON")]
     Parse,
+    #[error("request body broke off before its end")]
+    BodyBroken,
     #[error("request body is larger than max_body_bytes ({limit} bytes)")]
     BodyTooLarge { limit: usize },
     #[error("request body was not received within body_read_timeout")]
@@ -50,7 +52,8 @@ impl RouterError {
     pub fn parts(&self) -> (StatusCode, i32, &'static str) {
         use RouterError::*;
         match self {
-            Parse => (StatusCode::BAD_REQUEST, -32700, "parse_error"),
+            // A body the client broke off or framed wrongly never becomes JSON either.
+            Parse | BodyBroken => (StatusCode::BAD_REQUEST, -32700, "parse_error"),
             BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, -32600, "body_too_large"),
             BodyTimeout => (StatusCode::REQUEST_TIMEOUT, -32600, "body_timeout"),
             HeaderTimeout => (StatusCode::REQUEST_TIMEOUT, -32600, "header_timeout"),

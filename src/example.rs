@@ -43,6 +43,8 @@ pub struct WorkerState {
     gate: Semaphore,
     /// `stream` answers that ended (finished, or their client went away).
     pub streams_closed: AtomicU64,
+    /// Connections accepted (a TCP health check is one).
+    pub connections: AtomicU64,
 }
 
 struct Call {
@@ -92,6 +94,7 @@ impl Worker {
             requests: AtomicU64::new(0),
             gate: Semaphore::new(0),
             streams_closed: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
         });
         let (stop, mut stopped) = oneshot::channel();
         let st = state.clone();
@@ -103,6 +106,7 @@ impl Worker {
                     a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
                     _ = &mut stopped => break,
                 };
+                st.connections.fetch_add(1, Ordering::Relaxed);
                 let st = st.clone();
                 let svc = service_fn(move |req| {
                     let st = st.clone();

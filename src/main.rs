@@ -1,3 +1,5 @@
+//! `mrtr-router`, the binary: the CLI (serve, `check`, `route`, `demo`) over the library.
+
 use std::path::PathBuf;
 
 use anyhow::Context;

@@ -14,31 +14,31 @@ pub const ROUTE_SOURCES: [&str; 4] = ["token", "pin", "ring", "keyless"];
 /// Every metric the router exports.
 pub struct Metrics {
     registry: Registry,
-    pub requests_total: IntCounterVec,
-    pub request_duration: HistogramVec,
-    pub pins: IntGaugeVec,
-    pub pins_expired: IntCounterVec,
-    pub pins_lost: IntCounter,
-    pub rounds_per_call: Histogram,
-    pub backend_up: IntGaugeVec,
-    pub backend_inflight: IntGaugeVec,
-    pub backend_draining: IntGaugeVec,
-    pub ring_members: IntGauge,
-    pub upstream_errors: IntCounterVec,
-    pub upstream_connections: IntCounterVec,
-    pub upstream_resends: IntCounterVec,
-    pub router_errors: IntCounterVec,
+    pub(crate) requests_total: IntCounterVec,
+    pub(crate) request_duration: HistogramVec,
+    pub(crate) pins: IntGaugeVec,
+    pub(crate) pins_expired: IntCounterVec,
+    pub(crate) pins_lost: IntCounter,
+    pub(crate) rounds_per_call: Histogram,
+    pub(crate) backend_up: IntGaugeVec,
+    pub(crate) backend_inflight: IntGaugeVec,
+    pub(crate) backend_draining: IntGaugeVec,
+    pub(crate) ring_members: IntGauge,
+    pub(crate) upstream_errors: IntCounterVec,
+    pub(crate) upstream_connections: IntCounterVec,
+    pub(crate) upstream_resends: IntCounterVec,
+    pub(crate) router_errors: IntCounterVec,
     /// HTTP/1 connections closed because their client left while a request was in flight, or
     /// took nothing of its answer for `stream_idle_timeout`.
-    pub client_aborts: IntCounter,
-    pub config_reloads: IntCounterVec,
-    pub tokens_rejected: IntCounterVec,
-    pub discovery_resolutions: IntCounterVec,
+    pub(crate) client_aborts: IntCounter,
+    pub(crate) config_reloads: IntCounterVec,
+    pub(crate) tokens_rejected: IntCounterVec,
+    pub(crate) discovery_resolutions: IntCounterVec,
     /// Hot-path children resolved once: decisions by [`ROUTE_SOURCES`] index, pins created and
     /// finished by [`PIN_KINDS`] index.
-    pub decisions_by_source: [IntCounter; 4],
-    pub pins_created_by_kind: [IntCounter; 4],
-    pub pins_finished_by_kind: [IntCounter; 4],
+    pub(crate) decisions_by_source: [IntCounter; 4],
+    pub(crate) pins_created_by_kind: [IntCounter; 4],
+    pub(crate) pins_finished_by_kind: [IntCounter; 4],
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {

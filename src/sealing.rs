@@ -81,13 +81,13 @@ impl Sealing {
         }
         let mut request_state = None;
         if let Some(s) = keys.request_state.as_deref().filter(|s| token::is_token(s)) {
-            let (original, claims) = self.calls.unwrap(s, now)?;
+            let (original, claims) = self.calls.open_value(s, now)?;
             backend.get_or_insert(claims.backend);
             request_state = Some(original.into_owned());
         }
         let mut session_id = None;
         if let Some(s) = keys.session_id.filter(|s| token::is_token(s)) {
-            let (original, claims) = self.sessions.unwrap(s, now)?;
+            let (original, claims) = self.sessions.open_value(s, now)?;
             backend.get_or_insert(claims.backend);
             session_id = Some(original.into_owned());
         }
@@ -105,13 +105,13 @@ impl Sealing {
 
     /// The session id a client should echo for the backend's `session_id`.
     pub fn wrap_session(&self, session_id: &str, backend: &str) -> String {
-        self.sessions.wrap(session_id, backend, SystemTime::now())
+        self.sessions.seal_value(session_id, backend, SystemTime::now())
     }
 
     /// A `requestState` wrapped so that it also names `backend`; any string can be wrapped,
     /// and the wrapped form is plain ASCII that no JSON encoder escapes.
     pub fn wrap_request_state(&self, state: &str, backend: &str) -> String {
-        self.calls.wrap(state, backend, SystemTime::now())
+        self.calls.seal_value(state, backend, SystemTime::now())
     }
 }
 

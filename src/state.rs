@@ -45,15 +45,15 @@ impl Snapshot {
 /// State shared by every connection of one router.
 pub struct Shared {
     /// The file reloads re-read; `None` when built from a `Config` value.
-    pub config_file: Option<ConfigFile>,
+    pub(crate) config_file: Option<ConfigFile>,
     snapshot: ArcSwap<Snapshot>,
-    pub pins: PinTable,
-    pub metrics: Metrics,
+    pub(crate) pins: PinTable,
+    pub(crate) metrics: Metrics,
     membership: Mutex<Membership>,
     /// How `[discovery]` resolves its name.
-    pub lookup: Lookup,
+    pub(crate) lookup: Lookup,
     /// Set once shutdown begins: `/readyz` answers 503 from then on.
-    pub shutting_down: AtomicBool,
+    pub(crate) shutting_down: AtomicBool,
 }
 
 impl Shared {

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! token   = "mrt1." B64(body)                 ; Mcp-Routing-Id header        (TokenKeys::seal)
-//! wrapped = "mrt1." B64(body) "." value-seg   ; requestState, Mcp-Session-Id (TokenKeys::wrap)
+//! wrapped = "mrt1." B64(body) "." value-seg   ; requestState, Mcp-Session-Id (TokenKeys::seal_value)
 //!
 //! body    = key_id u32 | flags u8 | issued u64 | ttl u32 | backend (rest) | mac [32]   (big-endian)
 //! flags   = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself); others 0
@@ -206,10 +206,10 @@ impl TokenKeys {
     }
 
     /// Wraps a value the client echoes (a requestState or an Mcp-Session-Id) so that it also
-    /// names the backend. Any string round-trips byte for byte through [`TokenKeys::unwrap`],
+    /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
     /// the empty one included; the MAC covers the value too, so the token cannot be moved onto
     /// another value and any changed byte is detected.
-    pub fn wrap(&self, value: &str, backend: &str, now: SystemTime) -> String {
+    pub fn seal_value(&self, value: &str, backend: &str, now: SystemTime) -> String {
         self.issue(backend, Some(value), now)
     }
 
@@ -229,9 +229,9 @@ impl TokenKeys {
         })
     }
 
-    /// Checks a value from [`TokenKeys::wrap`] and returns the original value and the claims.
+    /// Checks a value from [`TokenKeys::seal_value`] and returns the original value and the claims.
     /// The value is borrowed from `wrapped` when it was carried as is.
-    pub fn unwrap<'a>(&self, wrapped: &'a str, now: SystemTime) -> Result<(Cow<'a, str>, Claims), Rejected> {
+    pub fn open_value<'a>(&self, wrapped: &'a str, now: SystemTime) -> Result<(Cow<'a, str>, Claims), Rejected> {
         let (body, value) = split(wrapped)?;
         let value = value.ok_or(Rejected::Malformed)?;
         with_body(body, |body| {
@@ -476,19 +476,19 @@ mod tests {
             "=",
         ];
         for v in values {
-            let w = k.wrap(v, "w2", at(NOW));
+            let w = k.seal_value(v, "w2", at(NOW));
             assert!(is_token(&w));
             assert!(
                 w.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\'),
                 "{w}"
             );
-            let (got, c) = k.unwrap(&w, at(NOW)).unwrap();
+            let (got, c) = k.open_value(&w, at(NOW)).unwrap();
             assert_eq!(got, v);
             assert_eq!(c.backend, "w2");
             assert_eq!(matches!(got, Cow::Borrowed(_)), carried_as_is(v), "{v:?}");
         }
         // Safe values are carried as is: a hex session id grows only by the token.
-        let w = k.wrap("abcdef", "w2", at(NOW));
+        let w = k.seal_value("abcdef", "w2", at(NOW));
         assert!(w.ends_with(".abcdef"), "{w}");
     }
 
@@ -496,9 +496,9 @@ mod tests {
     fn plain_and_wrapped_are_not_interchangeable() {
         let k = keys(&[1]);
         let t = k.seal("w", at(NOW));
-        assert_eq!(k.unwrap(&t, at(NOW)), Err(Rejected::Malformed));
-        assert_eq!(k.unwrap(&format!("{t}."), at(NOW)), Err(Rejected::Malformed));
-        let w = k.wrap("", "w", at(NOW));
+        assert_eq!(k.open_value(&t, at(NOW)), Err(Rejected::Malformed));
+        assert_eq!(k.open_value(&format!("{t}."), at(NOW)), Err(Rejected::Malformed));
+        let w = k.seal_value("", "w", at(NOW));
         assert_eq!(k.verify(&w, at(NOW)), Err(Rejected::Malformed));
         assert_eq!(k.verify(w.trim_end_matches('.'), at(NOW)), Err(Rejected::Malformed));
     }
@@ -507,10 +507,10 @@ mod tests {
     fn rotation() {
         let old = keys(&[1]);
         let t = old.seal("w", at(NOW));
-        let w = old.wrap("state", "w", at(NOW));
+        let w = old.seal_value("state", "w", at(NOW));
         let rotated = keys(&[2, 1]);
         assert_eq!(rotated.verify(&t, at(NOW)).unwrap().key_id, key_id(&key(1)));
-        assert_eq!(rotated.unwrap(&w, at(NOW)).unwrap().0, "state");
+        assert_eq!(rotated.open_value(&w, at(NOW)).unwrap().0, "state");
         // The new first key signs; the old list does not know it.
         let t2 = rotated.seal("w", at(NOW));
         assert_eq!(rotated.verify(&t2, at(NOW)).unwrap().key_id, key_id(&key(2)));
@@ -525,8 +525,8 @@ mod tests {
         let t = k.seal("w", at(NOW));
         assert!(k.verify(&t, at(NOW + 3600)).is_ok());
         assert_eq!(k.verify(&t, at(NOW + 3601)), Err(Rejected::Expired));
-        let w = k.wrap("s", "w", at(NOW));
-        assert_eq!(k.unwrap(&w, at(NOW + 3601)), Err(Rejected::Expired));
+        let w = k.seal_value("s", "w", at(NOW));
+        assert_eq!(k.open_value(&w, at(NOW + 3601)), Err(Rejected::Expired));
         // Issued "in the future" (another replica's clock ahead) is fine.
         assert!(k.verify(&t, at(NOW - 30)).is_ok());
     }
@@ -564,7 +564,7 @@ mod tests {
         assert_eq!(k.verify(&t[..t.len() - 4], at(NOW)), Err(Rejected::BadSignature));
         for bad in ["", "mrt1.", "mrt1", "mrt2.AAAA", "xyz", "mrt1.!!!!", "MRT1.AAAA"] {
             assert_eq!(k.verify(bad, at(NOW)), Err(Rejected::Malformed), "{bad:?}");
-            assert_eq!(k.unwrap(bad, at(NOW)), Err(Rejected::Malformed), "{bad:?}");
+            assert_eq!(k.open_value(bad, at(NOW)), Err(Rejected::Malformed), "{bad:?}");
         }
         let huge = format!("{PREFIX}{}", "A".repeat(MAX_BODY_CHARS + 4));
         assert_eq!(k.verify(&huge, at(NOW)), Err(Rejected::Malformed));
@@ -573,20 +573,20 @@ mod tests {
     #[test]
     fn wrapped_token_cannot_move_to_another_value() {
         let k = keys(&[1]);
-        let a = k.wrap("session-a", "w1", at(NOW));
-        let b = k.wrap("session-b", "w2", at(NOW));
+        let a = k.seal_value("session-a", "w1", at(NOW));
+        let b = k.seal_value("session-b", "w2", at(NOW));
         for (token, other) in [(&a, "session-b"), (&b, "session-a")] {
             let moved = format!("{}.{other}", token.rsplit_once('.').unwrap().0);
-            assert_eq!(k.unwrap(&moved, at(NOW)), Err(Rejected::BadSignature));
+            assert_eq!(k.open_value(&moved, at(NOW)), Err(Rejected::BadSignature));
         }
         // Same for values carried as base64.
-        let a = k.wrap("a\"b", "w1", at(NOW));
-        let b = k.wrap("c\"d", "w1", at(NOW));
+        let a = k.seal_value("a\"b", "w1", at(NOW));
+        let b = k.seal_value("c\"d", "w1", at(NOW));
         let moved = format!("{}.{}", a.rsplit_once('.').unwrap().0, b.rsplit_once('.').unwrap().1);
-        assert_eq!(k.unwrap(&moved, at(NOW)), Err(Rejected::BadSignature));
+        assert_eq!(k.open_value(&moved, at(NOW)), Err(Rejected::BadSignature));
         // A plain token's body with a value appended.
         let t = k.seal("w1", at(NOW));
-        assert!(k.unwrap(&format!("{t}.x"), at(NOW)).is_err());
+        assert!(k.open_value(&format!("{t}.x"), at(NOW)).is_err());
     }
 
     /// Every single-character change, deletion and truncation of sample tokens is rejected
@@ -596,13 +596,13 @@ mod tests {
         let k = keys(&[1, 2]);
         let samples = [
             (k.seal("worker-1", at(NOW)), false),
-            (k.wrap("0123456789abcdef", "worker-1", at(NOW)), true),
-            (k.wrap("st\"ate/+=é", "worker-1", at(NOW)), true),
-            (k.wrap("", "w", at(NOW)), true),
+            (k.seal_value("0123456789abcdef", "worker-1", at(NOW)), true),
+            (k.seal_value("st\"ate/+=é", "worker-1", at(NOW)), true),
+            (k.seal_value("", "w", at(NOW)), true),
         ];
         let check = |s: &str, wrapped: bool| {
             let r = if wrapped {
-                k.unwrap(s, at(NOW)).map(|_| ())
+                k.open_value(s, at(NOW)).map(|_| ())
             } else {
                 k.verify(s, at(NOW)).map(|_| ())
             };
@@ -613,7 +613,7 @@ mod tests {
         let mut tried = 0;
         for (token, wrapped) in &samples {
             assert!(if *wrapped {
-                k.unwrap(token, at(NOW)).is_ok()
+                k.open_value(token, at(NOW)).is_ok()
             } else {
                 k.verify(token, at(NOW)).is_ok()
             });
@@ -650,7 +650,7 @@ mod tests {
                 .collect();
             let s = format!("{PREFIX}{s}");
             assert!(k.verify(&s, at(NOW)).is_err());
-            assert!(k.unwrap(&s, at(NOW)).is_err());
+            assert!(k.open_value(&s, at(NOW)).is_err());
         }
     }
 

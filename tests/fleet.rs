@@ -356,3 +356,65 @@ async fn discovery_adds_and_drains_backends() {
     );
     assert_eq!(fleet.total_unknown_followups(), 0);
 }
+
+/// Health checks at IPv6 backends, configured (`http://[::1]:port`) or discovered (an AAAA
+/// answer): the default check (a TCP connect) reaches them, so they stay on the ring and serve.
+#[tokio::test]
+async fn ipv6_backends_pass_their_health_checks_and_serve() {
+    let health = "[health]\ninterval = \"20ms\"\ntimeout = \"500ms\"\nunhealthy_after = 1\n";
+    let static_v6 = mrtr_router::example::Worker::start("v6", tokio::net::TcpListener::bind("[::1]:0").await.unwrap());
+    let discovered_v6 =
+        mrtr_router::example::Worker::start("d6", tokio::net::TcpListener::bind("[::1]:0").await.unwrap());
+    let port = discovered_v6.addr.port();
+    let spec = BackendSpec {
+        name: "v6".into(),
+        url: static_v6.url(),
+        weight: 1,
+    };
+    assert!(spec.url.starts_with("http://[::1]:"), "{}", spec.url);
+    let extra = format!("{health}[discovery]\ndns = \"v6.test:{port}\"\ninterval = \"20ms\"\n");
+    let fleet = Fleet::start_backends(vec![static_v6, discovered_v6], &[spec], &extra).await;
+    fleet.handle.set_resolver(std::sync::Arc::new(|_host, port| {
+        Box::pin(async move { Ok(vec![std::net::SocketAddr::new("::1".parse().unwrap(), port)]) })
+    }));
+    let discovered = format!("dns:[::1]:{port}");
+    let handle = fleet.handle.clone();
+    eventually(Duration::from_secs(10), "the IPv6 address is discovered", || {
+        handle.backend(&discovered).is_some()
+    })
+    .await;
+    // Several checks reach each backend (every check is a connection); one failure would have
+    // ejected it.
+    for w in &fleet.workers {
+        let state = w.state.clone();
+        eventually(Duration::from_secs(10), "health checks reach the IPv6 backend", || {
+            state.connections.load(std::sync::atomic::Ordering::Relaxed) >= 5
+        })
+        .await;
+    }
+    for name in ["v6", discovered.as_str()] {
+        let b = fleet.handle.backend(name).unwrap();
+        assert!(b.healthy, "{b:?}");
+    }
+    assert_eq!(fleet.handle.view().ring().len(), 2);
+    let served: std::collections::BTreeSet<String> = workers_serving(&fleet).await;
+    assert_eq!(served, ["d6".to_string(), "v6".to_string()].into(), "both serve");
+    assert_eq!(
+        metric(
+            &fleet.metrics().await,
+            "mrtr_upstream_errors_total{backend=\"v6\",kind=\"connect\"}"
+        ),
+        None
+    );
+}
+
+/// The workers that answer 40 keyless requests.
+async fn workers_serving(fleet: &Fleet) -> std::collections::BTreeSet<String> {
+    let mut served = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let a = fleet.post(&[], &whoami(&format!("v6-{i}"))).await;
+        assert_eq!(a.status, 200, "{:?}", a.body);
+        served.insert(a.worker());
+    }
+    served
+}

@@ -175,7 +175,9 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
         );
     }
     // Sealed session ids and states are checked the same way.
-    let bad_session = keys.wrap("abc", "worker-0", SystemTime::now()).replace("abc", "abd");
+    let bad_session = keys
+        .seal_value("abc", "worker-0", SystemTime::now())
+        .replace("abc", "abd");
     let a = fleet
         .post(
             &[("mcp-session-id", &bad_session)],
@@ -183,7 +185,7 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
         )
         .await;
     assert_eq!(a.router_error(), Some("invalid_routing_token"));
-    let bad_state = foreign.wrap("s", "worker-0", SystemTime::now());
+    let bad_state = foreign.seal_value("s", "worker-0", SystemTime::now());
     let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": bad_state}});
     assert_eq!(
         fleet.post(&[], &body).await.router_error(),
@@ -210,8 +212,8 @@ fn truncate_to_invalid_length(token: &str) -> String {
 async fn backends_see_their_own_bytes() {
     let fleet = Fleet::start(1, &tokens(&[KEY_A])).await;
     let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
-    let session = keys.wrap("0123456789abcdef", "worker-0", SystemTime::now());
-    let state = keys.wrap("v1.state/with+odd=chars", "worker-0", SystemTime::now());
+    let session = keys.seal_value("0123456789abcdef", "worker-0", SystemTime::now());
+    let state = keys.seal_value("v1.state/with+odd=chars", "worker-0", SystemTime::now());
     let body =
         json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": state}}).to_string();
     let url = format!("http://{}/echo", fleet.router);

@@ -83,10 +83,8 @@ pub enum Outcome {
     InputRequired { request_state: String, at: Range<usize> },
     /// 2b tasks: the call became (or still is) a task with this id.
     Task { task_id: String, terminal: bool },
-    /// A final result: the call is over.
+    /// A final result, or a JSON-RPC error: the call is over.
     Final,
-    /// A JSON-RPC error answer: the call is over too.
-    Error,
     /// Not a JSON-RPC response (a request or notification from the server, or not JSON).
     NotAResponse,
 }

@@ -78,7 +78,7 @@ async fn read_limited(body: &mut Incoming, snap: &Snapshot) -> Result<Bytes, Rou
     }
     let mut acc = BodyBuf::default();
     let push = |acc: &mut BodyBuf, frame: Result<http_body::Frame<Bytes>, hyper::Error>| {
-        let Ok(data) = frame.map_err(|_| RouterError::Parse)?.into_data() else {
+        let Ok(data) = frame.map_err(|_| RouterError::BodyBroken)?.into_data() else {
             return Ok(());
         };
         if acc.len() + data.len() > limit {

@@ -163,7 +163,7 @@ impl Connection {
         match handshake {
             Ok(Ok(stream)) if tls::is_h2(stream.get_ref().1) => self.serve_http2(stream, true).await,
             // The raw socket under TLS: a peek at it still finds the client's end of stream
-            // (see `head_timeout`).
+            // (see `watchdog`).
             Ok(Ok(stream)) => {
                 let conn = self
                     .builders
@@ -269,7 +269,7 @@ enum Served<C> {
 }
 
 /// Serves `conn` until it ends, has waited `header_read_timeout` for a request, or its client
-/// (at `client`, an HTTP/1 socket owned by `conn`) has left mid-request (see [`head_timeout`]),
+/// (at `client`, an HTTP/1 socket owned by `conn`) has left mid-request (see [`watchdog`]),
 /// shutting it down gracefully if the shutdown starts meanwhile.
 async fn serve<C>(
     mut conn: C,
@@ -283,7 +283,7 @@ where
 {
     let mut watch = shutdown.register();
     // `conn` owns the socket and outlives the timer: both are dropped when this returns.
-    let mut timer = watchdog::HeadTimer::new(timeout, client, stall_limit);
+    let mut timer = watchdog::Watchdog::new(timeout, client, stall_limit);
     let ended = poll_fn(|cx| {
         watch.poll(cx, Pin::new(&mut conn));
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
@@ -318,7 +318,7 @@ struct Builders {
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
     /// How long a new connection may stay silent (or take for its TLS handshake), and an
-    /// HTTP/1 request head may take ([`head_timeout`] keeps it; hyper's own would cost a timer
+    /// HTTP/1 request head may take ([`watchdog`] keeps it; hyper's own would cost a timer
     /// per request).
     header_read_timeout: Duration,
     /// Present when the listener speaks TLS.
@@ -337,7 +337,7 @@ impl Builders {
             // One buffer, one `write`: see `pool::ConnPool::connect`.
             .writev(false)
             // No read on every poll to notice a client that leaves mid-request: the
-            // connection's timer looks for that (`head_timeout`). A client that half-closes
+            // connection's timer looks for that (`watchdog`). A client that half-closes
             // while its request is in flight is still taken as gone, as hyper would.
             .half_close(true);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());

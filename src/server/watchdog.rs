@@ -1,4 +1,4 @@
-//! The per-connection timer: the header read timeout (`server.header_read_timeout`), kept per
+//! The connection watchdog: the header read timeout (`server.header_read_timeout`), kept per
 //! connection rather than per request (the 408 an HTTP/1 client gets when its request head is
 //! too slow, and the close of a connection, HTTP/1 keep-alive or h2c with no stream, that waits
 //! that long for a request), and the watch for an HTTP/1 client that leaves while its request
@@ -146,7 +146,7 @@ pub enum Expiry {
 }
 
 /// One connection's timer: its header read timeout, and its watch for a client that leaves.
-pub struct HeadTimer {
+pub struct Watchdog {
     period: Duration,
     /// The HTTP/1 client's socket, peeked at on checks while a request is in flight; `None` for
     /// HTTP/2, where hyper reads all the time and notices a close itself.
@@ -166,7 +166,7 @@ pub struct HeadTimer {
     registered: bool,
 }
 
-impl HeadTimer {
+impl Watchdog {
     /// A timer for a connection whose client socket is `client` (HTTP/1). The socket must stay
     /// open as long as the timer is polled: it is owned by the connection the timer belongs to.
     ///
@@ -175,13 +175,13 @@ impl HeadTimer {
     /// idle limit nor the upstream deadline would ever see it, and the request would hold its
     /// backend connection (and its place in the in-flight counts) for as long as the client
     /// liked.
-    pub fn new(timeout: Duration, client: Option<RawFd>, stall_limit: Duration) -> HeadTimer {
+    pub fn new(timeout: Duration, client: Option<RawFd>, stall_limit: Duration) -> Watchdog {
         let period = (timeout / CHECKS_PER_TIMEOUT).max(Duration::from_millis(1));
         let stall_checks = stall_limit
             .as_nanos()
             .div_ceil(period.as_nanos())
             .clamp(1, u32::MAX.into()) as u32;
-        HeadTimer {
+        Watchdog {
             period,
             client,
             tick: Box::pin(tokio::time::sleep(period)),
@@ -242,7 +242,7 @@ impl HeadTimer {
 /// (or an error) rather than bytes or nothing yet. A peek takes nothing from the socket, and
 /// the socket is non-blocking (tokio's), so this never waits.
 fn client_left(fd: RawFd) -> bool {
-    // SAFETY: `HeadTimer::new`'s contract: the socket is open while its timer is polled.
+    // SAFETY: `Watchdog::new`'s contract: the socket is open while its timer is polled.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     let mut byte = [MaybeUninit::uninit()];
     match socket2::SockRef::from(&fd).peek(&mut byte) {
@@ -309,8 +309,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expires_after_four_quiet_checks_and_not_while_a_request_is_in_flight() {
         let activity = Arc::new(Activity::default());
-        let mut timer = HeadTimer::new(Duration::from_millis(400), None, Duration::from_secs(60));
-        let expired = |timer: &mut HeadTimer| {
+        let mut timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
+        let expired = |timer: &mut Watchdog| {
             let waker = std::task::Waker::noop();
             timer
                 .poll_expired(&mut Context::from_waker(waker), &activity)

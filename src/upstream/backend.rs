@@ -29,8 +29,8 @@ impl BackendKey {
 /// One backend instance. Shared by every snapshot that lists it, so its in-flight count
 /// carries across reloads.
 pub struct Backend {
-    pub key: BackendKey,
-    pub name: Arc<str>,
+    pub(crate) key: BackendKey,
+    pub(crate) name: Arc<str>,
     /// Ring share; updated in place on reload.
     weight: AtomicU32,
     /// What the config says of it (name, URL, weight at creation).
@@ -40,7 +40,7 @@ pub struct Backend {
     /// The URL's authority as the `Host` header of upstream requests.
     host: HeaderValue,
     /// Idle keep-alive connections to this backend.
-    pub pool: Arc<ConnPool>,
+    pub(crate) pool: Arc<ConnPool>,
     /// Requests sent and not yet finished (response body done or dropped).
     inflight: AtomicI64,
     /// This backend's metric children, resolved once (label lookups are not free).
@@ -55,9 +55,9 @@ pub struct Backend {
     /// never follow it into a restarted instance that lost their state.
     epoch: AtomicU32,
     /// Drained on request through the admin listener (a deploy): no new keys.
-    pub admin_drained: AtomicBool,
+    pub(crate) admin_drained: AtomicBool,
     /// Pins naming this backend at the last sweep.
-    pub pins: AtomicUsize,
+    pub(crate) pins: AtomicUsize,
 }
 
 struct BackendMetrics {
