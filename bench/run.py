@@ -58,10 +58,12 @@ def raise_fd_limit():
 
 
 def fit_counts(s, fd_limit):
-    """A proxy holds 2 descriptors per stream (client and backend side) and 1 per idle
-    connection (plus its few pooled upstream ones). A count that cannot fit under the machine's
-    descriptor limit is lowered, with a note, when it is the default; one asked for is an error."""
-    for attr, per, margin in (("streams", 2, 256 + 2 * s.direct_streams), ("idle_conns", 1, 1024)):
+    """A proxy holds 2 descriptors per stream (client and backend side), and HAProxy reserves 2
+    per connection even for idle ones (maxsock), refusing to start past the limit. A count that
+    cannot fit under the machine's descriptor limit, with room for listeners, logs, pooled
+    upstream connections and the warm-up's, is lowered, with a note, when it is the default;
+    one asked for is an error."""
+    for attr, per, margin in (("streams", 2, 1000), ("idle_conns", 2, 1000)):
         room = (fd_limit - margin) // per
         want = getattr(s, attr)
         if want <= room:

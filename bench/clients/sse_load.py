@@ -31,7 +31,8 @@ moments:
     -> WARMED {json}       <- go
     -> OPEN {json}         (all open: measuring starts)   <- close   (measuring ends)
     -> RESULT {json}       then exit.
-Every wait is bounded (--open-timeout; the harness also kills the process on its own timeout).
+Every wait is bounded (--open-timeout per connection, --open-deadline for all; the harness also
+stops the process on its own, later timeout).
 """
 
 import argparse
@@ -245,9 +246,10 @@ class Conn(asyncio.Protocol):
         self.transport = None
 
 
-async def open_many(stats, mode, via, addrs, n, concurrency, timeout, conns):
-    """Opens n connections, round-robin over addrs, concurrency at a time; appends the open
-    ones to conns and counts the others' errors."""
+async def open_many(stats, mode, via, addrs, n, concurrency, timeout, deadline, conns):
+    """Opens n connections, round-robin over addrs, concurrency at a time, each within
+    `timeout` s and all by `deadline` (loop time); appends the open ones to conns and counts the
+    others' errors (past the deadline: timeout, without trying)."""
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(concurrency)
 
@@ -255,16 +257,20 @@ async def open_many(stats, mode, via, addrs, n, concurrency, timeout, conns):
         host, port = addrs[i % len(addrs)]
         key = "s-%016x" % random.getrandbits(64)
         async with sem:
+            left = min(timeout, deadline - loop.time())
+            if left <= 0:
+                stats.error("timeout", f"not opened by the deadline ({n} to open)")
+                return
             c = Conn(stats, mode, via, host, port, key, i)
             try:
-                await asyncio.wait_for(loop.create_connection(lambda: c, host, port), timeout)
+                await asyncio.wait_for(loop.create_connection(lambda: c, host, port), left)
             except (OSError, asyncio.TimeoutError) as e:
                 stats.error("connect", f"{host}:{port}: {e!r}")
                 return
             try:
-                failed = await asyncio.wait_for(asyncio.shield(c.ready), timeout)
+                failed = await asyncio.wait_for(asyncio.shield(c.ready), left)
             except asyncio.TimeoutError:
-                failed = ("timeout", f"not open after {timeout}s")
+                failed = ("timeout", f"not open after {left:.1f}s")
             if failed is not None:
                 stats.error(*failed)
                 if c.transport is not None:
@@ -323,14 +329,19 @@ async def main():
     ap.add_argument("--conns", type=int, default=10000)
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--warm", type=int, default=50)
-    ap.add_argument("--open-timeout", type=float, default=30.0)
+    ap.add_argument("--open-timeout", type=float, default=10.0, help="s, per connection")
+    ap.add_argument("--open-deadline", type=float, default=0.0,
+                    help="s for all of them (default 30 + count/200)")
     a = ap.parse_args()
     stats = Stats()
     proxy = addr_list(a.proxy)
     n = a.streams if a.mode == "streams" else a.conns
+    budget = a.open_deadline or 30.0 + (n + a.direct_streams) / 200.0
+    loop = asyncio.get_running_loop()
 
     warm = []
-    await open_many(stats, a.mode, "proxy", proxy, a.warm, a.concurrency, a.open_timeout, warm)
+    await open_many(stats, a.mode, "proxy", proxy, a.warm, a.concurrency, a.open_timeout,
+                    loop.time() + 30.0, warm)
     warm_ok = len(warm)
     close_all(warm)
     await asyncio.sleep(0.2)  # let the proxy see the closes before the baseline is taken
@@ -339,12 +350,13 @@ async def main():
 
     conns = []
     t0 = time.monotonic()
+    deadline = loop.time() + budget
     direct_ok = 0
     if a.mode == "streams" and a.direct_streams > 0:
         await open_many(stats, a.mode, "direct", addr_list(a.direct), a.direct_streams,
-                        a.concurrency, a.open_timeout, conns)
+                        a.concurrency, a.open_timeout, deadline, conns)
         direct_ok = len(conns)
-    await open_many(stats, a.mode, "proxy", proxy, n, a.concurrency, a.open_timeout, conns)
+    await open_many(stats, a.mode, "proxy", proxy, n, a.concurrency, a.open_timeout, deadline, conns)
     open_s = time.monotonic() - t0
     opened = len(conns) - direct_ok
     stats.measuring = True

@@ -209,8 +209,8 @@ class StreamClient:
 
     def open(self):
         self._send("go")
-        # opening is bounded by the client's own timeouts; this is the backstop
-        return self._expect("OPEN", 60 + self.count / 100)
+        # the client gives up opening after 30 s + count/200 s; this is the backstop
+        return self._expect("OPEN", 45 + (self.count + self.ctx.s.direct_streams) / 200)
 
     def close(self):
         self._send("close")

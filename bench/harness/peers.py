@@ -294,8 +294,10 @@ class Peers:
         elif row.h2:
             bind += " proto h2"
         many = self._many_conns(row)
-        maxconn = max(self.s.streams, self.s.idle_conns) + 256 if many else 4096
-        global_extra = f"  tune.bufsize {row.bufsize}" if row.bufsize else ""
+        # HAProxy wants 2 descriptors per connection (maxsock = 2 x maxconn + a few) and refuses
+        # to start past the file-descriptor limit: the most it can take here.
+        maxconn = (self.fd_limit - 100) // 2 if many else 4096
+        global_extra = [f"  tune.bufsize {row.bufsize}"] if row.bufsize else []
         defaults_extra = [f"  maxconn {maxconn}"] if many else []
         if row.load == rows.STREAMS:
             # Events are sent as they come, not held for more data (HAProxy's MSG_MORE delays a
@@ -312,7 +314,7 @@ class Peers:
             balance = ("  option http-buffer-request\n"
                        "  http-request set-var(txn.rk) req.body,json_query('$.messageId')\n"
                        "  balance hash var(txn.rk)")
-        conf = self.render("haproxy.cfg.in", d / "haproxy.cfg", maxconn=maxconn, global_extra=global_extra,
+        conf = self.render("haproxy.cfg.in", d / "haproxy.cfg", maxconn=maxconn, global_extra="\n".join(global_extra),
                            defaults_extra="\n".join(defaults_extra), bind=bind, frontend_rules=rules, balance=balance,
                            **self._backends_of(row))
         r = subprocess.run(["haproxy", "-c", "-f", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -330,14 +332,17 @@ class Peers:
             tls = (f"    ssl_certificate {cert};\n    ssl_certificate_key {key};\n"
                    "    ssl_protocols TLSv1.3;")
         many = self._many_conns(row)
-        # One idle slot per client request in flight per backend (bench/README.md): for HTTP/2
+        # With many connections, worker_connections is twice the descriptor limit (nginx warns):
+        # nginx starts closing connections once fewer than 1/16 of worker_connections are free,
+        # which at worker_connections = the limit stopped 20,000 descriptors at 9,375 streams;
+        # this way the descriptor limit is the only one. One idle slot per client request in flight per backend (bench/README.md): for HTTP/2
         # that is every stream of every connection.
         keepalive = self.s.nginx_keepalive
         if row.h2 and "nginx_keepalive" not in self.s.explicit:
             keepalive = 3 * self.s.h2_connections * self.s.h2_streams
         conf = self.render("nginx-proxy.conf.in", d / "nginx.conf", user_line=self.user_line, dir=d,
                            rlimit_line=f"worker_rlimit_nofile {self.fd_limit};" if many else "",
-                           worker_connections=self.fd_limit if many else 8192, listen=listen, tls=tls,
+                           worker_connections=2 * self.fd_limit if many else 8192, listen=listen, tls=tls,
                            keepalive=keepalive, **self._backends_of(row))
         self._nginx_check(d, conf)
         peer.log = d / "error.log"

@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 
 from . import measure
@@ -70,7 +71,10 @@ class Procs:
                 p.wait(grace)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait(5)
+                try:
+                    p.wait(20)  # a process closing 10,000 sockets on a busy machine takes a while
+                except subprocess.TimeoutExpired:
+                    print(f"bench: warning: pid {p.pid} still there 20 s after SIGKILL", file=sys.stderr)
         for k in kids:
             deadline = time.monotonic() + 2.0
             while measure.alive(k) and time.monotonic() < deadline:

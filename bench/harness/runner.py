@@ -134,11 +134,11 @@ class Runner:
         """CPU per request of proxy and backend, how busy the cores were, other processes."""
         tck = measure.CLK_TCK
         dp = b["proxy"] - a["proxy"]
-        if peer.proc is not None and proxy_requests > 0:
-            r["proxy_cpu_us_per_req"] = round(dp * 1e6 / tck / proxy_requests, 2)
+        r["proxy_cpu_us_per_req"] = r["proxy_core_busy_pct"] = None
+        if peer.proc is not None:
             r["proxy_core_busy_pct"] = measure.busy_pct(a["pcpu"], b["pcpu"], b["awake_p"] - a["awake_p"])
-        else:
-            r["proxy_cpu_us_per_req"] = r["proxy_core_busy_pct"] = None
+            if proxy_requests > 0:
+                r["proxy_cpu_us_per_req"] = round(dp * 1e6 / tck / proxy_requests, 2)
         db = b["backend"] - a["backend"]
         r["backend_cpu_us_per_req"] = round(db * 1e6 / tck / backend_requests, 2) if backend_requests else None
         r["backend_sleeps_per_1k_req"] = (round((b["sleeps"] - a["sleeps"]) * 1000 / backend_requests)
