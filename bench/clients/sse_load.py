@@ -193,16 +193,16 @@ class Conn(asyncio.Protocol):
                 self.opened = True
                 self.ready.set_result(None)
             return
-        if complete:
-            return self.fail("closed", "the event stream ended")
         self.events += data
         while True:
             end = self.events.find(b"\n\n")
             if end < 0:
-                return
+                break
             event = bytes(self.events[:end])
             del self.events[: end + 2]
             self.event(event, now)
+        if complete:
+            self.fail("closed", "the event stream ended")
 
     def event(self, raw, now):
         kind, data = "message", None

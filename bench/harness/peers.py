@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import measure, rows
+from . import rows
 from .procs import LineReader
 from .settings import SettingError
 
@@ -247,13 +247,13 @@ class Peers:
         self._wait_ready(peer)
         return peer
 
-    def _start_router(self, row, d, peer, cpus):
-        if self.build_err:
-            raise PeerError(self.build_err)
-        if not os.access(self.s.router_bin, os.X_OK):
-            raise PeerError(f"router binary {self.s.router_bin} not found (cargo build --release, or set BENCH_ROUTER_BIN)")
-        if port_busy(self.ports.router_admin):
-            raise PeerError(f"admin port {self.ports.router_admin} is in use")
+    # --- configs: row -> file, nothing started (bench/tests renders and checks every row's) ---
+    def config(self, row, d):
+        """Writes the row's proxy config into d and returns its path (None: no config file)."""
+        return {rows.ROUTER: self.router_config, rows.HAPROXY: self.haproxy_config,
+                rows.NGINX: self.nginx_config}.get(row.peer, lambda row, d: None)(row, d)
+
+    def router_config(self, row, d):
         extra = []
         if row.tls:
             cert, key, _ = self.cert()
@@ -261,32 +261,11 @@ class Peers:
         if row.body_bytes:
             # A 1 MiB body must fit under the limit with room to spare; the default is 1 MiB.
             extra.append(f"max_body_bytes = {max(2 * 1024 * 1024, 2 * row.body_bytes)}")
-        conf = self.render("router.toml.in", d / "config.toml", listen=f"{HOST}:{self.ports.router}",
+        return self.render("router.toml.in", d / "config.toml", listen=f"{HOST}:{self.ports.router}",
                            admin_listen=f"{HOST}:{self.ports.router_admin}", server_extra="\n".join(extra),
                            **self._backends_of(row))
-        env = dict(os.environ, MRTR_WORKER_THREADS=str(row.workers), RUST_LOG=os.environ.get("RUST_LOG", "warn"))
-        peer.log = d / "router.log"
-        peer.admin_port = self.ports.router_admin
-        peer.proc = self.procs.spawn([str(self.s.router_bin), "--config", str(conf)], cpus=cpus,
-                                     log=peer.log, env=env)
-        deadline = time.monotonic() + self.s.ready_timeout
-        last = None
-        while True:
-            try:
-                last = get(HOST, self.ports.router_admin, "/readyz", timeout=1.0)[0]
-                if last == 200:
-                    return
-            except (OSError, http.client.HTTPException) as e:
-                last = repr(e)
-            if peer.proc.poll() is not None:
-                raise PeerError(f"mrtr-router exited (status {peer.proc.returncode}) during start-up, "
-                                f"before /readyz answered 200: {_tail(peer.log)}")
-            if time.monotonic() > deadline:
-                raise PeerError(f"GET /readyz on {self.ports.router_admin} did not answer 200 within "
-                                f"{self.s.ready_timeout}s (last {last})")
-            time.sleep(0.05)
 
-    def _start_haproxy(self, row, d, peer, cpus):
+    def haproxy_config(self, row, d):
         bind = f"{HOST}:{self.ports.haproxy}"
         if row.tls:
             _, _, both = self.cert()
@@ -314,17 +293,12 @@ class Peers:
             balance = ("  option http-buffer-request\n"
                        "  http-request set-var(txn.rk) req.body,json_query('$.messageId')\n"
                        "  balance hash var(txn.rk)")
-        conf = self.render("haproxy.cfg.in", d / "haproxy.cfg", maxconn=maxconn, global_extra="\n".join(global_extra),
-                           defaults_extra="\n".join(defaults_extra), bind=bind, frontend_rules=rules, balance=balance,
-                           **self._backends_of(row))
-        r = subprocess.run(["haproxy", "-c", "-f", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if r.returncode != 0:
-            alerts = [l for l in r.stdout.decode(errors="replace").splitlines() if "NOTICE" not in l]
-            raise PeerError("haproxy config check failed: " + " ".join(" ".join(alerts).split())[:300])
-        peer.log = d / "haproxy.log"
-        peer.proc = self.procs.spawn(["haproxy", "-db", "-f", str(conf)], cpus=cpus, log=peer.log)
+        return self.render("haproxy.cfg.in", d / "haproxy.cfg", maxconn=maxconn,
+                           global_extra="\n".join(global_extra), defaults_extra="\n".join(defaults_extra),
+                           bind=bind, frontend_rules=rules, balance=balance, **self._backends_of(row))
 
-    def _start_nginx(self, row, d, peer, cpus):
+    def nginx_config(self, row, d):
+        (d / "tmp").mkdir(parents=True, exist_ok=True)
         listen = f"{HOST}:{self.ports.nginx}" + (" ssl" if row.tls else "") + (" http2" if row.h2 else "")
         tls = ""
         if row.tls:
@@ -335,16 +309,67 @@ class Peers:
         # With many connections, worker_connections is twice the descriptor limit (nginx warns):
         # nginx starts closing connections once fewer than 1/16 of worker_connections are free,
         # which at worker_connections = the limit stopped 20,000 descriptors at 9,375 streams;
-        # this way the descriptor limit is the only one. One idle slot per client request in flight per backend (bench/README.md): for HTTP/2
-        # that is every stream of every connection.
+        # this way the descriptor limit is the only one.
+        # One idle upstream slot per client request in flight per backend (bench/README.md):
+        # for HTTP/2 that is every stream of every connection.
         keepalive = self.s.nginx_keepalive
         if row.h2 and "nginx_keepalive" not in self.s.explicit:
             keepalive = 3 * self.s.h2_connections * self.s.h2_streams
-        conf = self.render("nginx-proxy.conf.in", d / "nginx.conf", user_line=self.user_line, dir=d,
+        return self.render("nginx-proxy.conf.in", d / "nginx.conf", user_line=self.user_line, dir=d,
                            rlimit_line=f"worker_rlimit_nofile {self.fd_limit};" if many else "",
                            worker_connections=2 * self.fd_limit if many else 8192, listen=listen, tls=tls,
                            keepalive=keepalive, **self._backends_of(row))
-        self._nginx_check(d, conf)
+
+    def check_config(self, row, conf):
+        """haproxy -c / nginx -t on a rendered config; PeerError with their complaint."""
+        if row.peer == rows.HAPROXY:
+            r = subprocess.run(["haproxy", "-c", "-f", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if r.returncode != 0:
+                alerts = [l for l in r.stdout.decode(errors="replace").splitlines() if "NOTICE" not in l]
+                raise PeerError("haproxy config check failed: " + " ".join(" ".join(alerts).split())[:300])
+        elif row.peer == rows.NGINX:
+            self._nginx_check(conf.parent, conf)
+
+    # --- starting ------------------------------------------------------------------------------
+    def _start_router(self, row, d, peer, cpus):
+        if self.build_err:
+            raise PeerError(self.build_err)
+        if not os.access(self.s.router_bin, os.X_OK):
+            raise PeerError(f"router binary {self.s.router_bin} not found (cargo build --release, or set BENCH_ROUTER_BIN)")
+        if port_busy(self.ports.router_admin):
+            raise PeerError(f"admin port {self.ports.router_admin} is in use")
+        conf = self.router_config(row, d)
+        env = dict(os.environ, MRTR_WORKER_THREADS=str(row.workers), RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        peer.log = d / "router.log"
+        peer.admin_port = self.ports.router_admin
+        peer.proc = self.procs.spawn([str(self.s.router_bin), "--config", str(conf)], cpus=cpus,
+                                     log=peer.log, env=env)
+        deadline = time.monotonic() + self.s.ready_timeout
+        last = None
+        while True:
+            try:
+                last = get(HOST, self.ports.router_admin, "/readyz", timeout=1.0)[0]
+                if last == 200:
+                    return
+            except (OSError, http.client.HTTPException) as e:
+                last = repr(e)
+            if peer.proc.poll() is not None:
+                raise PeerError(f"mrtr-router exited (status {peer.proc.returncode}) during start-up, "
+                                f"before /readyz answered 200: {_tail(peer.log)}")
+            if time.monotonic() > deadline:
+                raise PeerError(f"GET /readyz on {self.ports.router_admin} did not answer 200 within "
+                                f"{self.s.ready_timeout}s (last {last})")
+            time.sleep(0.05)
+
+    def _start_haproxy(self, row, d, peer, cpus):
+        conf = self.haproxy_config(row, d)
+        self.check_config(row, conf)
+        peer.log = d / "haproxy.log"
+        peer.proc = self.procs.spawn(["haproxy", "-db", "-f", str(conf)], cpus=cpus, log=peer.log)
+
+    def _start_nginx(self, row, d, peer, cpus):
+        conf = self.nginx_config(row, d)
+        self.check_config(row, conf)
         peer.log = d / "error.log"
         peer.proc = self.procs.spawn(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf)],
                                      cpus=cpus, log=d / "stdout.log")
