@@ -30,7 +30,6 @@ import json
 import random
 import signal
 import socket
-import sys
 import time
 
 

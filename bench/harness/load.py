@@ -15,7 +15,6 @@ import json
 import random
 import re
 import subprocess
-import time
 from pathlib import Path
 
 from . import measure

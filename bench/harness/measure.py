@@ -143,6 +143,22 @@ def children_ticks():
     return int((c.ru_utime + c.ru_stime + s.ru_utime + s.ru_stime) * CLK_TCK)
 
 
+def listen_drops():
+    """SYNs the kernel dropped machine-wide because a listen queue was full (TcpExt
+    ListenDrops, which includes ListenOverflows): when connects time out, this says whether a
+    listener stopped accepting."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            row = dict(zip(names.split()[1:], values.split()[1:]))
+            return int(row.get("ListenDrops", 0))
+    return None
+
+
 def percentile(values, p):
     """Nearest-rank percentile of a list of numbers (None when empty)."""
     if not values:

@@ -15,16 +15,11 @@ stream fails the row. An expected-miss row's misroutes are shown, not failed on.
 import http.client
 import json
 import time
-from pathlib import Path
 
 from . import load, measure, peers, rows
 from .load import LoadError
 from .peers import HOST, PeerError
-
-
-def log(msg):
-    import sys
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
+from .tools import log
 
 
 def _round(x, n):
@@ -157,9 +152,12 @@ class Runner:
 
     # --- the backend nginx's connection numbers ------------------------------------------------
     def _probe(self, tag):
-        status, body = peers.get(HOST, self.peers.ports.backend[0], f"/probe?tag={tag}", timeout=3)
+        try:
+            status, body = peers.get(HOST, self.peers.ports.backend[0], f"/probe?tag={tag}", timeout=3)
+        except (OSError, http.client.HTTPException) as e:
+            raise LoadError(f"backend probe failed: {e!r}")
         if status != 200 or not body.strip().isdigit():
-            raise LoadError("backend probe failed")
+            raise LoadError(f"backend probe failed: status {status}, {body[:80]!r}")
         return int(body)
 
     def _backend_log(self):
@@ -272,6 +270,9 @@ class Runner:
 
         req = res["requests"]
         errors = dict(res["errors"])
+        if row.load in (rows.MCP, rows.MIX, rows.BIG):
+            errors.setdefault("sse_probe", 0)  # the key bench/run.sh's JSON had for every row
+        r["sse_probe"] = None
         sse = res.get("sse")
         px_req = di_req = 0
         sse_msg = None
@@ -350,12 +351,13 @@ class Runner:
     def _held(self, row, peer, d, r):
         mode = "streams" if row.load == rows.STREAMS else "idle"
         count = self.s.streams if mode == "streams" else self.s.idle_conns
+        drops0 = measure.listen_drops()
         client = load.StreamClient(self.ctx, mode, peer.port, self.peers.ports.sse, count, d / "client.out")
         try:
             warm = client.warm()
             pid = peer.proc.pid
             rss_base = measure.tree_rss_bytes(pid)
-            opened = client.open()
+            client.open()
             a = self._sample(peer, [client.proc.pid])
             rss_open = measure.tree_rss_bytes(pid)
             time.sleep(self.s.duration)
@@ -366,8 +368,10 @@ class Runner:
         finally:
             if client.proc.poll() is None:
                 self.procs.stop(client.proc)
+        drops1 = measure.listen_drops()
         n = res["opened"]
         errors = dict(res["errors"])
+        r["listen_drops"] = drops1 - drops0 if drops0 is not None and drops1 is not None else None
         r["errors"] = errors
         r["errors_total"] = sum(errors.values())
         r["memory"] = {
@@ -396,7 +400,8 @@ class Runner:
                 r["proxy_cpu_us_per_event"] = round((b["proxy"] - a["proxy"]) * 1e6 / tck / px["events"], 1)
         if r["errors_total"]:
             parts = ", ".join(f"{k} {v}" for k, v in errors.items() if v)
-            return self._fail(r, f"{r['errors_total']} errors ({parts}); first: {res['first_error']}")
+            drops = f"; the kernel dropped {r['listen_drops']} SYNs on full listen queues" if r["listen_drops"] else ""
+            return self._fail(r, f"{r['errors_total']} errors ({parts}); first: {res['first_error']}{drops}")
         if n < count:
             return self._fail(r, f"only {n} of {count} opened")
         if mode == "streams" and not (r["events"]["via_proxy_events"] and r["events"]["direct_events"]):
