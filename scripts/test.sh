@@ -21,15 +21,17 @@ export MRTR_INTEROP_PYTHON
 step "cargo test"
 cargo test --all-targets
 
-step "bench smoke run (bench/run.sh with the debug router): proves the bench script still works; not a performance check"
+# --- bench (owned by bench/, see bench/README.md) ---------------------------------------------
+step "bench harness: its unit tests, then a smoke run of every row with the debug router (bench/run.py --smoke): proves each row starts, routes and has no errors; not a performance check"
+python3 -m unittest discover -s bench/tests
 # cargo test built the router already; the hyper-floor row needs examples/hyper_floor.rs as a plain
 # binary (cargo test builds examples as test harnesses under another name).
 cargo build --bins --example hyper_floor
-echo "BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh"
-echo "(1 round, 1 s per row, 8 connections, about 20-30 s; fails only on errors, misroutes or a proxy that does not start)"
-if ! BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh; then
+echo "bench/run.py --smoke --router-bin target/debug/mrtr-router"
+echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start)"
+if ! python3 bench/run.py --smoke --router-bin target/debug/mrtr-router; then
   echo >&2
-  echo "==> FAILED: bench smoke run (bench/run.sh exited non-zero; see the status column and the bench: lines above)" >&2
+  echo "==> FAILED: bench smoke run (bench/run.py exited non-zero; see the status column and the bench: lines above)" >&2
   exit 1
 fi
 echo "==> bench smoke run passed (results in bench/results/smoke.json)"
