@@ -32,7 +32,11 @@ fn tool(name: &str, var: &str, hint: &str) -> PathBuf {
         return PathBuf::from(p);
     }
     std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file()))
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
         .unwrap_or_else(|| panic!("{name} not found on PATH (nor ${var}): {hint}"))
 }
 
@@ -41,7 +45,11 @@ fn kubectl() -> PathBuf {
 }
 
 fn promtool() -> PathBuf {
-    tool("promtool", "MRTR_PROMTOOL", "apt-get install prometheus (scripts/test.sh does)")
+    tool(
+        "promtool",
+        "MRTR_PROMTOOL",
+        "apt-get install prometheus (scripts/test.sh does)",
+    )
 }
 
 fn systemd_analyze() -> PathBuf {
@@ -153,10 +161,11 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
             "FROM {image}: digest"
         );
         let last = named.rsplit('/').next().unwrap();
-        let (_, tag) = last
-            .split_once(':')
-            .unwrap_or_else(|| panic!("FROM {image}: no tag"));
-        assert!(!tag.is_empty() && !tag.contains("latest") && !image.contains('$'), "FROM {image}");
+        let (_, tag) = last.split_once(':').unwrap_or_else(|| panic!("FROM {image}: no tag"));
+        assert!(
+            !tag.is_empty() && !tag.contains("latest") && !image.contains('$'),
+            "FROM {image}"
+        );
         if let Some(as_) = parts.next() {
             assert!(as_.eq_ignore_ascii_case("as") && parts.next().is_some(), "FROM {from}");
         }
@@ -196,7 +205,10 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
         &[("MRTR_TOKEN_KEY", TOKEN_KEY)],
     );
     let ports = BTreeSet::from([port_of(&base, "server"), port_of(&base, "admin")]);
-    assert_eq!(exposed, ports, "EXPOSE = the proxy and admin ports of the Kubernetes config");
+    assert_eq!(
+        exposed, ports,
+        "EXPOSE = the proxy and admin ports of the Kubernetes config"
+    );
     let entry: Vec<String> = serde_json::from_str(&arg("ENTRYPOINT").unwrap()).expect("ENTRYPOINT in exec form");
     let cmd: Vec<String> = serde_json::from_str(&arg("CMD").unwrap()).expect("CMD in exec form");
     assert_eq!(cmd, ["--config", "/etc/mrtr-router/config.toml"]);
@@ -205,7 +217,10 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
         .filter(|(k, a)| k == "COPY" && a.starts_with("--from="))
         .map(|(_, a)| a.split_whitespace().last().unwrap().to_string())
         .collect();
-    assert!(copied.contains(&entry[0]), "ENTRYPOINT {entry:?} is what the build stage copied: {copied:?}");
+    assert!(
+        copied.contains(&entry[0]),
+        "ENTRYPOINT {entry:?} is what the build stage copied: {copied:?}"
+    );
 
     // The build: the release profile, exactly Cargo.lock.
     let builds: Vec<&String> = ins
@@ -234,7 +249,11 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    assert_eq!(patterns.first(), Some(&"*"), ".dockerignore starts by excluding everything");
+    assert_eq!(
+        patterns.first(),
+        Some(&"*"),
+        ".dockerignore starts by excluding everything"
+    );
     let let_in: BTreeSet<String> = patterns[1..]
         .iter()
         .map(|p| {
@@ -319,7 +338,9 @@ fn selects(selector: &Value, labels: &Value) -> bool {
 /// /etc/mrtr-router (with TLS files when the config names them): its effective config and text.
 fn check_configmap(objects: &[Value], dir: &Path) -> (toml::Table, String) {
     let cm = find(objects, "ConfigMap", "mrtr-router");
-    let text = cm["data"]["config.toml"].as_str().expect("config.toml in the ConfigMap");
+    let text = cm["data"]["config.toml"]
+        .as_str()
+        .expect("config.toml in the ConfigMap");
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("config.toml");
     std::fs::write(&path, text).unwrap();
@@ -338,7 +359,10 @@ fn check_configmap(objects: &[Value], dir: &Path) -> (toml::Table, String) {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&bare.stderr);
-    assert!(!bare.status.success() && err.contains("MRTR_TOKEN_KEY is not set"), "{err}");
+    assert!(
+        !bare.status.success() && err.contains("MRTR_TOKEN_KEY is not set"),
+        "{err}"
+    );
     (check_config(&path, &[("MRTR_TOKEN_KEY", TOKEN_KEY)]), text.to_string())
 }
 
@@ -377,11 +401,19 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
 
         // Replicas: at least two, fixed or by the HPA.
         if hpa {
-            assert!(spec.get("replicas").is_none(), "{}", ctx("the HPA owns the replica count"));
+            assert!(
+                spec.get("replicas").is_none(),
+                "{}",
+                ctx("the HPA owns the replica count")
+            );
             let h = find(objects, "HorizontalPodAutoscaler", "mrtr-router");
             assert_eq!(h["spec"]["scaleTargetRef"]["kind"], "Deployment");
             assert_eq!(h["spec"]["scaleTargetRef"]["name"], "mrtr-router");
-            assert!(h["spec"]["minReplicas"].as_u64().unwrap() >= 2, "{}", ctx("minReplicas"));
+            assert!(
+                h["spec"]["minReplicas"].as_u64().unwrap() >= 2,
+                "{}",
+                ctx("minReplicas")
+            );
         } else {
             assert!(spec["replicas"].as_u64().unwrap() >= 2, "{}", ctx("replicas >= 2"));
             assert!(!has_kind(objects, "HorizontalPodAutoscaler"));
@@ -391,7 +423,13 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         assert_eq!(containers.len(), 1);
         let c = &containers[0];
         let image = c["image"].as_str().unwrap();
-        let tag = image.rsplit('/').next().unwrap().split_once(':').map(|(_, t)| t).unwrap_or("");
+        let tag = image
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .split_once(':')
+            .map(|(_, t)| t)
+            .unwrap_or("");
         assert!(!tag.is_empty() && tag != "latest", "{}", ctx(image));
 
         // Ports: the config's listeners, on the pod address; probes on the admin port.
@@ -422,7 +460,12 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         }
 
         // The config file: mounted where the args say, from the ConfigMap.
-        let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
         assert_eq!(args, ["--config", "/etc/mrtr-router/config.toml"]);
         let mount = c["volumeMounts"]
             .as_array()
@@ -457,7 +500,11 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
                 .find(|e| e["name"] == v.as_str())
                 .unwrap_or_else(|| panic!("{}", ctx(&format!("env {v}"))));
             let r = &e["valueFrom"]["secretKeyRef"];
-            assert!(r["name"].is_string() && r["key"].is_string(), "{}", ctx(&format!("{v} from a Secret")));
+            assert!(
+                r["name"].is_string() && r["key"].is_string(),
+                "{}",
+                ctx(&format!("{v} from a Secret"))
+            );
             assert_ne!(r["optional"], true, "{}", ctx(&format!("{v} optional")));
         }
         let key = &env.iter().find(|e| e["name"] == "MRTR_TOKEN_KEY").unwrap()["valueFrom"]["secretKeyRef"];
@@ -468,7 +515,11 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         let pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
             .as_u64()
             .unwrap_or_else(|| panic!("{}", ctx("a preStop sleep")));
-        assert!(pre_stop >= 5, "{}", ctx("preStop long enough for the endpoints to update"));
+        assert!(
+            pre_stop >= 5,
+            "{}",
+            ctx("preStop long enough for the endpoints to update")
+        );
         let shutdown = duration_of(&effective, "server", "shutdown_grace").as_secs();
         assert!(
             grace > pre_stop + shutdown,
@@ -480,7 +531,11 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
 
         for kind in ["requests", "limits"] {
             for r in ["cpu", "memory"] {
-                assert!(c["resources"][kind][r].is_string(), "{}", ctx(&format!("resources.{kind}.{r}")));
+                assert!(
+                    c["resources"][kind][r].is_string(),
+                    "{}",
+                    ctx(&format!("resources.{kind}.{r}"))
+                );
             }
         }
 
@@ -489,17 +544,32 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         let psc = &pod["securityContext"];
         let either = |k: &str| if sc.get(k).is_some() { &sc[k] } else { &psc[k] };
         assert_eq!(either("runAsNonRoot"), true, "{}", ctx("runAsNonRoot"));
-        assert!(either("runAsUser").as_u64().is_none_or(|u| u != 0), "{}", ctx("runAsUser"));
+        assert!(
+            either("runAsUser").as_u64().is_none_or(|u| u != 0),
+            "{}",
+            ctx("runAsUser")
+        );
         assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", ctx("readOnlyRootFilesystem"));
-        assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", ctx("allowPrivilegeEscalation"));
+        assert_eq!(
+            sc["allowPrivilegeEscalation"],
+            false,
+            "{}",
+            ctx("allowPrivilegeEscalation")
+        );
         assert_ne!(sc["privileged"], true);
         assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", ctx("drop ALL"));
-        assert!(sc["capabilities"].get("add").is_none(), "{}", ctx("no capability added"));
+        assert!(
+            sc["capabilities"].get("add").is_none(),
+            "{}",
+            ctx("no capability added")
+        );
         assert_eq!(either("seccompProfile")["type"], "RuntimeDefault", "{}", ctx("seccomp"));
         assert_eq!(pod["automountServiceAccountToken"], false);
 
         // Spread over nodes.
-        let spread = pod["topologySpreadConstraints"].as_array().expect("topologySpreadConstraints");
+        let spread = pod["topologySpreadConstraints"]
+            .as_array()
+            .expect("topologySpreadConstraints");
         let by_node = spread
             .iter()
             .find(|t| t["topologyKey"] == "kubernetes.io/hostname")
@@ -516,7 +586,12 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
             .iter()
             .map(|p| &p["targetPort"])
             .collect();
-        assert_eq!(targets, [&json!("mcp")], "{}", ctx("the public Service has the proxy port only"));
+        assert_eq!(
+            targets,
+            [&json!("mcp")],
+            "{}",
+            ctx("the public Service has the proxy port only")
+        );
         if tls {
             assert_eq!(public["spec"]["ports"][0]["port"], 443);
         }
@@ -531,7 +606,11 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
             ctx("the ServiceMonitor picks the admin Service only")
         );
         let sm_port = &sm["spec"]["endpoints"][0]["port"];
-        assert!(admin["spec"]["ports"].as_array().unwrap().iter().any(|p| &p["name"] == sm_port));
+        assert!(admin["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| &p["name"] == sm_port));
         assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
         let ann = &spec["template"]["metadata"]["annotations"];
         assert_eq!(ann["prometheus.io/scrape"], "true");
@@ -542,15 +621,24 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         let dns = effective["discovery"]["dns"].as_str().expect("[discovery] dns");
         let (host, dport) = dns.rsplit_once(':').unwrap();
         let workers = find(objects, "Service", host.split('.').next().unwrap());
-        assert_eq!(workers["spec"]["clusterIP"], "None", "{}", ctx("headless workers Service"));
+        assert_eq!(
+            workers["spec"]["clusterIP"],
+            "None",
+            "{}",
+            ctx("headless workers Service")
+        );
         assert!(workers["spec"]["selector"].as_object().is_some_and(|s| !s.is_empty()));
         assert_ne!(workers["spec"]["publishNotReadyAddresses"], true);
         assert!(workers["spec"]["ports"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|p| p["port"].to_string() == dport));
-        assert!(!selects(&workers["spec"]["selector"], pod_labels), "{}", ctx("workers are not routers"));
+            .any(|p| p["port"].as_u64() == dport.parse().ok()));
+        assert!(
+            !selects(&workers["spec"]["selector"], pod_labels),
+            "{}",
+            ctx("workers are not routers")
+        );
 
         // Disruptions: one router at a time.
         let pdb = find(objects, "PodDisruptionBudget", "mrtr-router");
@@ -560,14 +648,21 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         // NetworkPolicy: the proxy port is reachable; the admin port only from named peers.
         let np = find(objects, "NetworkPolicy", "mrtr-router");
         assert!(selects(&np["spec"]["podSelector"], pod_labels));
-        assert!(np["spec"]["policyTypes"].as_array().unwrap().contains(&json!("Ingress")));
+        assert!(np["spec"]["policyTypes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("Ingress")));
         let rules = np["spec"]["ingress"].as_array().unwrap();
         let allows = |rule: &Value, name: &str, number: u16| {
             rule.get("ports")
                 .and_then(Value::as_array)
                 .is_none_or(|ps| ps.iter().any(|p| p["port"] == name || p["port"] == number))
         };
-        assert!(rules.iter().any(|r| allows(r, "mcp", port("mcp"))), "{}", ctx("proxy port open"));
+        assert!(
+            rules.iter().any(|r| allows(r, "mcp", port("mcp"))),
+            "{}",
+            ctx("proxy port open")
+        );
         let admin_rules: Vec<&Value> = rules.iter().filter(|r| allows(r, "admin", port("admin"))).collect();
         assert!(!admin_rules.is_empty(), "{}", ctx("Prometheus reaches the admin port"));
         for r in admin_rules {
@@ -635,7 +730,10 @@ fn the_manifest_validator_fails_on_broken_objects() {
             .unwrap();
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{kind}: accepted\n{log}");
-        assert!(log.contains(&format!("FAIL {}: {kind}/", dir.path().display())), "{kind}: {log}");
+        assert!(
+            log.contains(&format!("FAIL {}: {kind}/", dir.path().display())),
+            "{kind}: {log}"
+        );
     }
 }
 
@@ -663,7 +761,10 @@ fn systemd_unit_verifies_is_hardened_and_outlasts_shutdown_grace() {
         all[0].clone()
     };
     for (k, v) in [
-        ("ExecStart", "/usr/local/bin/mrtr-router --config /etc/mrtr-router/config.toml"),
+        (
+            "ExecStart",
+            "/usr/local/bin/mrtr-router --config /etc/mrtr-router/config.toml",
+        ),
         ("ExecReload", "/bin/kill -HUP $MAINPID"),
         ("KillSignal", "SIGTERM"),
         ("Restart", "on-failure"),
@@ -704,7 +805,10 @@ fn systemd_unit_verifies_is_hardened_and_outlasts_shutdown_grace() {
         assert_eq!(one("AmbientCapabilities"), "");
     }
     let admin: SocketAddr = effective["admin"]["listen"].as_str().unwrap().parse().unwrap();
-    assert!(admin.ip().is_loopback(), "the sample keeps the admin listener on loopback");
+    assert!(
+        admin.ip().is_loopback(),
+        "the sample keeps the admin listener on loopback"
+    );
 
     // systemd itself: the unit with the built binary and a scratch environment file.
     let dir = tempfile::tempdir().unwrap();
@@ -724,7 +828,11 @@ fn systemd_unit_verifies_is_hardened_and_outlasts_shutdown_grace() {
     // verify reports unknown keys only as warnings: it must complain about a misspelt one.
     let typo = dir.path().join("typo.service");
     std::fs::write(&typo, substituted.replace("ProtectHome=", "ProtectHmoe=")).unwrap();
-    let out = Command::new(systemd_analyze()).arg("verify").arg(&typo).output().unwrap();
+    let out = Command::new(systemd_analyze())
+        .arg("verify")
+        .arg(&typo)
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("Unknown key"));
     // The sandbox as systemd scores it (0 = most locked down, 10 = least): at most 2.0.
     let out = Command::new(systemd_analyze())
@@ -782,16 +890,24 @@ fn prometheus_rules_pass_promtool_check_and_their_unit_tests() {
     let readme = read("deploy/README.md");
     let anchors: BTreeSet<String> = readme.lines().filter(|l| l.starts_with('#')).map(anchor).collect();
     let tests = yaml("tests/deploy/alerts_test.yml");
-    let alerts: Vec<Value> = rule_entries().into_iter().filter(|r| r.get("alert").is_some()).collect();
+    let alerts: Vec<Value> = rule_entries()
+        .into_iter()
+        .filter(|r| r.get("alert").is_some())
+        .collect();
     for a in &alerts {
         let name = a["alert"].as_str().unwrap();
         let severity = a["labels"]["severity"].as_str().unwrap_or("");
         assert!(["critical", "warning"].contains(&severity), "{name}: severity");
         for k in ["summary", "description", "runbook_url"] {
-            assert!(a["annotations"][k].as_str().is_some_and(|s| !s.is_empty()), "{name}: {k}");
+            assert!(
+                a["annotations"][k].as_str().is_some_and(|s| !s.is_empty()),
+                "{name}: {k}"
+            );
         }
         let url = a["annotations"]["runbook_url"].as_str().unwrap();
-        let anchor = url.strip_prefix("deploy/README.md#").expect("runbook in deploy/README.md");
+        let anchor = url
+            .strip_prefix("deploy/README.md#")
+            .expect("runbook in deploy/README.md");
         assert_eq!(anchor, name.to_lowercase());
         assert!(anchors.contains(anchor), "deploy/README.md has no section {name}");
         let evals: Vec<&Value> = tests["tests"]
@@ -836,12 +952,21 @@ fn promtool_unit_tests_fail_when_an_alert_is_broken() {
     for (from, to) in [
         ("ratio_rate5m > 0.05", "ratio_rate5m > 0.5"),
         ("(mrtr_ring_members) == 0", "(mrtr_ring_members) == 1"),
-        ("increase(mrtr_pins_lost_total[5m]) > 0", "increase(mrtr_pins_lost_total[5m]) > 5"),
-        ("(instance:mrtr_config_reload_ok:last_time_6h or", "(instance:mrtr_config_reload_error:last_time_6h or"),
+        (
+            "increase(mrtr_pins_lost_total[5m]) > 0",
+            "increase(mrtr_pins_lost_total[5m]) > 5",
+        ),
+        (
+            "(instance:mrtr_config_reload_ok:last_time_6h or",
+            "(instance:mrtr_config_reload_error:last_time_6h or",
+        ),
         ("unless on (instance, backend)", "or on (instance, backend)"),
         ("mrtr:routing_max_pins > 0.8", "mrtr:routing_max_pins > 0.9"),
         (" * 0)) > 0\n", " * 0)) > 1\n"),
-        ("{reason=~\"unknown_key|bad_signature\"}", "{reason=~\"unknown_key|bad_signature|expired\"}"),
+        (
+            "{reason=~\"unknown_key|bad_signature\"}",
+            "{reason=~\"unknown_key|bad_signature|expired\"}",
+        ),
     ] {
         assert!(text.contains(from), "{from}");
         std::fs::write(dir.path().join("deploy/prometheus/alerts.yml"), text.replace(from, to)).unwrap();
@@ -850,7 +975,10 @@ fn promtool_unit_tests_fail_when_an_alert_is_broken() {
             .current_dir(dir.path().join("tests/deploy"))
             .output()
             .unwrap();
-        assert!(!out.status.success(), "the unit tests pass with `{to}` instead of `{from}`");
+        assert!(
+            !out.status.success(),
+            "the unit tests pass with `{to}` instead of `{from}`"
+        );
     }
 }
 
@@ -863,9 +991,32 @@ struct Selector {
 
 /// Words of PromQL that are not metric names when no `(` follows them.
 const PROMQL_KEYWORDS: [&str; 26] = [
-    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values",
-    "group", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-    "offset", "inf", "nan", "atan2",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+    "group",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+    "atan2",
 ];
 
 /// The series selectors of a PromQL expression. A small lexer: strings, `{...}` matchers,
@@ -980,7 +1131,15 @@ fn the_promql_lexer_finds_metric_names() {
          / on (instance) group_left () mrtr:routing_max_pins > bool 1e-9 unless x offset 15m or sum(y) by (z) # not_a_metric",
     );
     let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["mrtr_request_duration_seconds_bucket", "mrtr:routing_max_pins", "x", "y"]);
+    assert_eq!(
+        names,
+        [
+            "mrtr_request_duration_seconds_bucket",
+            "mrtr:routing_max_pins",
+            "x",
+            "y"
+        ]
+    );
     assert_eq!(s[0].matchers[0], ("instance".into(), "=~".into(), "$instance".into()));
     assert_eq!(s[0].matchers[1], ("a".into(), "!=".into(), "x}".into()));
 }
@@ -1010,7 +1169,11 @@ fn dashboard_has_the_variables_and_panels_the_issue_lists() {
     let d = dashboard();
     assert_eq!(d["uid"], "mrtr-router");
     let vars = d["templating"]["list"].as_array().unwrap();
-    let var = |n: &str| vars.iter().find(|v| v["name"] == n).unwrap_or_else(|| panic!("variable {n}"));
+    let var = |n: &str| {
+        vars.iter()
+            .find(|v| v["name"] == n)
+            .unwrap_or_else(|| panic!("variable {n}"))
+    };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
     let instance = var("instance");
@@ -1039,7 +1202,10 @@ fn dashboard_has_the_variables_and_panels_the_issue_lists() {
         if p["type"] == "row" {
             continue;
         }
-        assert!(p["description"].as_str().is_some_and(|s| !s.is_empty()), "{title}: description");
+        assert!(
+            p["description"].as_str().is_some_and(|s| !s.is_empty()),
+            "{title}: description"
+        );
         assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
         for t in p["targets"].as_array().unwrap() {
             assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
@@ -1094,12 +1260,17 @@ fn dashboard_has_the_variables_and_panels_the_issue_lists() {
         ("Router errors/s by reason", "by (reason)"),
         ("Tokens rejected by reason", "by (reason)"),
     ] {
-        assert!(exprs.iter().any(|(t, e)| t == title && e.contains(by)), "panel {title} groups {by}");
+        assert!(
+            exprs.iter().any(|(t, e)| t == title && e.contains(by)),
+            "panel {title} groups {by}"
+        );
     }
     for q in ["0.5", "0.9", "0.99"] {
         assert!(
-            exprs.iter().any(|(_, e)| e.contains(&format!("histogram_quantile({q},"))
-                && e.contains("mrtr_request_duration_seconds_bucket")),
+            exprs
+                .iter()
+                .any(|(_, e)| e.contains(&format!("histogram_quantile({q},"))
+                    && e.contains("mrtr_request_duration_seconds_bucket")),
             "latency quantile {q}"
         );
     }
@@ -1146,7 +1317,10 @@ async fn metrics_with(c: &HttpClient, admin: SocketAddr, series: &str) -> String
         if metric(&text, series).is_some() {
             return text;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{series} never appeared on /metrics:\n{text}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never appeared on /metrics:\n{text}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -1157,7 +1331,11 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
     let d = dashboard();
     let mut used: Vec<(String, Selector)> = Vec::new();
     for (title, e) in dashboard_exprs(&d) {
-        used.extend(selectors(&e).into_iter().map(|s| (format!("dashboard panel {title:?}"), s)));
+        used.extend(
+            selectors(&e)
+                .into_iter()
+                .map(|s| (format!("dashboard panel {title:?}"), s)),
+        );
     }
     for v in d["templating"]["list"].as_array().unwrap() {
         if let Some(q) = v["query"]["query"].as_str() {
@@ -1165,7 +1343,11 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
                 .strip_prefix("label_values(")
                 .and_then(|r| r.split(',').next())
                 .expect("label_values(metric, label)");
-            used.extend(selectors(metric).into_iter().map(|s| ("dashboard variable".to_string(), s)));
+            used.extend(
+                selectors(metric)
+                    .into_iter()
+                    .map(|s| ("dashboard variable".to_string(), s)),
+            );
         }
     }
     let rules = rule_entries();
@@ -1175,7 +1357,11 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
         .collect();
     for r in &rules {
         let what = r["record"].as_str().or(r["alert"].as_str()).unwrap().to_string();
-        used.extend(selectors(r["expr"].as_str().unwrap()).into_iter().map(|s| (what.clone(), s)));
+        used.extend(
+            selectors(r["expr"].as_str().unwrap())
+                .into_iter()
+                .map(|s| (what.clone(), s)),
+        );
     }
     assert!(used.len() > 50, "{}", used.len());
 
@@ -1228,7 +1414,11 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
     // Router errors, and a rejected token.
     let bad = post(vec![], "not json".into()).await;
     assert_eq!(bad.router_error(), Some("parse_error"));
-    let forged = post(vec![("mcp-routing-id", "mrt1.AAAA".into())], start_call("deploy-2", 2).to_string()).await;
+    let forged = post(
+        vec![("mcp-routing-id", "mrt1.AAAA".into())],
+        start_call("deploy-2", 2).to_string(),
+    )
+    .await;
     assert_eq!(forged.router_error(), Some("invalid_routing_token"));
     // A call left pending expires (pin_idle_ttl = 1s).
     let left = post(vec![], start_call("deploy-expire", 2).to_string()).await;
@@ -1238,22 +1428,38 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
     let mut on_gone = None;
     for i in 0..1000 {
         let key = format!("k-{i}");
-        let r = send(&c, Method::GET, &format!("http://{admin}/debug/route?key={key}"), &[], Bytes::new()).await;
+        let r = send(
+            &c,
+            Method::GET,
+            &format!("http://{admin}/debug/route?key={key}"),
+            &[],
+            Bytes::new(),
+        )
+        .await;
         if r.json()["backend"] == "gone" {
             on_gone = Some(key);
             break;
         }
     }
     let key = on_gone.expect("a key the ring maps to the missing backend");
-    let body = json!({"jsonrpc": "2.0", "id": 5, "messageId": key, "method": "tools/call", "params": {"name": "whoami"}});
+    let body =
+        json!({"jsonrpc": "2.0", "id": 5, "messageId": key, "method": "tools/call", "params": {"name": "whoami"}});
     let moved = post(vec![], body.to_string()).await;
     assert_eq!(moved.status, 200, "{moved:?}");
-    metrics_with(&c, admin, "mrtr_upstream_errors_total{backend=\"gone\",kind=\"connect\"}").await;
+    metrics_with(
+        &c,
+        admin,
+        "mrtr_upstream_errors_total{backend=\"gone\",kind=\"connect\"}",
+    )
+    .await;
     // A pinned call whose worker dies: its follow-ups fail until the worker is ejected, then the
     // pin is lost.
     let lost = post(vec![], start_call("deploy-lost", 2).to_string()).await;
     let holder = lost.worker();
-    let at = workers.iter().position(|w| w.state.name == holder).expect("a worker answered");
+    let at = workers
+        .iter()
+        .position(|w| w.state.name == holder)
+        .expect("a worker answered");
     workers.remove(at).stop().await;
     let deadline = tokio::time::Instant::now() + CHILD_DEADLINE;
     loop {
@@ -1262,7 +1468,10 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
             break;
         }
         assert_eq!(a.router_error(), Some("upstream_unavailable"), "{a:?}");
-        assert!(tokio::time::Instant::now() < deadline, "the dead worker was never ejected");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dead worker was never ejected"
+        );
     }
     // Reloads: one that succeeds, one that is rejected.
     std::fs::write(&path, format!("{config}# reloaded\n")).unwrap();
