@@ -268,9 +268,45 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
     for s in &sources {
         copy_tree(&repo().join(s), &ctx.path().join(s));
     }
+    // Every target the manifest declares has its source in the context (cargo refuses to build
+    // a package with a declared bench or example missing, whichever target is asked for).
+    let manifest: toml::Table = read("Cargo.toml").parse().unwrap();
+    let mut declared = vec![PathBuf::from("src/lib.rs"), PathBuf::from("src/main.rs")];
+    for (kind, dir) in [
+        ("bin", "src/bin"),
+        ("example", "examples"),
+        ("test", "tests"),
+        ("bench", "benches"),
+    ] {
+        for t in manifest.get(kind).and_then(|v| v.as_array()).into_iter().flatten() {
+            let name = t["name"].as_str().unwrap();
+            declared.push(match t.get("path") {
+                Some(p) => PathBuf::from(p.as_str().unwrap()),
+                None => PathBuf::from(format!("{dir}/{name}.rs")),
+            });
+        }
+    }
+    for d in &declared {
+        assert!(
+            ctx.path().join(d).is_file(),
+            "the build context lacks {} (Cargo.toml needs it)",
+            d.display()
+        );
+    }
+    // The lock file is current for that context: `cargo tree --locked` resolves it offline for
+    // the host, as `cargo build --locked` does (a stale Cargo.lock fails here).
+    let host = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .arg("-vV")
+        .output()
+        .unwrap();
+    let host = String::from_utf8(host.stdout).unwrap();
+    let host = host
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV host");
     run_ok(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+            .args(["tree", "--locked", "--offline", "-e", "normal,build", "--target", host])
             .current_dir(ctx.path()),
     );
 }
