@@ -517,6 +517,14 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
             .expect("config volume");
         let sources = volume["projected"]["sources"].as_array().expect("a projected volume");
         assert!(sources.iter().any(|s| s["configMap"]["name"] == "mrtr-router"));
+        // Readable by the router's user: through fsGroup when the mode keeps others out.
+        let mode = volume["projected"]["defaultMode"].as_u64().unwrap_or(0o644);
+        let group_reads = mode & 0o040 != 0 && pod["securityContext"]["fsGroup"].is_u64();
+        assert!(
+            mode & 0o004 != 0 || group_reads,
+            "{}",
+            ctx("the config volume is unreadable")
+        );
 
         // Secrets: every ${VAR} of the config is an env var of the container from a Secret
         // (required); the token key is the Secret mrtr-router's token-key.
