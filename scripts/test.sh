@@ -18,6 +18,25 @@ step "Python venv with the official MCP SDK (tests/interop/requirements.txt)"
 MRTR_INTEROP_PYTHON="$(bash tests/interop/setup_venv.sh | tail -n1)"
 export MRTR_INTEROP_PYTHON
 
+# ---- deploy/ checks (tests/deploy.rs): their tools and venv -----------------------------------
+step "Tools for the deploy checks (tests/deploy.rs): promtool, kubectl, systemd-analyze; Python venv with kubernetes-validate (tests/deploy/requirements.txt)"
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "promtool missing: apt-get install prometheus (Debian's package ships it)"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; then
+    echo >&2 "==> FAILED: apt-get install prometheus (for promtool)"
+    exit 1
+  fi
+fi
+for t in promtool kubectl systemd-analyze; do
+  if ! command -v "$t" >/dev/null 2>&1; then
+    echo >&2 "==> FAILED: $t not found on PATH (tests/deploy.rs needs it)"
+    exit 1
+  fi
+done
+MRTR_DEPLOY_PYTHON="$(bash tests/deploy/setup_venv.sh | tail -n1)"
+export MRTR_DEPLOY_PYTHON
+# ---- end of the deploy/ checks block ----------------------------------------------------------
+
 step "cargo test"
 cargo test --all-targets
 
