@@ -70,7 +70,7 @@ pub mod internals {
     pub use crate::balance::HashRing;
     pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
-    pub use crate::token::{Claims, Rejected, TokenKeys};
+    pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }
 

@@ -28,6 +28,7 @@ use crate::route;
 use crate::sealing;
 use crate::state::Shared;
 use crate::upstream::Backend;
+use answer::Observed;
 use forward::Forward;
 
 /// What one request did, filled in as its phases go; [`handle`] records it.
@@ -45,15 +46,14 @@ struct Record {
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderValue, tls: bool) -> Response<ProxyBody> {
     let started = Instant::now();
     let mut record = Record::default();
-    let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
+    // Boxed: the pipeline's state is large (~3 KiB), and a future is copied whole each time it
+    // is moved; boxed here, it is built once, in its box.
+    let result = Box::pin(handle_inner(&shared, req, &peer, tls, started, &mut record)).await;
     if let Some((backend, method, status, seconds)) = &record.answered {
         backend.observe_request(method, *status, *seconds);
     }
     match result {
-        Ok(response) => {
-            join_the_write_burst().await;
-            response
-        }
+        Ok(response) => response,
         Err(e) => {
             let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
             router_error(&shared, e, id)
@@ -127,7 +127,16 @@ async fn handle_inner(
     // Observe the answer; pins are in place before the client can read it.
     let elapsed = started.elapsed().as_secs_f64();
     record.answered = Some((backend.clone(), method, resp.status(), elapsed));
-    answer::observe(&forward, call, resp, &backend, guard, timer.as_mut()).await
+    let response = match answer::observe(&forward, call, resp, &backend, guard) {
+        Observed::Ready(response) => response,
+        Observed::Json(mut json) => {
+            let body = json.body.take().expect("a JSON answer's body is read once");
+            let collected = read::collect_json(body, timer.as_mut()).await;
+            json.finish(collected, &forward, &backend)?
+        }
+    };
+    join_the_write_burst().await;
+    Ok(response)
 }
 
 /// Waits until every request that became ready in this turn of the event loop has got this far,

@@ -250,8 +250,8 @@ impl Connection {
         let peer_ip = HeaderValue::from_str(&self.peer.ip().to_string()).expect("an IP is a valid header value");
         service_fn(move |req| {
             let done = activity.start();
-            // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
-            let answer = Box::pin(proxy::handle(shared.clone(), req, peer_ip.clone(), tls));
+            // Small: `proxy::handle` boxes the large part of the request's future itself.
+            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls);
             async move { Ok::<_, Infallible>(answer.await.map(|body| watchdog::Tracked::new(body, done))) }
         })
     }
