@@ -194,7 +194,7 @@ impl Call {
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
         // Single-round traffic: no pin to finish, and an answer without these fields cannot
         // continue a call, so there is nothing to parse.
-        if prior.is_none() && !CONTINUATION_MARKERS.iter().any(|m| m.find(msg).is_some()) {
+        if prior.is_none() && !may_continue(msg) {
             return seen;
         }
         let outcome = dialect::parse_outcome(msg);
@@ -263,6 +263,41 @@ impl Call {
 static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
     LazyLock::new(|| [b"\"result\"".as_slice(), b"\"error\""].map(memmem::Finder::new));
 
-/// Fields one of which every answer that continues a call carries (DESIGN §4).
-static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
-    LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId\""].map(memmem::Finder::new));
+/// Whether `msg` has one of the fields every answer that continues a call carries (DESIGN §4):
+/// `"pending"`, `"resultType"` or `"taskId"`. One pass over its quotes, not a search per field.
+fn may_continue(msg: &[u8]) -> bool {
+    memchr::memchr_iter(b'"', msg).any(|at| {
+        let rest = &msg[at + 1..];
+        match rest.first() {
+            Some(b'p') => rest.starts_with(b"pending\""),
+            Some(b'r') => rest.starts_with(b"resultType\""),
+            Some(b't') => rest.starts_with(b"taskId\""),
+            _ => false,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_continue;
+
+    #[test]
+    fn the_continuation_pre_check_finds_each_field_and_no_look_alike() {
+        for msg in [
+            &br#"{"id":1,"result":{"pending":true}}"#[..],
+            br#"{"id":1,"result":{"resultType":"input_required","requestState":"s"}}"#,
+            br#"{"id":1,"result":{"task":{"taskId":"t-1","status":"working"}}}"#,
+        ] {
+            assert!(may_continue(msg), "{}", String::from_utf8_lossy(msg));
+        }
+        for msg in [
+            &br#"{"id":1,"result":{"content":[{"type":"text","text":"done"}]}}"#[..],
+            br#"{"id":1,"result":{"pendingX":true,"resultTypes":1,"taskIds":[]}}"#,
+            br#"{"id":1,"result":{"p":"r","t":""}}"#,
+            b"",
+            b"\"",
+        ] {
+            assert!(!may_continue(msg), "{}", String::from_utf8_lossy(msg));
+        }
+    }
+}

@@ -60,6 +60,7 @@ use tokio::net::TcpListener;
 
 pub use config::{Config, ConfigError};
 pub use handle::RouterHandle;
+pub use server::raise_open_file_limit;
 
 use config::ConfigFile;
 use server::Shutdown;
@@ -87,6 +88,36 @@ impl Listeners {
             proxy: TcpListener::bind(config.server.listen).await?,
             admin: TcpListener::bind(config.admin.listen).await?,
         })
+    }
+
+    /// The listeners systemd passed by socket activation, else those the config names. With
+    /// `LISTEN_FDS` set (and `LISTEN_PID`, when set, this process), the sockets from fd 3 on
+    /// are named by `LISTEN_FDNAMES` (`proxy`, `admin`; unnamed: the first is the proxy's, the
+    /// second the admin's); one not passed is bound from the config. A restart then queues new
+    /// connections in the kernel instead of refusing them.
+    pub async fn from_systemd_or_bind(config: &Config) -> std::io::Result<(Listeners, bool)> {
+        let passed = server::socket_activation::listeners()?;
+        if passed.is_empty() {
+            return Ok((Listeners::bind(config).await?, false));
+        }
+        let mut proxy = None;
+        let mut admin = None;
+        for (name, listener) in passed {
+            match name.as_str() {
+                "proxy" => proxy = Some(listener),
+                "admin" => admin = Some(listener),
+                other => tracing::warn!(name = other, "ignoring a socket passed with an unknown name"),
+            }
+        }
+        let proxy = match proxy {
+            Some(l) => l,
+            None => TcpListener::bind(config.server.listen).await?,
+        };
+        let admin = match admin {
+            Some(l) => l,
+            None => TcpListener::bind(config.admin.listen).await?,
+        };
+        Ok((Listeners { proxy, admin }, true))
     }
 }
 

@@ -1,11 +1,13 @@
 //! Observing a backend's answer: its head and each JSON-RPC message go to the call's lifecycle
 //! (pins, sealing) before the client can read them; JSON answers are read whole for that, SSE
-//! streams are split into events, anything else streams through untouched.
+//! streams are split into events, anything else streams through untouched. Plain functions
+//! over the caller's values: the one body to wait for (a JSON answer) is read by the caller,
+//! so the answer's head and the call are never moved into a future of their own.
 
 use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderValue};
-use http::Response;
+use http::response::Parts;
 use http_body::Body;
 
 use super::forward::{passive_failure, upstream_error_hook, Forward};
@@ -16,121 +18,124 @@ use crate::calls::Call;
 use crate::error::RouterError;
 use crate::upstream::{Backend, DrivenBody, InflightGuard};
 
-/// What observing an answer's head decided.
-pub(super) enum Observed {
-    /// The client's answer, ready (streamed or empty).
-    Ready(Response<ProxyBody>),
-    /// A JSON answer to read whole before the client may have it (it holds the outcome).
-    Json(JsonAnswer),
+/// What kind of body an answer has, as far as observing it goes.
+pub(super) enum Kind {
+    /// `text/event-stream`: observed event by event as it streams.
+    Sse,
+    /// A JSON answer to a JSON-RPC request: read whole before the client may have it.
+    Json,
+    /// Anything else: passed through.
+    Other,
 }
 
-/// A JSON answer whose head is observed and whose body is still to read.
-pub(super) struct JsonAnswer {
-    parts: http::response::Parts,
-    /// Taken by the caller to read it (`read::collect_json`).
-    pub body: Option<DrivenBody>,
-    call: Call,
-    pinned: bool,
-    guard: InflightGuard,
-}
-
-/// Observes the head of the backend's `resp` to a request of `call`: session pins, the routing
-/// token of a stream, which kind of body it is. `guard` keeps the request in flight until a
-/// streamed body ends. Not `async`: the one body to wait for (a JSON answer) is read by the
-/// caller, so no second future of this size sits inside the request's.
-pub(super) fn observe(
-    forward: &Forward<'_>,
-    call: Call,
-    resp: Response<DrivenBody>,
-    backend: &Arc<Backend>,
-    guard: InflightGuard,
-) -> Observed {
-    let (shared, snap) = (forward.shared, forward.snap);
-    let status = resp.status();
-    let (mut parts, body) = resp.into_parts();
+/// Observes the answer's head (session pins, hop-by-hop headers) and tells what its body is.
+pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> (Kind, bool) {
     let pinned = call.observe_head(status, &mut parts.headers);
     strip_hop_by_hop(&mut parts.headers);
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
         .map_or(&b""[..], |v| v.as_bytes());
-    let is_sse = starts_with_ignore_case(content_type, b"text/event-stream");
-    let is_json = starts_with_ignore_case(content_type, b"application/json");
-    let idle = snap.config.server.stream_idle_timeout;
-    let stream = |body, prefix, sink, guard| {
-        let on_error = Some(upstream_error_hook(shared, backend));
-        ProxyBody::stream(body, prefix, sink, idle, Some(guard), on_error)
+    let kind = if starts_with_ignore_case(content_type, b"text/event-stream") {
+        Kind::Sse
+    } else if starts_with_ignore_case(content_type, b"application/json") && call.observes_body() {
+        Kind::Json
+    } else {
+        Kind::Other
     };
-    if is_sse {
-        // Pins made mid-stream cannot add headers any more: announce the token up front.
-        if pinned || call.may_create_pin() {
-            set_routing_token(&mut parts.headers, &call);
-        }
-        if snap.sealing.is_some() {
-            // Sealing changes the length of events.
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
-        let sink: MessageSink = Box::new(move |msg: &[u8]| {
-            call.keep_session_alive();
-            call.observe_message(msg).replacement
-        });
-        return Observed::Ready(Response::from_parts(parts, stream(body, None, Some(sink), guard)));
-    }
-    if is_json && call.observes_body() {
-        return Observed::Json(JsonAnswer {
-            parts,
-            body: Some(body),
-            call,
-            pinned,
-            guard,
-        });
-    }
-    let body = match body.is_end_stream() {
-        true => ProxyBody::empty(),
-        false => stream(body, None, None, guard),
-    };
-    if pinned {
-        set_routing_token(&mut parts.headers, &call);
-    }
-    Observed::Ready(Response::from_parts(parts, body))
+    (kind, pinned)
 }
 
-impl JsonAnswer {
-    /// The client's answer once the body was read (`collected`): pins made or finished by the
-    /// message, sealed handles in it, the routing token.
-    pub(super) fn finish(
-        mut self,
-        collected: Result<Collected, CollectError>,
-        forward: &Forward<'_>,
-        backend: &Arc<Backend>,
-    ) -> Result<Response<ProxyBody>, RouterError> {
-        let body = match collected {
-            Ok(Collected::Whole(bytes)) => {
-                let seen = self.call.observe_message(&bytes);
-                self.pinned |= seen.created;
-                let bytes = match seen.replacement {
-                    Some(r) => r.apply(&bytes).unwrap_or(bytes),
-                    None => bytes,
-                };
-                set_content_length(&mut self.parts.headers, bytes.len());
-                ProxyBody::full(bytes)
-            }
-            Ok(Collected::Prefix(prefix, rest)) => {
-                let idle = forward.snap.config.server.stream_idle_timeout;
-                let on_error = Some(upstream_error_hook(forward.shared, backend));
-                ProxyBody::stream(rest, Some(prefix), None, idle, Some(self.guard), on_error)
-            }
-            Err(CollectError::Timeout) => return Err(forward.timed_out(backend)),
-            Err(CollectError::Upstream) => {
-                passive_failure(forward.shared, forward.snap, backend, "reset");
-                return Err(RouterError::upstream_unavailable(&backend.name));
-            }
-        };
-        if self.pinned {
-            set_routing_token(&mut self.parts.headers, &self.call);
-        }
-        Ok(Response::from_parts(self.parts, body))
+/// An SSE answer's body: each event goes to the call before it goes out. Pins made mid-stream
+/// cannot add headers any more, so the routing token is announced up front.
+pub(super) fn sse(
+    forward: &Forward<'_>,
+    call: Call,
+    parts: &mut Parts,
+    pinned: bool,
+    body: DrivenBody,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> ProxyBody {
+    if pinned || call.may_create_pin() {
+        set_routing_token(&mut parts.headers, &call);
     }
+    if forward.snap.sealing.is_some() {
+        // Sealing changes the length of events.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let sink: MessageSink = Box::new(move |msg: &[u8]| {
+        call.keep_session_alive();
+        call.observe_message(msg).replacement
+    });
+    stream(forward, body, None, Some(sink), backend, guard)
+}
+
+/// A JSON answer's body once read whole (`collected`): pins made or finished by the message,
+/// sealed handles in it, the routing token.
+pub(super) fn json(
+    forward: &Forward<'_>,
+    call: &Call,
+    parts: &mut Parts,
+    mut pinned: bool,
+    collected: Result<Collected, CollectError>,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> Result<ProxyBody, RouterError> {
+    let body = match collected {
+        Ok(Collected::Whole(bytes)) => {
+            let seen = call.observe_message(&bytes);
+            pinned |= seen.created;
+            let bytes = match seen.replacement {
+                Some(r) => r.apply(&bytes).unwrap_or(bytes),
+                None => bytes,
+            };
+            set_content_length(&mut parts.headers, bytes.len());
+            ProxyBody::full(bytes)
+        }
+        Ok(Collected::Prefix(prefix, rest)) => stream(forward, rest, Some(prefix), None, backend, guard),
+        Err(CollectError::Timeout) => return Err(forward.timed_out(backend)),
+        Err(CollectError::Upstream) => {
+            passive_failure(forward.shared, forward.snap, backend, "reset");
+            return Err(RouterError::upstream_unavailable(&backend.name));
+        }
+    };
+    if pinned {
+        set_routing_token(&mut parts.headers, call);
+    }
+    Ok(body)
+}
+
+/// Any other answer's body, passed through.
+pub(super) fn other(
+    forward: &Forward<'_>,
+    call: &Call,
+    parts: &mut Parts,
+    pinned: bool,
+    body: DrivenBody,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> ProxyBody {
+    if pinned {
+        set_routing_token(&mut parts.headers, call);
+    }
+    match body.is_end_stream() {
+        true => ProxyBody::empty(),
+        false => stream(forward, body, None, None, backend, guard),
+    }
+}
+
+fn stream(
+    forward: &Forward<'_>,
+    body: DrivenBody,
+    prefix: Option<bytes::Bytes>,
+    sink: Option<MessageSink>,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> ProxyBody {
+    let idle = forward.snap.config.server.stream_idle_timeout;
+    let on_error = Some(upstream_error_hook(forward.shared, backend));
+    ProxyBody::stream(body, prefix, sink, idle, Some(guard), on_error)
 }
 
 /// The call's routing token in the answer's routing header, when tokens are on.

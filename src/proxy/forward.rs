@@ -15,7 +15,10 @@ use crate::body::ErrorHook;
 use crate::error::RouterError;
 use crate::route::{self, Decision};
 use crate::state::{Shared, Snapshot};
-use crate::upstream::{Backend, Connection, DrivenBody, InflightGuard, PooledConn, SendError, UpstreamBody};
+use crate::upstream::{
+    is_local_error, Backend, BodyFault, Connection, DrivenBody, FaultCell, InflightGuard, PooledConn, SendError,
+    UpstreamBody,
+};
 
 /// What forwarding one request needs.
 pub(super) struct Forward<'a> {
@@ -52,6 +55,11 @@ impl Forward<'_> {
                 Ok(conn) => return Ok((conn, backend, guard)),
                 Err(e) => e,
             };
+            if is_local_error(&e) {
+                // Out of descriptors (or memory, or ports) here: no backend is to blame.
+                tracing::warn!(backend = %backend.name, error = %e, "cannot open an upstream connection: local resources exhausted");
+                return Err(RouterError::Overloaded);
+            }
             tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
             passive_failure(shared, snap, &backend, "connect");
             let next = (unpinned && !retried)
@@ -72,6 +80,7 @@ impl Forward<'_> {
         conn: PooledConn,
         backend: &Backend,
         request: Request<UpstreamBody>,
+        client_fault: &FaultCell,
         mut timer: Pin<&mut Sleep>,
     ) -> Result<Response<DrivenBody>, RouterError> {
         let (shared, snap) = (self.shared, self.snap);
@@ -105,6 +114,11 @@ impl Forward<'_> {
                 backend.record_request_success();
                 Ok(resp)
             }
+            // The client's streamed body broke or stalled: its fault, answered as such.
+            Some(Err(_)) | None if client_fault.get().is_some() => Err(match client_fault.get() {
+                Some(BodyFault::Timeout) => RouterError::BodyTimeout,
+                _ => RouterError::BodyBroken,
+            }),
             Some(Err(kind)) => {
                 passive_failure(shared, snap, backend, kind);
                 Err(RouterError::upstream_unavailable(&backend.name))
@@ -113,9 +127,15 @@ impl Forward<'_> {
         }
     }
 
-    /// The error for a request whose upstream deadline passed, counted against `backend`.
+    /// The error for a request whose upstream deadline passed. Counted, but not toward the
+    /// backend's health: a slow answer (a long tool call) says nothing of whether the backend
+    /// is up; its health checks tell that.
     pub(super) fn timed_out(&self, backend: &Backend) -> RouterError {
-        passive_failure(self.shared, self.snap, backend, "timeout");
+        self.shared
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&backend.name, "timeout"])
+            .inc();
         RouterError::upstream_timeout(&backend.name)
     }
 }

@@ -9,6 +9,8 @@ mod forward;
 mod headers;
 mod read;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,8 +29,7 @@ use crate::error::RouterError;
 use crate::route;
 use crate::sealing;
 use crate::state::Shared;
-use crate::upstream::Backend;
-use answer::Observed;
+use crate::upstream::{Backend, ClientBody, FaultCell};
 use forward::Forward;
 
 /// What one request did, filled in as its phases go; [`handle`] records it.
@@ -43,22 +44,30 @@ struct Record {
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
 /// connection). Never fails: every problem becomes a DESIGN §6 answer.
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderValue, tls: bool) -> Response<ProxyBody> {
-    let started = Instant::now();
-    let mut record = Record::default();
-    // Boxed: the pipeline's state is large (~3 KiB), and a future is copied whole each time it
-    // is moved; boxed here, it is built once, in its box.
-    let result = Box::pin(handle_inner(&shared, req, &peer, tls, started, &mut record)).await;
-    if let Some((backend, method, status, seconds)) = &record.answered {
-        backend.observe_request(method, *status, *seconds);
-    }
-    match result {
-        Ok(response) => response,
-        Err(e) => {
-            let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
-            router_error(&shared, e, id)
+///
+/// Boxed: the request's state is large (~3 KiB), and a future is copied whole each time it is
+/// moved; boxed here, it is built in its box and moved as a pointer.
+pub fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    peer: HeaderValue,
+    tls: bool,
+) -> Pin<Box<impl Future<Output = Response<ProxyBody>> + Send>> {
+    Box::pin(async move {
+        let started = Instant::now();
+        let mut record = Record::default();
+        let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
+        if let Some((backend, method, status, seconds)) = &record.answered {
+            backend.observe_request(method, *status, *seconds);
         }
-    }
+        match result {
+            Ok(response) => response,
+            Err(e) => {
+                let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
+                router_error(&shared, e, id)
+            }
+        }
+    })
 }
 
 async fn handle_inner(
@@ -102,9 +111,14 @@ async fn handle_inner(
     let call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
     let method = method_label(&parts.method, keys.method.as_deref());
     drop(keys);
+    // A streamed body's failure is its client's, never the backend's.
+    let client_fault = FaultCell::default();
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
-        Some(incoming) => Either::Right(incoming),
+        Some(incoming) => {
+            let timeout = snap.config.server.body_read_timeout;
+            Either::Right(ClientBody::new(incoming, timeout, client_fault.clone()))
+        }
         // The backend gets back the state it issued, where the client's echo stands (found
         // by the same scan that read the wrapped state, so it is there).
         None => Either::Left(
@@ -122,21 +136,25 @@ async fn handle_inner(
     let request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
     join_the_write_burst().await;
-    let resp = forward.send(conn, &backend, request, timer.as_mut()).await?;
+    let resp = forward
+        .send(conn, &backend, request, &client_fault, timer.as_mut())
+        .await?;
 
     // Observe the answer; pins are in place before the client can read it.
     let elapsed = started.elapsed().as_secs_f64();
     record.answered = Some((backend.clone(), method, resp.status(), elapsed));
-    let response = match answer::observe(&forward, call, resp, &backend, guard) {
-        Observed::Ready(response) => response,
-        Observed::Json(mut json) => {
-            let body = json.body.take().expect("a JSON answer's body is read once");
+    let status = resp.status();
+    let (mut parts, body) = resp.into_parts();
+    let body = match answer::head(&call, status, &mut parts) {
+        (answer::Kind::Sse, pinned) => answer::sse(&forward, call, &mut parts, pinned, body, &backend, guard),
+        (answer::Kind::Json, pinned) => {
             let collected = read::collect_json(body, timer.as_mut()).await;
-            json.finish(collected, &forward, &backend)?
+            answer::json(&forward, &call, &mut parts, pinned, collected, &backend, guard)?
         }
+        (answer::Kind::Other, pinned) => answer::other(&forward, &call, &mut parts, pinned, body, &backend, guard),
     };
     join_the_write_burst().await;
-    Ok(response)
+    Ok(Response::from_parts(parts, body))
 }
 
 /// Waits until every request that became ready in this turn of the event loop has got this far,

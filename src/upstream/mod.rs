@@ -7,8 +7,10 @@ mod discovery;
 pub mod health;
 mod membership;
 mod pool;
+mod request_body;
 
 pub use backend::{Backend, BackendKey, Connection, HealthChange, Incarnation, InflightGuard};
 pub use discovery::{Lookup, Resolver};
 pub use membership::Membership;
-pub use pool::{DrivenBody, PooledConn, SendError, UpstreamBody};
+pub use pool::{is_local_error, DrivenBody, PooledConn, SendError};
+pub use request_body::{BodyFault, ClientBody, FaultCell, UpstreamBody};

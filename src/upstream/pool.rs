@@ -20,16 +20,13 @@ use bytes::Bytes;
 use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::request_body::UpstreamBody;
 use crate::config::defaults;
-
-/// Body sent upstream: the buffered POST body, or the client's stream as received.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 
 /// Where a backend's connections go: its URL's host and port, as a socket address needs them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,4 +259,12 @@ impl Body for DrivenBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Whether a failed connect attempt says something about the backend, or only about this
+/// machine: out of file descriptors, memory, buffers or local ports. Only the backend's own
+/// faults may count toward ejecting it.
+pub fn is_local_error(e: &io::Error) -> bool {
+    // EMFILE, ENFILE, ENOMEM, ENOBUFS, EADDRNOTAVAIL (Linux numbers).
+    matches!(e.raw_os_error(), Some(24 | 23 | 12 | 105 | 99))
 }
