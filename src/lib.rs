@@ -85,8 +85,8 @@ impl Listeners {
     /// Binds the addresses the config names.
     pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            proxy: TcpListener::bind(config.server.listen).await?,
-            admin: TcpListener::bind(config.admin.listen).await?,
+            proxy: server::listen(config.server.listen)?,
+            admin: server::listen(config.admin.listen)?,
         })
     }
 
@@ -111,11 +111,11 @@ impl Listeners {
         }
         let proxy = match proxy {
             Some(l) => l,
-            None => TcpListener::bind(config.server.listen).await?,
+            None => server::listen(config.server.listen)?,
         };
         let admin = match admin {
             Some(l) => l,
-            None => TcpListener::bind(config.admin.listen).await?,
+            None => server::listen(config.admin.listen)?,
         };
         Ok((Listeners { proxy, admin }, true))
     }

@@ -80,7 +80,7 @@ impl Forward<'_> {
         conn: PooledConn,
         backend: &Backend,
         request: Request<UpstreamBody>,
-        client_fault: &FaultCell,
+        client_fault: Option<&FaultCell>,
         mut timer: Pin<&mut Sleep>,
     ) -> Result<Response<DrivenBody>, RouterError> {
         let (shared, snap) = (self.shared, self.snap);
@@ -115,10 +115,12 @@ impl Forward<'_> {
                 Ok(resp)
             }
             // The client's streamed body broke or stalled: its fault, answered as such.
-            Some(Err(_)) | None if client_fault.get().is_some() => Err(match client_fault.get() {
-                Some(BodyFault::Timeout) => RouterError::BodyTimeout,
-                _ => RouterError::BodyBroken,
-            }),
+            Some(Err(_)) | None if client_fault.and_then(FaultCell::get).is_some() => {
+                Err(match client_fault.and_then(FaultCell::get) {
+                    Some(BodyFault::Timeout) => RouterError::BodyTimeout,
+                    _ => RouterError::BodyBroken,
+                })
+            }
             Some(Err(kind)) => {
                 passive_failure(shared, snap, backend, kind);
                 Err(RouterError::upstream_unavailable(&backend.name))

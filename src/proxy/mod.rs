@@ -36,7 +36,7 @@ use forward::Forward;
 #[derive(Default)]
 struct Record {
     /// The request's JSON-RPC id as the client wrote it (a router error echoes it).
-    id: Option<Bytes>,
+    id: Option<RpcId>,
     /// The backend's answer head: who answered, the `method` label, the status, and the time
     /// from the request head to it.
     answered: Option<(Arc<Backend>, &'static str, StatusCode, f64)>,
@@ -62,10 +62,7 @@ pub fn handle(
         }
         match result {
             Ok(response) => response,
-            Err(e) => {
-                let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
-                router_error(&shared, e, id)
-            }
+            Err(e) => router_error(&shared, e, record.id.as_ref().map(RpcId::as_str)),
         }
     })
 }
@@ -92,7 +89,7 @@ async fn handle_inner(
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
     let keys = RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan)
         .map_err(|_| RouterError::Parse)?;
-    record.id = keys.id.map(|id| bytes.slice_ref(id.as_bytes()));
+    record.id = keys.id.map(RpcId::new);
 
     // Decide: sealed tokens first, then pins, then the ring.
     let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
@@ -112,12 +109,13 @@ async fn handle_inner(
     let method = method_label(&parts.method, keys.method.as_deref());
     drop(keys);
     // A streamed body's failure is its client's, never the backend's.
-    let client_fault = FaultCell::default();
+    let mut client_fault = None;
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
         Some(incoming) => {
             let timeout = snap.config.server.body_read_timeout;
-            Either::Right(ClientBody::new(incoming, timeout, client_fault.clone()))
+            let fault = client_fault.insert(FaultCell::default()).clone();
+            Either::Right(ClientBody::new(incoming, timeout, fault))
         }
         // The backend gets back the state it issued, where the client's echo stands (found
         // by the same scan that read the wrapped state, so it is there).
@@ -137,7 +135,7 @@ async fn handle_inner(
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
     join_the_write_burst().await;
     let resp = forward
-        .send(conn, &backend, request, &client_fault, timer.as_mut())
+        .send(conn, &backend, request, client_fault.as_ref(), timer.as_mut())
         .await?;
 
     // Observe the answer; pins are in place before the client can read it.
@@ -155,6 +153,34 @@ async fn handle_inner(
     };
     join_the_write_burst().await;
     Ok(Response::from_parts(parts, body))
+}
+
+/// A request's JSON-RPC id as the client wrote it: short ones (almost all) copied inline, so
+/// keeping it costs no allocation and no reference count.
+enum RpcId {
+    Inline([u8; 23], u8),
+    Long(Box<str>),
+}
+
+impl RpcId {
+    fn new(raw: &str) -> RpcId {
+        let mut inline = [0u8; 23];
+        match inline.get_mut(..raw.len()) {
+            Some(slot) => {
+                slot.copy_from_slice(raw.as_bytes());
+                RpcId::Inline(inline, raw.len() as u8)
+            }
+            None => RpcId::Long(raw.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `str` whole: always UTF-8.
+            RpcId::Inline(bytes, len) => std::str::from_utf8(&bytes[..*len as usize]).unwrap_or("null"),
+            RpcId::Long(s) => s,
+        }
+    }
 }
 
 /// Waits until every request that became ready in this turn of the event loop has got this far,

@@ -22,7 +22,7 @@ pub fn raise_open_file_limit() -> std::io::Result<(u64, u64)> {
             lim = raised;
         }
     }
-    Ok((lim.rlim_cur as u64, lim.rlim_max as u64))
+    Ok((lim.rlim_cur, lim.rlim_max))
 }
 
 /// The open-file soft limit now.
@@ -33,7 +33,7 @@ pub fn open_file_limit() -> u64 {
     };
     // SAFETY: `lim` is a valid rlimit for the call to fill in.
     match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
-        0 => lim.rlim_cur as u64,
+        0 => lim.rlim_cur,
         _ => u64::MAX,
     }
 }

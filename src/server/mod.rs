@@ -35,6 +35,20 @@ use crate::config::ServerConfig;
 use crate::state::Shared;
 use crate::{admin, proxy, tls};
 
+/// Connections the kernel queues for a listener while the router does not accept (at
+/// `max_connections`, or during a restart); the kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening socket at `addr` with a deep backlog (std's is 128), address reuse on.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
 /// Serves the proxy until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests and streams finish for up to `server.shutdown_grace`.
 ///
