@@ -188,13 +188,15 @@ impl Call {
         let c = self;
         let mut seen = Observed::default();
         // Cheap pre-check: only responses matter, and they carry "result" or "error".
-        if !RESPONSE_MARKERS.iter().any(|m| m.find(msg).is_some()) {
+        let result_at = RESPONSE_MARKERS[0].find(msg);
+        if result_at.is_none() && RESPONSE_MARKERS[1].find(msg).is_none() {
             return seen;
         }
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
-        // Single-round traffic: no pin to finish, and an answer without these fields cannot
-        // continue a call, so there is nothing to parse.
-        if prior.is_none() && !may_continue(msg) {
+        // Single-round traffic: no pin to finish, and an answer without these fields (inside
+        // its result, so after it; an error continues nothing) cannot continue a call, so there
+        // is nothing to parse.
+        if prior.is_none() && !result_at.is_some_and(|at| may_continue(&msg[at..])) {
             return seen;
         }
         let outcome = dialect::parse_outcome(msg);

@@ -234,13 +234,3 @@ async fn a_flood_of_connections_leaves_the_backends_healthy_and_the_admin_listen
     signal(child, "TERM");
     wait_for_exit(child, "the router to stop").await;
 }
-
-/// A child process killed when the test ends, passed or failed.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}

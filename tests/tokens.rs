@@ -380,3 +380,74 @@ async fn tokens_of_the_previous_release_route_for_their_lifetime() {
         .await;
     assert_eq!(r3.router_error(), Some("invalid_routing_token"));
 }
+
+/// A backend killed and restarted at the same address: every token issued before the
+/// restart, on every replica (one with a local pin for the call, one without), is a lost pin,
+/// so no old call ever reaches the new instance; new calls go there as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_from_before_a_backend_restart_are_lost_pins_on_every_replica() {
+    let fast = format!(
+        "{}[health]\ninterval = \"30ms\"\ntimeout = \"200ms\"\nunhealthy_after = 2\nhealthy_after = 2\n",
+        tokens(&[KEY_A])
+    );
+    let (mut a, b) = two_replicas(&fast, &fast).await;
+    let r1 = a.post(&[], &start_call("before-a", 2)).await;
+    let holder = r1.worker();
+    let via_a = routing_token(&r1);
+    // A call on the same backend started through B: A holds no pin for it.
+    let (mid_b, via_b) = (0..500)
+        .map(|i| format!("before-b-{i}"))
+        .find_map(|mid| {
+            let r = futures_block_on(b.post(&[], &start_call(&mid, 2)));
+            (r.worker() == holder).then(|| (mid, routing_token(&r)))
+        })
+        .expect("some key of B's lands on the holder");
+    let at = a.workers.iter().position(|w| w.state.name == holder).unwrap();
+    let addr = a.workers[at].addr;
+    a.workers.remove(at).stop().await;
+    let (ha, hb) = (a.handle.clone(), b.handle.clone());
+    eventually(Duration::from_secs(10), "both replicas eject it", || {
+        !ha.backend(&holder).unwrap().healthy && !hb.backend(&holder).unwrap().healthy
+    })
+    .await;
+    let successor = mrtr_router::example::Worker::start(&holder, tokio::net::TcpListener::bind(addr).await.unwrap());
+    eventually(Duration::from_secs(10), "both replicas re-admit it", || {
+        ha.backend(&holder).unwrap().healthy && hb.backend(&holder).unwrap().healthy
+    })
+    .await;
+    for (fleet, mid, token) in [
+        (&a, "before-a", &via_a),
+        (&b, "before-a", &via_a),
+        (&a, mid_b.as_str(), &via_b),
+        (&b, mid_b.as_str(), &via_b),
+    ] {
+        let r = fleet.post(&[("mcp-routing-id", token)], &confirm(mid, 2)).await;
+        assert_eq!(
+            (r.status.as_u16(), r.router_error()),
+            (503, Some("pinned_backend_unavailable")),
+            "{mid}: {r:?}"
+        );
+    }
+    assert_eq!(
+        successor.state.requests.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "no old call reached the new instance"
+    );
+    // The restarted instance takes new calls.
+    let fresh = (0..500)
+        .map(|i| format!("after-{i}"))
+        .find(|mid| futures_block_on(a.post(&[], &start_call(mid, 1))).worker() == holder);
+    assert!(fresh.is_some(), "new calls reach the restarted backend");
+    assert_eq!(
+        successor
+            .state
+            .unknown_followups
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+/// Runs a future to its end from inside the test's runtime (for `find_map` closures).
+fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}

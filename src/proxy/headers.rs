@@ -65,7 +65,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub(super) fn set_content_length(headers: &mut HeaderMap, len: usize) {
     let mut current = headers.get_all(header::CONTENT_LENGTH).iter();
     let says_len = match (current.next(), current.next()) {
-        (Some(v), None) => v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len),
+        (Some(v), None) => says_decimal(v.as_bytes(), len),
         _ => false,
     };
     if !says_len {
@@ -92,10 +92,34 @@ fn is_plain_connection_value(v: &[u8]) -> bool {
 /// Which of [`HOP_BY_HOP`] `name` is. Most names are rejected by their length alone.
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     let name = name.as_str();
-    match name.len() {
-        2 | 7 | 10 | 16..=19 => HOP_BY_HOP.iter().position(|h| h.as_str() == name),
-        _ => None,
+    // Indices into HOP_BY_HOP by name length: most names are rejected by their length alone,
+    // the rest compared with the one or two of their length.
+    let candidates: &[usize] = match name.len() {
+        2 => &[5],
+        7 => &[6, 8],
+        10 => &[0, 1],
+        16 => &[2],
+        17 => &[7],
+        18 => &[3],
+        19 => &[4],
+        _ => return None,
+    };
+    candidates.iter().copied().find(|&i| HOP_BY_HOP[i].as_str() == name)
+}
+
+/// Whether `value` is `n` in decimal (no sign, no leading zeros but for 0 itself).
+fn says_decimal(value: &[u8], mut n: usize) -> bool {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
     }
+    value == &digits[at..]
 }
 
 /// The request for `backend`: the client's headers (moved out of `parts`) less hop-by-hop
@@ -195,6 +219,20 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.keys().collect::<Vec<_>>(), [header::CONTENT_LENGTH]);
+    }
+
+    #[test]
+    fn decimal_lengths_are_compared_exactly() {
+        for n in [0usize, 7, 10, 99, 100, 1_048_576, usize::MAX] {
+            assert!(says_decimal(n.to_string().as_bytes(), n), "{n}");
+            assert!(!says_decimal(format!("0{n}").as_bytes(), n), "0{n}");
+            assert!(!says_decimal(format!("{n} ").as_bytes(), n), "{n} with a space");
+        }
+        assert!(!says_decimal(b"", 0));
+        assert!(!says_decimal(b"12", 21));
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+        }
     }
 
     #[test]

@@ -228,11 +228,16 @@ impl Connection {
     /// `f`'s output, or `None` if the shutdown starts first: a connection that has not reached
     /// hyper yet (protocol sniff, TLS handshake) closes at once on shutdown instead of holding
     /// it for up to `header_read_timeout`.
+    ///
+    /// It gets [`LAST_CALL`] more first: a client that connected as the shutdown began has
+    /// usually sent its request already (a restart under socket activation hands the next
+    /// process only the connections not yet accepted), and that request is served.
     async fn until_shutdown<T>(&self, f: impl Future<Output = T>) -> Option<T> {
         let mut watch = self.shutdown.register();
+        tokio::pin!(f);
         tokio::select! {
-            out = f => Some(out),
-            () = poll_fn(|cx| watch.poll_started(cx)) => None,
+            out = &mut f => Some(out),
+            () = poll_fn(|cx| watch.poll_started(cx)) => tokio::time::timeout(LAST_CALL, f).await.ok(),
         }
     }
 
@@ -378,10 +383,15 @@ where
     C: GracefulConnection<Error = hyper::Error> + Unpin,
 {
     let mut watch = shutdown.register();
+    // A connection served after the shutdown began (see `LAST_CALL`) first reads the request
+    // its client sent: shut down before it has one, hyper would close it unread.
+    let late = shutdown.is_started();
     // `conn` owns the socket and outlives the timer: both are dropped when this returns.
     let mut timer = watchdog::Watchdog::new(timeout, client, stall_limit);
     let ended = poll_fn(|cx| {
-        watch.poll(cx, Pin::new(&mut conn));
+        if !late || activity.has_started() {
+            watch.poll(cx, Pin::new(&mut conn));
+        }
         if let Poll::Ready(r) = Pin::new(&mut conn).poll(cx) {
             return Poll::Ready(Ok(r));
         }
@@ -402,6 +412,10 @@ where
         }
     }
 }
+
+/// How long a connection that has not shown its protocol (or finished its TLS handshake) when
+/// the shutdown begins may still do so, and have its request served.
+const LAST_CALL: Duration = Duration::from_millis(250);
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4), with which an h2c client opens.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -32,6 +32,11 @@ impl Shutdown {
         }
     }
 
+    /// Whether the shutdown has started.
+    pub fn is_started(&self) -> bool {
+        self.started.load(Ordering::SeqCst)
+    }
+
     /// Resolves once the shutdown has started.
     pub async fn started(&self) {
         let mut watch = self.register();

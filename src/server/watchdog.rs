@@ -81,6 +81,11 @@ impl Activity {
         RequestDone(self.clone())
     }
 
+    /// Whether any request has reached the service on this connection.
+    pub fn has_started(&self) -> bool {
+        self.started.load(Ordering::Relaxed) > 0
+    }
+
     fn snapshot(&self) -> (u64, u64) {
         (
             self.started.load(Ordering::Relaxed),

@@ -484,3 +484,13 @@ where
         weight: 1,
     }
 }
+
+/// A child process killed when the test ends, passed or failed.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
