@@ -24,12 +24,23 @@ pub type MessageSink = Box<dyn FnMut(&[u8]) -> Option<Replacement> + Send>;
 /// Called once if the upstream stream fails, with the `kind` label of the error.
 pub type ErrorHook = Box<dyn FnOnce(&str) + Send>;
 
+/// Called once when a response body is done with (sent whole, or dropped when its client went
+/// away), with the bytes of it that went out.
+pub type EndHook = Box<dyn FnOnce(u64) + Send>;
+
 /// Largest SSE event the router inspects; a longer one is passed through unread.
 pub const MAX_OBSERVED_EVENT: usize = 8 * 1024 * 1024;
 
 /// The body of every response the router sends.
 pub struct ProxyBody {
     kind: Kind,
+    /// Set when the request is observed (access log, tracing): counts the bytes sent.
+    end: Option<Box<End>>,
+}
+
+struct End {
+    sent: u64,
+    hook: EndHook,
 }
 
 enum Kind {
@@ -64,11 +75,15 @@ impl ProxyBody {
         let data: Bytes = data.into();
         ProxyBody {
             kind: Kind::Full(if data.is_empty() { None } else { Some(data) }),
+            end: None,
         }
     }
 
     pub fn empty() -> ProxyBody {
-        ProxyBody { kind: Kind::Full(None) }
+        ProxyBody {
+            kind: Kind::Full(None),
+            end: None,
+        }
     }
 
     /// Streams `inner` to the client. With a `sink`, the stream is SSE and each event's data
@@ -92,6 +107,20 @@ impl ProxyBody {
         };
         ProxyBody {
             kind: Kind::Stream(Box::new(stream)),
+            end: None,
+        }
+    }
+
+    /// Calls `hook` with the bytes sent once the body is done with (see [`EndHook`]).
+    pub fn on_end(&mut self, hook: EndHook) {
+        self.end = Some(Box::new(End { sent: 0, hook }));
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        if let Some(end) = self.end.take() {
+            (end.hook)(end.sent);
         }
     }
 }
@@ -107,10 +136,15 @@ impl Body for ProxyBody {
     type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut self.get_mut().kind {
+        let this = self.get_mut();
+        let polled = match &mut this.kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Stream(s) => s.poll_frame(cx),
+        };
+        if let (Some(end), Poll::Ready(Some(Ok(frame)))) = (&mut this.end, &polled) {
+            end.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

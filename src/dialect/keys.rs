@@ -25,6 +25,8 @@ pub struct RequestKeys<'a> {
     pub task_id: Option<Cow<'a, str>>,
     /// `Mcp-Session-Id` (2c).
     pub session_id: Option<&'a str>,
+    /// `params.name` (the tool or prompt called): only logged and traced.
+    pub name: Option<Cow<'a, str>>,
 }
 
 /// A header's first value as text, if it has one.
@@ -73,6 +75,7 @@ impl<'a> RequestKeys<'a> {
             request_state: envelope.request_state,
             task_id: name.and_then(header_text).map(Cow::Borrowed).or(envelope.task_id),
             session_id: session_id.and_then(header_text),
+            name: envelope.name,
         }
     }
 

@@ -34,6 +34,8 @@ pub struct RequestEnvelope<'a> {
     pub request_state: Option<Cow<'a, str>>,
     /// `params.taskId` (tasks extension).
     pub task_id: Option<Cow<'a, str>>,
+    /// `params.name`: the tool (or prompt) called, for the access log and the trace.
+    pub name: Option<Cow<'a, str>>,
 }
 
 /// Parses a request body. Returns `Err` when it is not JSON. A batch (array) yields its first

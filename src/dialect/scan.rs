@@ -266,18 +266,20 @@ impl<'a> Scanner<'a> {
     fn envelope_object(&mut self, field: &[u8]) -> Scan<RequestEnvelope<'a>> {
         let mut id = None;
         let (mut method, mut message_id, mut request_state, mut task_id) = (None, None, None, None);
+        let mut name = None;
         self.object(|s, key| {
             match &*key.key()? {
                 b"id" => id = Some(s.raw_text()?),
                 b"method" => method = s.string_field()?,
                 b"params" => {
                     // A later `params` replaces an earlier one whole.
-                    (request_state, task_id) = (None, None);
+                    (request_state, task_id, name) = (None, None, None);
                     match s.peek() {
                         Some(b'{') => s.object(|s, key| {
                             match &*key.key()? {
                                 b"requestState" => request_state = s.string_field()?,
                                 b"taskId" => task_id = s.string_field()?,
+                                b"name" => name = s.string_field()?,
                                 _ => s.value()?,
                             }
                             Ok(())
@@ -302,6 +304,8 @@ impl<'a> Scanner<'a> {
             },
             request_state: decode(request_state)?,
             task_id: decode(task_id)?,
+            // Only logged and traced: a name that will not decode is no reason to refuse the request.
+            name: name.and_then(|n| n.value().ok()),
         })
     }
 

@@ -2,7 +2,9 @@
 //! read the body within its limits (`read`) → find its keys (`dialect::RequestKeys`) → decide
 //! (`route::resolve`) → forward (`forward`, requests built by `headers`) → observe the answer
 //! (`answer`, which hands it to the call's lifecycle in `crate::calls`). [`handle`] is the one
-//! place where a [`RouterError`] becomes an answer and where request metrics are recorded.
+//! place where a [`RouterError`] becomes an answer and where each request is recorded: its
+//! metrics, and, when the access log or tracing is on, its `telemetry::Observation` (written
+//! out when the answer's body is done with).
 
 mod answer;
 mod forward;
@@ -27,6 +29,7 @@ use crate::error::RouterError;
 use crate::route;
 use crate::sealing;
 use crate::state::Shared;
+use crate::telemetry::Observation;
 use crate::upstream::Backend;
 use forward::Forward;
 
@@ -38,6 +41,8 @@ struct Record {
     /// The backend's answer head: who answered, the `method` label, the status, and the time
     /// from the request head to it.
     answered: Option<(Arc<Backend>, &'static str, StatusCode, f64)>,
+    /// The access log's and the trace's view, when either is on.
+    obs: Option<Box<Observation>>,
 }
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
@@ -49,16 +54,25 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderVal
     if let Some((backend, method, status, seconds)) = &record.answered {
         backend.observe_request(method, *status, *seconds);
     }
-    match result {
+    let mut response = match result {
         Ok(response) => {
             join_the_write_burst().await;
             response
         }
         Err(e) => {
+            if let Some(obs) = &mut record.obs {
+                obs.error = Some(e.reason());
+            }
             let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
             router_error(&shared, e, id)
         }
+    };
+    if let Some(mut obs) = record.obs.take() {
+        // Written out when the body is done with: a stream's line has its whole size.
+        obs.status = response.status().as_u16();
+        response.body_mut().on_end(Box::new(move |sent| obs.bytes_out = sent));
     }
+    response
 }
 
 async fn handle_inner(
@@ -72,6 +86,8 @@ async fn handle_inner(
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let (mut parts, body) = req.into_parts();
+    let access = snap.config.log.access.then_some(snap.config.log.format);
+    record.obs = Observation::begin(&parts, peer, started, access, snap.tracing.as_ref());
 
     // Read: a POST's body whole (bounded in size and time); other methods stream theirs.
     let (bytes, stream) = match parts.method == Method::POST {
@@ -84,6 +100,9 @@ async fn handle_inner(
     let keys = RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan)
         .map_err(|_| RouterError::Parse)?;
     record.id = keys.id.map(|id| bytes.slice_ref(id.as_bytes()));
+    if let Some(obs) = &mut record.obs {
+        obs.keys(keys.method.as_deref(), keys.name.as_deref());
+    }
 
     // Decide: sealed tokens first, then pins, then the ring.
     let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
@@ -91,15 +110,30 @@ async fn handle_inner(
     if decision.pin_lost {
         shared.metrics.pins_lost.inc();
     }
+    if let Some(obs) = &mut record.obs {
+        let pin_used = decision
+            .matched
+            .filter(|_| !decision.pin_lost)
+            .map(|m| m.pin.kind.label());
+        obs.routed(decision.source.label(), &decision.backend.name, pin_used);
+    }
 
     // Forward. One timer bounds the whole exchange, up to a JSON answer's last byte.
     let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
     let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
     let forward = Forward { shared, snap: &snap };
-    let (conn, backend, guard) = forward.connect(&decision, keys.client_key(), timer.as_mut()).await?;
+    let trace = record.obs.as_mut().and_then(|o| o.trace.as_mut());
+    let connected = forward
+        .connect(&decision, keys.client_key(), timer.as_mut(), trace)
+        .await;
+    let (conn, backend, guard) = connected?;
     // The incarnation the request goes to: an ejection while it is in flight voids any pin
     // its answer makes.
-    let call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
+    let mut call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
+    if let Some(obs) = &mut record.obs {
+        obs.sent_to(&backend.name);
+        call.note_pins_in(obs.pins_created.clone());
+    }
     let method = method_label(&parts.method, keys.method.as_deref());
     drop(keys);
     let body = match stream {
@@ -119,8 +153,11 @@ async fn handle_inner(
         ),
     };
     let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
-    let request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
+    let mut request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
+    if let Some(trace) = record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
+        trace.inject(request.headers_mut());
+    }
     join_the_write_burst().await;
     let resp = forward.send(conn, &backend, request, timer.as_mut()).await?;
 
