@@ -34,18 +34,28 @@ pub const MAX_OBSERVED_EVENT: usize = 8 * 1024 * 1024;
 /// The body of every response the router sends.
 pub struct ProxyBody {
     kind: Kind,
-    /// Set when the request is observed (access log, tracing): counts the bytes sent.
-    end: Option<Box<End>>,
 }
 
-struct End {
+/// A body whose request is observed (access log, tracing): counts the bytes sent, and calls
+/// its hook when dropped.
+struct Observed {
+    body: ProxyBody,
     sent: u64,
-    hook: EndHook,
+    hook: Option<EndHook>,
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        if let Some(hook) = self.hook.take() {
+            hook(self.sent);
+        }
+    }
 }
 
 enum Kind {
     Full(Option<Bytes>),
     Stream(Box<Stream>),
+    Observed(Box<Observed>),
 }
 
 struct Stream {
@@ -75,15 +85,11 @@ impl ProxyBody {
         let data: Bytes = data.into();
         ProxyBody {
             kind: Kind::Full(if data.is_empty() { None } else { Some(data) }),
-            end: None,
         }
     }
 
     pub fn empty() -> ProxyBody {
-        ProxyBody {
-            kind: Kind::Full(None),
-            end: None,
-        }
+        ProxyBody { kind: Kind::Full(None) }
     }
 
     /// Streams `inner` to the client. With a `sink`, the stream is SSE and each event's data
@@ -107,21 +113,17 @@ impl ProxyBody {
         };
         ProxyBody {
             kind: Kind::Stream(Box::new(stream)),
-            end: None,
         }
     }
 
     /// Calls `hook` with the bytes sent once the body is done with (see [`EndHook`]).
     pub fn on_end(&mut self, hook: EndHook) {
-        self.end = Some(Box::new(End { sent: 0, hook }));
-    }
-}
-
-impl Drop for ProxyBody {
-    fn drop(&mut self) {
-        if let Some(end) = self.end.take() {
-            (end.hook)(end.sent);
-        }
+        let body = std::mem::replace(self, ProxyBody::empty());
+        self.kind = Kind::Observed(Box::new(Observed {
+            body,
+            sent: 0,
+            hook: Some(hook),
+        }));
     }
 }
 
@@ -136,20 +138,23 @@ impl Body for ProxyBody {
     type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = match &mut this.kind {
+        match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Stream(s) => s.poll_frame(cx),
-        };
-        if let (Some(end), Poll::Ready(Some(Ok(frame)))) = (&mut this.end, &polled) {
-            end.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
+            Kind::Observed(o) => {
+                let polled = Pin::new(&mut o.body).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    o.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                polled
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(data) => data.is_none(),
+            Kind::Observed(o) => o.body.is_end_stream(),
             Kind::Stream(s) => {
                 s.prefix.is_none() && s.inner.is_end_stream() && s.sse.as_ref().is_none_or(|s| s.buf.is_empty())
             }
@@ -159,6 +164,7 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Observed(o) => o.body.size_hint(),
             Kind::Stream(s) if s.sse.is_none() => {
                 let inner = s.inner.size_hint();
                 let extra = s.prefix.as_ref().map_or(0, |p| p.len() as u64);

@@ -86,8 +86,10 @@ async fn handle_inner(
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let (mut parts, body) = req.into_parts();
-    let access = snap.config.log.access.then_some(snap.config.log.format);
-    record.obs = Observation::begin(&parts, peer, started, access, snap.tracing.as_ref());
+    if snap.config.log.access || snap.tracing.is_some() {
+        let access = snap.config.log.access.then_some(snap.config.log.format);
+        record.obs = Some(Observation::begin(&parts, peer, started, access, snap.tracing.as_ref()));
+    }
 
     // Read: a POST's body whole (bounded in size and time); other methods stream theirs.
     let (bytes, stream) = match parts.method == Method::POST {
@@ -97,12 +99,24 @@ async fn handle_inner(
 
     // Keys: every handle the headers and the body carry.
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
-    let keys = RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan)
+    let keys = {
+        // `params.name` only for a request that is logged or traced.
+        let mut name = None;
+        let want_name = record.obs.is_some().then_some(&mut name);
+        let keys = RequestKeys::read(
+            &parts.headers,
+            &routing.header,
+            &routing.body_field,
+            body_to_scan,
+            want_name,
+        )
         .map_err(|_| RouterError::Parse)?;
+        if let Some(obs) = &mut record.obs {
+            obs.keys(keys.method.as_deref(), name.as_deref());
+        }
+        keys
+    };
     record.id = keys.id.map(|id| bytes.slice_ref(id.as_bytes()));
-    if let Some(obs) = &mut record.obs {
-        obs.keys(keys.method.as_deref(), keys.name.as_deref());
-    }
 
     // Decide: sealed tokens first, then pins, then the ring.
     let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
@@ -123,10 +137,9 @@ async fn handle_inner(
     let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
     let forward = Forward { shared, snap: &snap };
     let trace = record.obs.as_mut().and_then(|o| o.trace.as_mut());
-    let connected = forward
+    let (conn, backend, guard) = forward
         .connect(&decision, keys.client_key(), timer.as_mut(), trace)
-        .await;
-    let (conn, backend, guard) = connected?;
+        .await?;
     // The incarnation the request goes to: an ejection while it is in flight voids any pin
     // its answer makes.
     let mut call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);

@@ -69,11 +69,8 @@ impl Tracing {
             resource: resource.clone(),
             dropped: dropped.clone(),
         };
-        let spawned = std::thread::Builder::new()
-            .name("mrtr-otlp".to_string())
-            .spawn(move || exporter.run(rx, stopped));
-        if let Err(e) = spawned {
-            // The queue's receiver is gone with the closure: every span counts as dropped.
+        if let Err(e) = exporter.start(rx, stopped) {
+            // The queue's receiver is gone with it: every span counts as dropped.
             tracing::error!(error = %e, "cannot start the span export thread; spans are dropped");
         }
         let provider = SdkTracerProvider::builder()
@@ -317,15 +314,33 @@ struct Exporter {
 }
 
 impl Exporter {
-    fn run(self, rx: mpsc::Receiver<SpanData>, stopped: oneshot::Receiver<std::sync::mpsc::SyncSender<()>>) {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the span export runtime; spans are dropped");
-                return;
-            }
-        };
-        runtime.block_on(self.export(rx, stopped));
+    /// Runs the export loop on a runtime of its own: one worker thread, `mrtr-otlp`. (A
+    /// multi-thread runtime, driven without `block_on`: a second `block_on` of the current-thread
+    /// scheduler the router may serve on would cost every request instructions, by keeping the
+    /// compiler from inlining that scheduler's task loop.) The runtime is dropped on a plain
+    /// thread once the loop has ended.
+    fn start(
+        self,
+        rx: mpsc::Receiver<SpanData>,
+        stopped: oneshot::Receiver<std::sync::mpsc::SyncSender<()>>,
+    ) -> std::io::Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("mrtr-otlp")
+            .enable_all()
+            .build()?;
+        let (ended, wait) = std::sync::mpsc::channel::<()>();
+        runtime.spawn(async move {
+            self.export(rx, stopped).await;
+            let _ = ended.send(());
+        });
+        std::thread::Builder::new()
+            .name("mrtr-otlp-keeper".to_string())
+            .spawn(move || {
+                let _ = wait.recv();
+                drop(runtime);
+            })?;
+        Ok(())
     }
 
     async fn export(
