@@ -7,6 +7,9 @@
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
 #   BENCH_CG_PEERS="mrtr haproxy nginx floor" bench/callgrind.sh   # nginx as the proxy too
 #   BENCH_CG_LOAD=body BENCH_CG_PEERS=mrtr bench/callgrind.sh       # body-keyed (key only in messageId)
+#   BENCH_CG_ROUTER_EXTRA=$'[log]\naccess = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh   # config appended
+#     to the router's (the backends' nginx also takes OTLP exports at /v1/traces, so
+#     BENCH_CG_ROUTER_EXTRA=$'[tracing]\notlp_endpoint = "http://127.0.0.1:<BASE+1>"' measures tracing on)
 #
 # Starts three nginx backends (the bench's fixed JSON-RPC answer), runs each proxy under
 # callgrind, warms it up with wrk for 2 s, zeroes the counters, drives it for 8 s
@@ -60,6 +63,7 @@ ${NGINX_HTTP_START}
   server {
     listen 127.0.0.1:${PORTS[0]}; listen 127.0.0.1:${PORTS[1]}; listen 127.0.0.1:${PORTS[2]};
     location = /mcp { return 200 '{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}'; }
+    location = /v1/traces { client_max_body_size 64m; return 200 ''; }
   }
 }
 EOF
@@ -75,6 +79,8 @@ EOF
 for i in 0 1 2; do
   printf '[[backend]]\nname = "b%d"\nurl = "http://127.0.0.1:%d"\n' "$i" "${PORTS[$i]}" >>"$OUT/router.toml"
 done
+# Extra router config (e.g. [log] access = true, or [tracing]), from BENCH_CG_ROUTER_EXTRA.
+printf '%s\n' "${BENCH_CG_ROUTER_EXTRA:-}" >>"$OUT/router.toml"
 
 cat >"$OUT/haproxy.cfg" <<EOF
 global

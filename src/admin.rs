@@ -129,7 +129,7 @@ pub fn explain(shared: &Shared, headers: &HeaderMap, key: Option<&str>, body: &[
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let body = Some(body).filter(|b| !b.is_empty());
-    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body)?;
+    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body, None)?;
     if let Some(k) = key {
         keys.set_header_key(k);
     }

@@ -24,6 +24,10 @@ pub type MessageSink = Box<dyn FnMut(&[u8]) -> Option<Replacement> + Send>;
 /// Called once if the upstream stream fails, with the `kind` label of the error.
 pub type ErrorHook = Box<dyn FnOnce(&str) + Send>;
 
+/// Called once when a response body is done with (sent whole, or dropped when its client went
+/// away), with the bytes of it that went out.
+pub type EndHook = Box<dyn FnOnce(u64) + Send>;
+
 /// Largest SSE event the router inspects; a longer one is passed through unread.
 pub const MAX_OBSERVED_EVENT: usize = 8 * 1024 * 1024;
 
@@ -32,9 +36,26 @@ pub struct ProxyBody {
     kind: Kind,
 }
 
+/// A body whose request is observed (access log, tracing): counts the bytes sent, and calls
+/// its hook when dropped.
+struct Observed {
+    body: ProxyBody,
+    sent: u64,
+    hook: Option<EndHook>,
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        if let Some(hook) = self.hook.take() {
+            hook(self.sent);
+        }
+    }
+}
+
 enum Kind {
     Full(Option<Bytes>),
     Stream(Box<Stream>),
+    Observed(Box<Observed>),
 }
 
 struct Stream {
@@ -94,6 +115,16 @@ impl ProxyBody {
             kind: Kind::Stream(Box::new(stream)),
         }
     }
+
+    /// Calls `hook` with the bytes sent once the body is done with (see [`EndHook`]).
+    pub fn on_end(&mut self, hook: EndHook) {
+        let body = std::mem::replace(self, ProxyBody::empty());
+        self.kind = Kind::Observed(Box::new(Observed {
+            body,
+            sent: 0,
+            hook: Some(hook),
+        }));
+    }
 }
 
 impl From<Bytes> for ProxyBody {
@@ -110,12 +141,20 @@ impl Body for ProxyBody {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Stream(s) => s.poll_frame(cx),
+            Kind::Observed(o) => {
+                let polled = Pin::new(&mut o.body).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    o.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                polled
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(data) => data.is_none(),
+            Kind::Observed(o) => o.body.is_end_stream(),
             Kind::Stream(s) => {
                 s.prefix.is_none() && s.inner.is_end_stream() && s.sse.as_ref().is_none_or(|s| s.buf.is_empty())
             }
@@ -125,6 +164,7 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Observed(o) => o.body.size_hint(),
             Kind::Stream(s) if s.sse.is_none() => {
                 let inner = s.inner.size_hint();
                 let extra = s.prefix.as_ref().map_or(0, |p| p.len() as u64);

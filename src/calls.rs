@@ -3,6 +3,7 @@
 //! `requestState` — and which handles in it are sealed for the client. The proxy hands it the
 //! answer's head and each JSON-RPC message; pins are in place before those bytes go out.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
@@ -43,6 +44,9 @@ pub struct Call {
     may_create_pin: bool,
     /// The session id exactly as the client sent it (maybe sealed), echoed back in answers.
     client_session: Option<HeaderValue>,
+    /// Where the kinds of the pins this call creates are noted (one bit per `PinKind`), when
+    /// the request is observed (access log, tracing).
+    pins_seen: Option<Arc<AtomicU8>>,
 }
 
 /// What observing one message did.
@@ -84,6 +88,7 @@ impl Call {
             observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
             may_create_pin: keys.may_create_pin(),
             client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
+            pins_seen: None,
         }
     }
 
@@ -103,6 +108,11 @@ impl Call {
     /// The header a routing token travels in.
     pub fn routing_header(&self) -> &http::HeaderName {
         &self.snap.config.routing.header
+    }
+
+    /// Notes the kind of each pin this call creates in `seen` (bit `PinKind as usize`).
+    pub fn note_pins_in(&mut self, seen: Arc<AtomicU8>) {
+        self.pins_seen = Some(seen);
     }
 
     /// Whether the answer's body may carry an outcome (a POST of a JSON-RPC request).
@@ -134,6 +144,9 @@ impl Call {
             .pin(key, target.backend.key, target.epoch, rounds, &c.snap.ttls);
         if created {
             c.shared.metrics.pins_created_by_kind[key.kind() as usize].inc();
+            if let Some(seen) = &c.pins_seen {
+                seen.fetch_or(1 << key.kind() as u8, Ordering::Relaxed);
+            }
         }
         created
     }

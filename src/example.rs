@@ -6,7 +6,8 @@
 //! confirm idempotent) and the last one executes it once; `whoami` answers the worker's name;
 //! `stream` answers over SSE (progress events, optionally held until [`WorkerState::release`]);
 //! `sleep` answers after `arguments.ms`. Debug paths: `/echo` (request headers as JSON) and
-//! `/status/<code>` (that status). Every answer carries `x-worker: <name>`.
+//! `/status/<code>` (that status). Every answer carries `x-worker: <name>`. Each request's
+//! W3C trace context (`traceparent`, `tracestate`) is kept in [`WorkerState::trace_headers`].
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -45,6 +46,9 @@ pub struct WorkerState {
     pub streams_closed: AtomicU64,
     /// Connections accepted (a TCP health check is one).
     pub connections: AtomicU64,
+    /// `traceparent` and `tracestate` of each request, in order (empty when absent); the
+    /// latest 1024 or so.
+    pub trace_headers: Mutex<Vec<(String, String)>>,
 }
 
 struct Call {
@@ -95,6 +99,7 @@ impl Worker {
             gate: Semaphore::new(0),
             streams_closed: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            trace_headers: Mutex::new(Vec::new()),
         });
         let (stop, mut stopped) = oneshot::channel();
         let st = state.clone();
@@ -160,6 +165,20 @@ fn json_response(st: &WorkerState, status: StatusCode, v: &Value) -> Response<Wo
 
 async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerBody> {
     st.requests.fetch_add(1, Ordering::Relaxed);
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default()
+    };
+    let traced = (header("traceparent"), header("tracestate"));
+    {
+        let mut seen = st.trace_headers.lock();
+        if seen.len() >= 1024 {
+            seen.drain(..512);
+        }
+        seen.push(traced);
+    }
     let path = req.uri().path().to_string();
     if path == "/echo" {
         let headers: Vec<Value> = req

@@ -14,6 +14,8 @@
 //! - `balance`   consistent-hash ring, bounded load, keyless least-outstanding choice
 //! - `sealing`   where tokens travel: unsealing requests, sealing what answers hand out
 //! - `body`      response bodies: buffered, streamed, SSE split into events
+//! - `telemetry` the access log, OpenTelemetry traces, and the bounded non-blocking writer
+//!   both logs go through (`Observation`: one request as the log and the trace see it)
 //! - `state`     the hot snapshot (config + backends + ring) swapped as one, beside the pin
 //!   table, the metrics and the membership
 //! - `route`     the routing decision (DESIGN §3): `route::resolve` serves the proxy,
@@ -48,6 +50,7 @@ mod route;
 mod sealing;
 mod server;
 mod state;
+mod telemetry;
 mod tls;
 mod token;
 mod upstream;
@@ -61,6 +64,7 @@ use tokio::net::TcpListener;
 pub use config::{Config, ConfigError};
 pub use handle::RouterHandle;
 pub use server::raise_open_file_limit;
+pub use telemetry::{flush_logs, init_logging};
 
 use config::ConfigFile;
 use server::Shutdown;
@@ -167,6 +171,10 @@ impl Router {
             tokio::spawn(fleet::watch_config(shared.clone())),
         ];
         server::serve_proxy(shared.clone(), listeners.proxy, shutdown).await;
+        // The spans of the requests just drained go out before the router returns (bounded).
+        if let Some(tracing) = shared.snapshot().tracing.clone() {
+            let _ = tokio::task::spawn_blocking(move || tracing.shutdown(std::time::Duration::from_secs(5))).await;
+        }
         stop_admin.start();
         for task in upkeep {
             task.abort();

@@ -9,6 +9,7 @@ use anyhow::Context;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
+use mrtr_router::config::LogFormat;
 use mrtr_router::{Config, Listeners, Router};
 
 /// Reverse proxy for fleets of MCP servers: every round of a multi-round call reaches the
@@ -41,10 +42,6 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     // One thread: a current-thread runtime, which skips the work-stealing machinery and the
     // cross-thread wake-ups that a one-worker multi-thread runtime still pays for.
     let threads = std::env::var("MRTR_WORKER_THREADS")
@@ -58,10 +55,24 @@ fn main() -> anyhow::Result<()> {
             .build()?,
         None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
     };
-    rt.block_on(async move {
-        match cli.command {
-            None => serve(cli.config).await,
-            Some(Command::Check) => {
+    // Serving logs in the format its config names (`[log] format`), read before anything is
+    // logged; the other commands log as text.
+    let serving = match cli.command {
+        None => {
+            let _runtime = rt.enter();
+            Some(Router::from_file(&cli.config)?)
+        }
+        Some(_) => None,
+    };
+    let format = serving
+        .as_ref()
+        .map_or(LogFormat::Text, |r| r.handle().config().log.format);
+    mrtr_router::init_logging(format);
+    let result = rt.block_on(async move {
+        match (cli.command, serving) {
+            (None, Some(router)) => serve(router).await,
+            (None, None) => unreachable!("a router is loaded to serve"),
+            (Some(Command::Check), _) => {
                 let config = Config::load(&cli.config)?;
                 print!("{}", config.to_toml());
                 for note in config.notes() {
@@ -70,7 +81,7 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("{}: ok", cli.config.display());
                 Ok(())
             }
-            Some(Command::Route { key, body }) => {
+            (Some(Command::Route { key, body }), _) => {
                 let router = Router::from_file(&cli.config)?;
                 let body = body.unwrap_or_default();
                 let explained = router
@@ -79,11 +90,14 @@ fn main() -> anyhow::Result<()> {
                 println!("{explained:#}");
                 Ok(())
             }
-            Some(Command::Demo) => mrtr_router::demo::run(&cli.config, ctrl_c())
+            (Some(Command::Demo), _) => mrtr_router::demo::run(&cli.config, ctrl_c())
                 .await
                 .map_err(anyhow::Error::msg),
         }
-    })
+    });
+    // The last lines (the shutdown's) are written before the process exits.
+    mrtr_router::flush_logs(std::time::Duration::from_secs(2));
+    result
 }
 
 async fn ctrl_c() {
@@ -91,12 +105,11 @@ async fn ctrl_c() {
 }
 
 /// Serves until SIGTERM or Ctrl-C; SIGHUP reloads the config file.
-async fn serve(path: PathBuf) -> anyhow::Result<()> {
+async fn serve(router: Router) -> anyhow::Result<()> {
     match mrtr_router::raise_open_file_limit() {
         Ok((soft, hard)) => tracing::info!(soft, hard, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
     }
-    let router = Router::from_file(&path)?;
     let handle = router.handle();
     let config = handle.config();
     let (listeners, activated) = Listeners::from_systemd_or_bind(&config)

@@ -1,6 +1,8 @@
 //! Prometheus metrics (DESIGN §7): one registry per router, so routers started side by side in
 //! one process (tests, `demo`) keep separate counts.
 
+use std::sync::LazyLock;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -10,6 +12,17 @@ use prometheus::{
 pub const PIN_KINDS: [&str; 4] = ["client", "request_state", "task", "session"];
 /// The `source` label values of `mrtr_route_decisions_total`, indexed by `route::Source as usize`.
 pub const ROUTE_SOURCES: [&str; 4] = ["token", "pin", "ring", "keyless"];
+
+/// Log lines (access log and the router's own) dropped because their output (stdout, stderr)
+/// was not being read fast enough: counted per process, as the outputs are the process's, and
+/// shown by every router's registry.
+pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    IntCounter::new(
+        "mrtr_log_lines_dropped_total",
+        "Log lines (access log and the router's own) dropped because stdout or stderr was not read fast enough",
+    )
+    .expect("valid metric")
+});
 
 /// Every metric the router exports.
 pub struct Metrics {
@@ -39,6 +52,9 @@ pub struct Metrics {
     pub(crate) connections_refused: IntCounterVec,
     pub(crate) tokens_rejected: IntCounterVec,
     pub(crate) discovery_resolutions: IntCounterVec,
+    /// Ended spans that never reached the collector: the export queue was full, or the export
+    /// failed (collector down, slow past the export timeout, or refusing).
+    pub(crate) spans_dropped: IntCounter,
     /// Hot-path children resolved once: decisions by [`ROUTE_SOURCES`] index, pins created and
     /// finished by [`PIN_KINDS`] index.
     pub(crate) decisions_by_source: [IntCounter; 4],
@@ -108,6 +124,13 @@ impl Metrics {
         let ring_members = IntGauge::new("mrtr_ring_members", "Backends on the hash ring (healthy, not draining)")
             .expect("valid metric");
         r.register(Box::new(ring_members.clone())).expect("unique metric");
+        let spans_dropped = IntCounter::new(
+            "mrtr_spans_dropped_total",
+            "Spans that never reached the OTLP collector: export queue full, or the export failed",
+        )
+        .expect("valid metric");
+        r.register(Box::new(spans_dropped.clone())).expect("unique metric");
+        r.register(Box::new(LOG_LINES_DROPPED.clone())).expect("unique metric");
         Metrics {
             requests_total: counter(
                 &r,
@@ -187,6 +210,7 @@ impl Metrics {
             pins_lost,
             client_aborts,
             ring_members,
+            spans_dropped,
             registry: r,
         }
     }

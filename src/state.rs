@@ -15,6 +15,7 @@ use crate::config::{Config, ConfigError, ConfigFile, Reread};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
 use crate::sealing::Sealing;
+use crate::telemetry::Tracing;
 use crate::upstream::{Backend, BackendKey, Lookup, Membership};
 
 /// Everything a request needs that changes only on reload, read as one consistent unit.
@@ -27,6 +28,9 @@ pub struct Snapshot {
     pub ttls: PinTtls,
     /// Sealing keys when `[tokens]` is configured.
     pub sealing: Option<Sealing>,
+    /// OpenTelemetry tracing when `[tracing]` turns it on: the same one across rebuilds, until
+    /// a reload changes `[tracing]`.
+    pub tracing: Option<Arc<Tracing>>,
 }
 
 impl Snapshot {
@@ -60,7 +64,7 @@ impl Shared {
     pub fn new(config: Config, config_file: Option<ConfigFile>) -> Arc<Shared> {
         let metrics = Metrics::new();
         let mut membership = Membership::default();
-        let snapshot = build_snapshot(config, &mut membership, &metrics);
+        let snapshot = build_snapshot(config, &mut membership, &metrics, None);
         Arc::new(Shared {
             config_file,
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -94,7 +98,7 @@ impl Shared {
 
     fn rebuild_with(&self, config: Config) {
         let mut membership = self.membership.lock();
-        let next = build_snapshot(config, &mut membership, &self.metrics);
+        let next = build_snapshot(config, &mut membership, &self.metrics, Some(&self.snapshot()));
         self.snapshot.store(Arc::new(next));
     }
 
@@ -176,7 +180,7 @@ impl Shared {
     }
 }
 
-fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Snapshot {
+fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previous: Option<&Snapshot>) -> Snapshot {
     m.update(&config.backends, config.routing.drain_timeout, |cfg| {
         Backend::new(cfg, Some(metrics))
     });
@@ -207,8 +211,16 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics) -> Snap
         session: r.session_idle_ttl,
         replay_window: r.replay_window,
     };
+    let tracing = config
+        .tracing
+        .as_ref()
+        .map(|t| match previous.and_then(|p| p.tracing.as_ref()) {
+            Some(running) if running.config() == t => running.clone(),
+            _ => Arc::new(Tracing::start(t, metrics.spans_dropped.clone())),
+        });
     Snapshot {
         sealing: config.tokens.as_ref().map(Sealing::new),
+        tracing,
         config,
         backends,
         ring,

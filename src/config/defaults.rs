@@ -49,3 +49,7 @@ pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// `now + duration`, which a longer value (up to `u64::MAX` seconds) would overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(MAX_DURATION_DAYS * 24 * 3600);
 pub const MAX_DURATION_DAYS: u64 = 3650;
+pub const LOG_FORMAT: &str = "text";
+pub const LOG_ACCESS: bool = false;
+pub const SERVICE_NAME: &str = "mrtr-router";
+pub const SAMPLE_RATIO: f64 = 1.0;

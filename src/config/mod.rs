@@ -5,19 +5,23 @@
 pub mod defaults;
 mod file;
 mod fleet;
+mod log;
 mod reader;
 mod routing;
 mod server;
 mod tokens;
+mod tracing;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
+pub use log::{LogConfig, LogFormat};
 pub use routing::{OnPinLost, RoutingConfig};
 pub use server::{AdminConfig, ServerConfig, TlsConfig};
 pub use tokens::TokensConfig;
+pub use tracing::TracingConfig;
 
 use reader::{Doc, Section};
 
@@ -53,12 +57,25 @@ pub struct Config {
     pub discovery: Option<DiscoveryConfig>,
     /// Static backends; may be empty when discovery is configured.
     pub backends: Vec<BackendConfig>,
+    pub log: LogConfig,
+    /// `[tracing]` with an `otlp_endpoint`: OpenTelemetry traces on.
+    pub tracing: Option<TracingConfig>,
     /// The effective configuration as TOML, every default spelled out (see [`Config::to_toml`]).
     printout: String,
 }
 
 /// The sections a config file may have, in the order they are read and printed.
-const SECTIONS: [&str; 7] = ["server", "admin", "routing", "health", "tokens", "discovery", "backend"];
+const SECTIONS: [&str; 9] = [
+    "server",
+    "admin",
+    "routing",
+    "health",
+    "tokens",
+    "discovery",
+    "backend",
+    "log",
+    "tracing",
+];
 
 impl Config {
     /// Reads and validates a config file.
@@ -93,6 +110,8 @@ impl Config {
             let b = fleet::backend(Section::element(&mut doc, "backend", table, span), &backends)?;
             backends.push(b);
         }
+        let log = log::log(doc.section(root, "log")?)?;
+        let tracing = tracing::tracing(doc.section(root, "tracing")?)?;
         if backends.is_empty() && discovery.is_none() {
             return doc.err(
                 None,
@@ -107,6 +126,8 @@ impl Config {
             tokens,
             discovery,
             backends,
+            log,
+            tracing,
             printout: doc.into_printout(),
         })
     }
@@ -177,6 +198,41 @@ mod tests {
             .unwrap()
             .backends
             .is_empty());
+    }
+
+    #[test]
+    fn log_and_tracing_sections() {
+        let c = parse(ONE).unwrap();
+        assert_eq!(
+            (c.log.format, c.log.access, c.tracing.is_none()),
+            (LogFormat::Text, false, true)
+        );
+        let c = parse(&format!(
+            "{ONE}[log]\nformat = \"json\"\naccess = true\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.25\n"
+        ))
+        .unwrap();
+        assert_eq!((c.log.format, c.log.access), (LogFormat::Json, true));
+        let t = c.tracing.as_ref().unwrap();
+        assert_eq!(t.traces_url.to_string(), "http://127.0.0.1:4318/v1/traces");
+        assert_eq!((t.service_name.as_str(), t.sample_ratio), ("mrtr-router", 0.25));
+        assert_eq!(parse(&c.to_toml()).unwrap(), c, "{}", c.to_toml());
+        // A [tracing] without an endpoint is checked, and off.
+        let c = parse(&format!("{ONE}[tracing]\nservice_name = \"edge\"\n")).unwrap();
+        assert!(c.tracing.is_none());
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        for (bad, names) in [
+            ("[log]\nformat = \"xml\"\n", "log.format"),
+            ("[log]\naccess = \"yes\"\n", "log.access"),
+            ("[tracing]\nsample_ratio = 1.5\n", "tracing.sample_ratio"),
+            (
+                "[tracing]\notlp_endpoint = \"https://c:4318\"\n",
+                "tracing.otlp_endpoint",
+            ),
+            ("[tracing]\nservice_name = \"\"\n", "tracing.service_name"),
+        ] {
+            let e = parse(&format!("{ONE}{bad}")).unwrap_err();
+            assert!(e.to_string().contains(names) && e.line == Some(5), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -342,6 +342,19 @@ impl<'a, 't> Section<'a, 't> {
         Ok(*value)
     }
 
+    /// A boolean (`true` or `false`); printed.
+    pub fn bool(&mut self, key: &'static str, default: bool) -> Result<bool, ConfigError> {
+        let b = match self.value(key) {
+            None => default,
+            Some(v) => match v.get_ref() {
+                DeValue::Boolean(b) => *b,
+                _ => return self.wrong_type(key, v, "true or false"),
+            },
+        };
+        self.print(key, b);
+        Ok(b)
+    }
+
     /// An array of strings, with where each stands; not printed.
     pub fn strings(&mut self, key: &'static str) -> Result<Option<TextList<'a>>, ConfigError> {
         let Some(v) = self.value(key) else { return Ok(None) };

@@ -35,16 +35,23 @@ fn header_text(v: &http::HeaderValue) -> Option<&str> {
 impl<'a> RequestKeys<'a> {
     /// The keys of a request with these headers and, when there is one to read, this JSON-RPC
     /// body (`None`: a GET or DELETE; a body that is not JSON is an error). The one way keys are
-    /// read: by the proxy, `/debug/route` and `mrtr-router route` alike.
+    /// read: by the proxy, `/debug/route` and `mrtr-router route` alike. With `name`, the
+    /// same scan puts the body's `params.name` there (for a request that is logged or traced).
     pub fn read(
         headers: &'a HeaderMap,
         routing_header: &HeaderName,
         body_field: &str,
         body: Option<&'a [u8]>,
+        name: Option<&mut Option<Cow<'a, str>>>,
     ) -> Result<Self, NotJson> {
-        let envelope = match body {
-            Some(body) => parse_request(body, body_field)?,
-            None => RequestEnvelope::default(),
+        let envelope = match (body, name) {
+            (Some(body), None) => parse_request(body, body_field)?,
+            (Some(body), Some(name)) => {
+                let (envelope, found) = super::parse_request_named(body, body_field)?;
+                *name = found;
+                envelope
+            }
+            (None, _) => RequestEnvelope::default(),
         };
         Ok(RequestKeys::new(headers, routing_header, envelope))
     }

@@ -43,6 +43,15 @@ pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnve
     scan::request(body, body_field)
 }
 
+/// [`parse_request`], and `params.name` (the tool or prompt called) from the same scan: for
+/// the access log and traces.
+pub fn parse_request_named<'a>(
+    body: &'a [u8],
+    body_field: &str,
+) -> Result<(RequestEnvelope<'a>, Option<Cow<'a, str>>), NotJson> {
+    scan::request_named(body, body_field)
+}
+
 /// Where `params.requestState`'s literal (quotes included) sits in a request body, as the
 /// client wrote it: a wrapped state is put back there, whatever escapes the client's encoder
 /// chose. (A second scan, for the rare request that carries a wrapped state.)
@@ -177,6 +186,19 @@ pub fn parse_outcome(message: &[u8]) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn params_name_is_read_when_asked_for() {
+        let body = br#"{"id":1,"method":"tools/call","params":{"name":"get-\u0077eather","arguments":{"name":"no"}}}"#;
+        let (e, name) = parse_request_named(body, "messageId").unwrap();
+        assert_eq!(
+            (e.method.as_deref(), name.as_deref()),
+            (Some("tools/call"), Some("get-weather"))
+        );
+        // A later `params` replaces an earlier one whole; a name that is no string is none.
+        let body = br#"{"params":{"name":"a"},"method":"x","params":{"name":7}}"#;
+        assert_eq!(parse_request_named(body, "messageId").unwrap().1, None);
+    }
 
     #[test]
     fn request_envelope_fields() {

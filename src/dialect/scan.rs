@@ -122,21 +122,40 @@ fn plain_tail(bytes: &[u8], mut ascii: bool) -> Option<(usize, bool)> {
 
 /// Reads `body` as a JSON-RPC request (or batch: its first element) and returns its envelope.
 pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, NotJson> {
-    scan_request(body, body_field).map(|(envelope, _)| envelope)
+    scan_request(body, body_field, false).map(|scan| scan.envelope)
+}
+
+/// [`request`], and the envelope's `params.name` (a name that is not a string, or will not
+/// decode, is none: it is only logged and traced, no reason to refuse a request).
+pub fn request_named<'a>(
+    body: &'a [u8],
+    body_field: &str,
+) -> Result<(RequestEnvelope<'a>, Option<Cow<'a, str>>), NotJson> {
+    let scan = scan_request(body, body_field, true)?;
+    Ok((scan.envelope, scan.name.and_then(|n| n.value().ok())))
 }
 
 /// Where the envelope's `params.requestState` literal (quotes included) sits in `body`.
 pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
-    scan_request(body, body_field).ok()?.1
+    scan_request(body, body_field, false).ok()?.state_at
 }
 
-/// The envelope, and where its `params.requestState` literal sits: kept out of the envelope,
-/// which every request moves around, for the rare request that needs it.
-fn scan_request<'a>(body: &'a [u8], body_field: &str) -> Result<(RequestEnvelope<'a>, Option<Range<usize>>), NotJson> {
+/// What one scan finds: the envelope, and beside it (kept out of the envelope, which every
+/// request moves around) where its `params.requestState` literal sits, for the rare request
+/// that needs it, and `params.name` when asked for.
+struct Scanned<'a> {
+    envelope: RequestEnvelope<'a>,
+    state_at: Option<Range<usize>>,
+    name: Option<RawStr<'a>>,
+}
+
+fn scan_request<'a>(body: &'a [u8], body_field: &str, want_name: bool) -> Result<Scanned<'a>, NotJson> {
     let mut s = Scanner {
         b: body,
         i: 0,
         state_at: None,
+        want_name,
+        name: None,
     };
     let scan = |s: &mut Scanner<'a>| {
         s.ws();
@@ -148,7 +167,11 @@ fn scan_request<'a>(body: &'a [u8], body_field: &str) -> Result<(RequestEnvelope
         }
     };
     match scan(&mut s) {
-        Ok(envelope) => Ok((envelope, s.state_at)),
+        Ok(envelope) => Ok(Scanned {
+            envelope,
+            state_at: s.state_at,
+            name: s.name,
+        }),
         Err(Invalid) => Err(NotJson { at: s.i }),
     }
 }
@@ -215,6 +238,9 @@ struct Scanner<'a> {
     i: usize,
     /// Where the request object's `params.requestState` literal sits, once read.
     state_at: Option<Range<usize>>,
+    /// Whether `params.name` is read, and the request object's, once read.
+    want_name: bool,
+    name: Option<RawStr<'a>>,
 }
 
 impl<'a> Scanner<'a> {
@@ -266,18 +292,20 @@ impl<'a> Scanner<'a> {
     fn envelope_object(&mut self, field: &[u8]) -> Scan<RequestEnvelope<'a>> {
         let mut id = None;
         let (mut method, mut message_id, mut request_state, mut task_id) = (None, None, None, None);
+        let mut name = None;
         self.object(|s, key| {
             match &*key.key()? {
                 b"id" => id = Some(s.raw_text()?),
                 b"method" => method = s.string_field()?,
                 b"params" => {
                     // A later `params` replaces an earlier one whole.
-                    (request_state, task_id) = (None, None);
+                    (request_state, task_id, name) = (None, None, None);
                     match s.peek() {
                         Some(b'{') => s.object(|s, key| {
                             match &*key.key()? {
                                 b"requestState" => request_state = s.string_field()?,
                                 b"taskId" => task_id = s.string_field()?,
+                                b"name" if s.want_name => name = s.string_field()?,
                                 _ => s.value()?,
                             }
                             Ok(())
@@ -291,6 +319,7 @@ impl<'a> Scanner<'a> {
             Ok(())
         })?;
         self.state_at = request_state.map(|r| super::span_in(self.b, r.quoted));
+        self.name = name;
         let decode = |raw: Option<RawStr<'a>>| raw.map(RawStr::value).transpose();
         Ok(RequestEnvelope {
             id,

@@ -15,6 +15,7 @@ use crate::body::ErrorHook;
 use crate::error::RouterError;
 use crate::route::{self, Decision};
 use crate::state::{Shared, Snapshot};
+use crate::telemetry::RequestTrace;
 use crate::upstream::{
     is_local_error, Backend, BodyFault, Connection, DrivenBody, FaultCell, InflightGuard, PooledConn, SendError,
     UpstreamBody,
@@ -31,24 +32,32 @@ impl Forward<'_> {
     /// that refuses the connection never saw the request, so an unpinned request moves once to
     /// the next candidate on the ring; pinned follow-ups never move, nor do requests whose token
     /// names the backend (this replica may hold no pin for a call another one started). The
-    /// request counts as in flight from here on (bounded load reads that count).
+    /// request counts as in flight from here on (bounded load reads that count). With `trace`,
+    /// each attempt has a client span; a failed one's ends here.
     pub(super) async fn connect(
         &self,
         decision: &Decision,
         fallback_key: Option<&str>,
         mut timer: Pin<&mut Sleep>,
+        mut trace: Option<&mut RequestTrace>,
     ) -> Result<(PooledConn, Arc<Backend>, InflightGuard), RouterError> {
         let (shared, snap) = (self.shared, self.snap);
         let unpinned = decision.pin_lost || (decision.matched.is_none() && decision.source != route::Source::Token);
         let mut backend = decision.backend.clone();
         let mut retried = false;
         loop {
+            if let Some(t) = trace.as_deref_mut() {
+                t.start_attempt(&backend.name, backend.host().to_str().unwrap_or(""));
+            }
             let guard = backend.start_request();
             let connected = match backend.connection() {
                 Connection::Ready(conn) => Some(Ok(conn)),
                 Connection::Opening(mut opening) => within(timer.as_mut(), opening.as_mut()).await,
             };
             let Some(result) = connected else {
+                if let Some(t) = trace.as_deref_mut() {
+                    t.attempt_failed("timeout");
+                }
                 return Err(self.timed_out(&backend));
             };
             let e = match result {
@@ -61,6 +70,9 @@ impl Forward<'_> {
                 return Err(RouterError::Overloaded);
             }
             tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
+            if let Some(t) = trace.as_deref_mut() {
+                t.attempt_failed("connect");
+            }
             passive_failure(shared, snap, &backend, "connect");
             let next = (unpinned && !retried)
                 .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())

@@ -2,7 +2,9 @@
 //! read the body within its limits (`read`) → find its keys (`dialect::RequestKeys`) → decide
 //! (`route::resolve`) → forward (`forward`, requests built by `headers`) → observe the answer
 //! (`answer`, which hands it to the call's lifecycle in `crate::calls`). [`handle`] is the one
-//! place where a [`RouterError`] becomes an answer and where request metrics are recorded.
+//! place where a [`RouterError`] becomes an answer and where each request is recorded: its
+//! metrics, and, when the access log or tracing is on, its `telemetry::Observation` (written
+//! out when the answer's body is done with).
 
 mod answer;
 mod forward;
@@ -29,6 +31,7 @@ use crate::error::RouterError;
 use crate::route;
 use crate::sealing;
 use crate::state::Shared;
+use crate::telemetry::Observation;
 use crate::upstream::{Backend, ClientBody, FaultCell};
 use forward::Forward;
 
@@ -40,6 +43,8 @@ struct Record {
     /// The backend's answer head: who answered, the `method` label, the status, and the time
     /// from the request head to it.
     answered: Option<(Arc<Backend>, &'static str, StatusCode, f64)>,
+    /// The access log's and the trace's view, when either is on.
+    obs: Option<Box<Observation>>,
 }
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
@@ -60,10 +65,21 @@ pub fn handle(
         if let Some((backend, method, status, seconds)) = &record.answered {
             backend.observe_request(method, *status, *seconds);
         }
-        match result {
+        let mut response = match result {
             Ok(response) => response,
-            Err(e) => router_error(&shared, e, record.id.as_ref().map(RpcId::as_str)),
+            Err(e) => {
+                if let Some(obs) = &mut record.obs {
+                    obs.error = Some(e.reason());
+                }
+                router_error(&shared, e, record.id.as_ref().map(RpcId::as_str))
+            }
+        };
+        if let Some(mut obs) = record.obs.take() {
+            // Written out when the body is done with: a stream's line has its whole size.
+            obs.status = response.status().as_u16();
+            response.body_mut().on_end(Box::new(move |sent| obs.bytes_out = sent));
         }
+        response
     })
 }
 
@@ -78,6 +94,10 @@ async fn handle_inner(
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let (mut parts, body) = req.into_parts();
+    if snap.config.log.access || snap.tracing.is_some() {
+        let access = snap.config.log.access.then_some(snap.config.log.format);
+        record.obs = Some(Observation::begin(&parts, peer, started, access, snap.tracing.as_ref()));
+    }
 
     // Read: a POST's body whole (bounded in size and time); other methods stream theirs.
     let (bytes, stream) = match parts.method == Method::POST {
@@ -87,8 +107,23 @@ async fn handle_inner(
 
     // Keys: every handle the headers and the body carry.
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
-    let keys = RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan)
+    let keys = {
+        // `params.name` only for a request that is logged or traced.
+        let mut name = None;
+        let want_name = record.obs.is_some().then_some(&mut name);
+        let keys = RequestKeys::read(
+            &parts.headers,
+            &routing.header,
+            &routing.body_field,
+            body_to_scan,
+            want_name,
+        )
         .map_err(|_| RouterError::Parse)?;
+        if let Some(obs) = &mut record.obs {
+            obs.keys(keys.method.as_deref(), name.as_deref());
+        }
+        keys
+    };
     record.id = keys.id.map(RpcId::new);
 
     // Decide: sealed tokens first, then pins, then the ring.
@@ -97,15 +132,29 @@ async fn handle_inner(
     if decision.pin_lost {
         shared.metrics.pins_lost.inc();
     }
+    if let Some(obs) = &mut record.obs {
+        let pin_used = decision
+            .matched
+            .filter(|_| !decision.pin_lost)
+            .map(|m| m.pin.kind.label());
+        obs.routed(decision.source.label(), &decision.backend.name, pin_used);
+    }
 
     // Forward. One timer bounds the whole exchange, up to a JSON answer's last byte.
     let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
     let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
     let forward = Forward { shared, snap: &snap };
-    let (conn, backend, guard) = forward.connect(&decision, keys.client_key(), timer.as_mut()).await?;
+    let trace = record.obs.as_mut().and_then(|o| o.trace.as_mut());
+    let (conn, backend, guard) = forward
+        .connect(&decision, keys.client_key(), timer.as_mut(), trace)
+        .await?;
     // The incarnation the request goes to: an ejection while it is in flight voids any pin
     // its answer makes.
-    let call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
+    let mut call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
+    if let Some(obs) = &mut record.obs {
+        obs.sent_to(&backend.name);
+        call.note_pins_in(obs.pins_created.clone());
+    }
     let method = method_label(&parts.method, keys.method.as_deref());
     drop(keys);
     // A streamed body's failure is its client's, never the backend's.
@@ -131,8 +180,11 @@ async fn handle_inner(
         ),
     };
     let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
-    let request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
+    let mut request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
+    if let Some(trace) = record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
+        trace.inject(request.headers_mut());
+    }
     join_the_write_burst().await;
     let resp = forward
         .send(conn, &backend, request, client_fault.as_ref(), timer.as_mut())

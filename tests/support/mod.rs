@@ -2,6 +2,8 @@
 //! servers holding per-instance call state, see `mrtr_router::example`), plus a small client.
 #![allow(dead_code)]
 
+pub mod otlp;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
