@@ -91,6 +91,17 @@ impl RouterProcess {
         send(&self.client, Method::POST, &self.url("/mcp"), headers, body).await
     }
 
+    /// The router's "started" log line, read past the lines logged before it (at most 10).
+    fn started_line(&self) -> String {
+        for _ in 0..10 {
+            let line = self.stderr.recv_timeout(Duration::from_secs(10)).expect("a log line within 10 s");
+            if line.contains("mrtr-router started") {
+                return line;
+            }
+        }
+        panic!("no \"mrtr-router started\" among the first log lines")
+    }
+
     /// The next access line (waiting at most 10 s for it).
     fn next_line(&self) -> String {
         let stdout = self.stdout.as_ref().expect("stdout is read");
@@ -141,7 +152,7 @@ async fn json_lines_one_per_request_with_the_fields_and_no_credentials() {
     );
     let router = RouterProcess::start(&extra, &specs, true).await;
     // The router's own logs are JSON too.
-    let started: Value = serde_json::from_str(&router.stderr.recv_timeout(Duration::from_secs(10)).unwrap()).unwrap();
+    let started: Value = serde_json::from_str(&router.started_line()).unwrap();
     assert_eq!(started["message"], "mrtr-router started", "{started}");
     let line = || -> Value {
         let text = router.next_line();
@@ -291,7 +302,7 @@ async fn text_lines_by_default_format() {
                 backend=worker-0 route=keyless duration_ms=";
     assert!(rest.starts_with(want), "{line}");
     assert!(rest.ends_with(&format!(" bytes_out={}", a.body.len())), "{line}");
-    let started = router.stderr.recv_timeout(Duration::from_secs(10)).unwrap();
+    let started = router.started_line();
     assert!(
         started.contains("mrtr-router started") && !started.starts_with('{'),
         "{started}"
