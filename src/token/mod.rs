@@ -102,6 +102,8 @@ pub struct TokenKeys {
 struct Key {
     id: u32,
     aead: LessSafeKey,
+    /// Derives the nonce of a stable token from what it seals ([`TokenKeys::seal_stable`]).
+    nonces: ring::hmac::Key,
 }
 
 /// What an authentic, unexpired token says.
@@ -215,13 +217,21 @@ fn ttl_secs(ttl: Duration) -> Result<u32, String> {
     u32::try_from(ttl.as_secs()).map_err(|_| format!("tokens.token_ttl: must be at most {}s", u32::MAX))
 }
 
-fn aead_key(key: &[u8]) -> LessSafeKey {
+/// The AEAD key and the stable-nonce key a configured key stands for (HKDF-SHA-256).
+fn derive(id: u32, key: &[u8]) -> Key {
     let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"mrtr-token-v2");
     let prk = salt.extract(key);
-    let okm = prk
+    let aead = prk
         .expand(&[b"chacha20-poly1305"], &CHACHA20_POLY1305)
         .expect("32 bytes is a valid HKDF-SHA-256 output length");
-    LessSafeKey::new(UnboundKey::from(okm))
+    let nonces = prk
+        .expand(&[b"stable-nonce"], ring::hmac::HMAC_SHA256)
+        .expect("32 bytes is a valid HKDF-SHA-256 output length");
+    Key {
+        id,
+        aead: LessSafeKey::new(UnboundKey::from(aead)),
+        nonces: ring::hmac::Key::from(nonces),
+    }
 }
 
 impl TokenKeys {
@@ -238,10 +248,7 @@ impl TokenKeys {
         let built = ids
             .iter()
             .zip(keys)
-            .map(|(&id, key)| Key {
-                id,
-                aead: aead_key(key),
-            })
+            .map(|(&id, key)| derive(id, key))
             .collect();
         Ok(TokenKeys {
             keys: built,
@@ -260,6 +267,7 @@ impl TokenKeys {
                 .map(|k| Key {
                     id: k.id,
                     aead: k.aead.clone(),
+                    nonces: k.nonces.clone(),
                 })
                 .collect(),
             ttl_secs,
@@ -274,14 +282,32 @@ impl TokenKeys {
 
     /// A token for a routing header: names the backend and the call's rounds.
     pub fn seal(&self, kind: Kind, backend: &str, rounds: u32, now: SystemTime) -> String {
-        self.issue(kind, backend, rounds, None, now)
+        self.issue(kind, backend, rounds, None, Stamp::Issued(now))
     }
 
     /// Wraps a value the client echoes (a `requestState`, a session or task id) so that it also
     /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
     /// the empty one included.
     pub fn seal_value(&self, kind: Kind, value: &str, backend: &str, rounds: u32, now: SystemTime) -> String {
-        self.issue(kind, backend, rounds, Some(value), now)
+        self.issue(kind, backend, rounds, Some(value), Stamp::Issued(now))
+    }
+
+    /// Wraps `value` as [`TokenKeys::seal_value`] does, but the same value, backend and key give
+    /// the same token every time, on every replica: for a handle that must stay one string for
+    /// as long as it lives (a task id appears again in every answer about the task). The nonce
+    /// is a keyed digest of what is sealed, so equal tokens tell only that they are equal; the
+    /// token carries no time and does not expire (the task's server decides how long it lives).
+    pub fn seal_stable(&self, kind: Kind, value: &str, backend: &str) -> String {
+        let key = &self.keys[0];
+        let mut ctx = ring::hmac::Context::with_key(&key.nonces);
+        ctx.update(&[kind as u8]);
+        ctx.update(&(backend.len() as u64).to_be_bytes());
+        ctx.update(backend.as_bytes());
+        ctx.update(value.as_bytes());
+        let digest = ctx.sign();
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&digest.as_ref()[..NONCE_LEN]);
+        self.issue(kind, backend, 0, Some(value), Stamp::Stable(nonce))
     }
 
     /// Checks a token from [`TokenKeys::seal`] made for `kind`.
@@ -325,7 +351,7 @@ impl TokenKeys {
         })
     }
 
-    fn issue(&self, kind: Kind, backend: &str, rounds: u32, value: Option<&str>, now: SystemTime) -> String {
+    fn issue(&self, kind: Kind, backend: &str, rounds: u32, value: Option<&str>, stamp: Stamp) -> String {
         let key = &self.keys[0];
         let raw = value.is_none_or(carried_as_is);
         let flags = match value {
@@ -342,14 +368,17 @@ impl TokenKeys {
             heap.resize(len, 0);
             &mut heap
         };
-        let nonce: [u8; NONCE_LEN] = rand::random();
+        let (nonce, issued_ms, ttl_secs) = match stamp {
+            Stamp::Issued(now) => (rand::random(), unix_ms(now), self.ttl_secs),
+            Stamp::Stable(nonce) => (nonce, 0, u32::MAX),
+        };
         body[0..4].copy_from_slice(&key.id.to_be_bytes());
         body[4] = flags;
         body[5..HEAD].copy_from_slice(&nonce);
         let (head, rest) = body.split_at_mut(HEAD);
         let (plain, tag_out) = rest.split_at_mut(FIXED + backend.len());
-        plain[0..8].copy_from_slice(&unix_ms(now).to_be_bytes());
-        plain[8..12].copy_from_slice(&self.ttl_secs.to_be_bytes());
+        plain[0..8].copy_from_slice(&issued_ms.to_be_bytes());
+        plain[8..12].copy_from_slice(&ttl_secs.to_be_bytes());
         plain[12..16].copy_from_slice(&rounds.to_be_bytes());
         plain[FIXED..].copy_from_slice(backend.as_bytes());
         let aad = aad(kind, &head[..5], value.unwrap_or("").as_bytes());
@@ -423,6 +452,13 @@ impl TokenKeys {
             rounds: Some(rounds),
         })
     }
+}
+
+/// When a token is made: now, with a random nonce and the configured lifetime; or stably (see
+/// [`TokenKeys::seal_stable`]), with the nonce given, no issue time and no expiry.
+enum Stamp {
+    Issued(SystemTime),
+    Stable([u8; NONCE_LEN]),
 }
 
 /// The authenticated data of a token: version, kind, key id, flags and the wrapped value.
