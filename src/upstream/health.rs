@@ -1,5 +1,6 @@
-//! Active health checks of one backend: a TCP connect, or an HTTP GET of `health.path`
-//! answered 2xx, over the same endpoint and pool as the requests it serves.
+//! Active health checks of one backend: a TCP connect (and the TLS handshake, for an
+//! `https://` backend), or an HTTP GET of `health.path` answered 2xx, over the same endpoint,
+//! TLS, protocol and pool as the requests it serves.
 
 use std::time::Duration;
 
@@ -14,7 +15,13 @@ use super::backend::{Backend, Connection};
 pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> bool {
     let attempt = async {
         if path.is_empty() {
-            return backend.endpoint().connect().await.is_ok();
+            return match backend.open(backend.is_http2()).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::debug!(backend = %backend.name, error = %e, "health check failed");
+                    false
+                }
+            };
         }
         let Ok(Ok(target)) = PathAndQuery::try_from(path).map(|pq| backend.target_for(Some(&pq))) else {
             return false;
@@ -31,7 +38,10 @@ pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> bool {
             Connection::Ready(conn) => conn,
             Connection::Opening(opening) => match opening.await {
                 Ok(conn) => conn,
-                Err(_) => return false,
+                Err(e) => {
+                    tracing::debug!(backend = %backend.name, error = %e, "health check failed");
+                    return false;
+                }
             },
         };
         match conn.send(req).await {

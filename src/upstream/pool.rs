@@ -1,6 +1,7 @@
-//! Upstream connections: each backend's keep-alive pool of HTTP/1.1 connections, each one
-//! driven by the request that holds it, so a proxied request costs no task hop and no
-//! per-request spawn.
+//! Upstream connections: each backend's keep-alive pool of HTTP/1.1 connections (plain TCP or
+//! TLS), each one driven by the request that holds it, so a proxied request costs no task hop
+//! and no per-request spawn; and the one type a request holds whichever way it goes
+//! ([`PooledConn`]: such a connection, or a stream of an HTTP/2 connection, see `h2`).
 //!
 //! hyper splits a client connection in two: the `SendRequest` handle and the `Connection`
 //! state machine that does the socket I/O. hyper-util's client runs every `Connection` in a
@@ -20,16 +21,15 @@ use bytes::Bytes;
 use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::exchange::{SendError, UpstreamBody};
+use super::h2::{H2Lease, H2Pool};
+use super::tls::{ConnectError, Stream};
 use crate::config::defaults;
-
-/// Body sent upstream: the buffered POST body, or the client's stream as received.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 
 /// Where a backend's connections go: its URL's host and port, as a socket address needs them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl Endpoint {
     }
 }
 
-type Driver = Pin<Box<http1::Connection<TokioIo<TcpStream>, UpstreamBody>>>;
+type Driver = Pin<Box<http1::Connection<TokioIo<Stream>, UpstreamBody>>>;
 
 /// How long a connection may have been idle and still be taken without a check: a backend that
 /// closes keep-alive connections does so after seconds, not within the moment between two
@@ -98,6 +98,8 @@ impl Conn {
 /// The idle keep-alive connections to one backend, most recently used last.
 pub struct ConnPool {
     idle: parking_lot::Mutex<Vec<(Conn, Instant)>>,
+    /// `[upstream] idle_timeout` in nanoseconds: a connection idle this long is closed, not used.
+    max_idle_nanos: std::sync::atomic::AtomicU64,
     /// `mrtr_upstream_connections_opened_total` for this backend.
     opened: Option<prometheus::IntCounter>,
 }
@@ -106,34 +108,51 @@ impl ConnPool {
     pub fn new(opened: Option<prometheus::IntCounter>) -> Arc<ConnPool> {
         Arc::new(ConnPool {
             idle: parking_lot::Mutex::new(Vec::new()),
+            max_idle_nanos: std::sync::atomic::AtomicU64::new(defaults::UPSTREAM_IDLE_TIMEOUT.as_nanos() as u64),
             opened,
         })
     }
 
-    /// An idle connection that is still open, if there is one. One idle for a while is checked
+    /// Sets `[upstream] idle_timeout`.
+    pub fn set_max_idle(&self, max_idle: Duration) {
+        let nanos = u64::try_from(max_idle.as_nanos()).unwrap_or(u64::MAX);
+        self.max_idle_nanos.store(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn max_idle(&self) -> Duration {
+        Duration::from_nanos(self.max_idle_nanos.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// An idle connection that is still open, if there is one. One idle past `idle_timeout` is
+    /// closed (and with it every other: they have idled longer). One idle for a while is checked
     /// first (the backend may have closed it); a recently released one is not: the request's
     /// first poll of the connection (in [`PooledConn::send`]) takes in a close all the same, and
     /// hands back the request unsent, to go on a new connection.
     pub fn checkout(self: &Arc<Self>) -> Option<PooledConn> {
         loop {
             let (mut conn, since) = self.idle.lock().pop()?;
-            if since.elapsed() < CHECK_AFTER_IDLE || conn.settle() {
+            let idle = since.elapsed();
+            if idle.as_nanos() >= u128::from(self.max_idle_nanos.load(std::sync::atomic::Ordering::Relaxed)) {
+                // Closed outside the lock.
+                let expired = std::mem::take(&mut *self.idle.lock());
+                drop((conn, expired));
+                return None;
+            }
+            if idle < CHECK_AFTER_IDLE || conn.settle() {
                 return Some(self.hold(conn, true));
             }
         }
     }
 
-    /// Opens a new connection to `endpoint`.
-    pub async fn connect(self: &Arc<Self>, endpoint: &Endpoint) -> io::Result<PooledConn> {
-        let stream = endpoint.connect().await?;
-        stream.set_nodelay(true)?;
+    /// Opens a new connection over `stream` (TCP, or TLS over it).
+    pub async fn connect(self: &Arc<Self>, stream: Stream) -> Result<PooledConn, ConnectError> {
         // Head and body copied into one buffer and written with one `write`: for MCP's small
         // bodies cheaper than queueing both for `writev`.
         let (sender, driver) = http1::Builder::new()
             .writev(false)
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(io::Error::other)?;
+            .map_err(|e| ConnectError::connect(io::Error::other(e)))?;
         if let Some(c) = &self.opened {
             c.inc();
         }
@@ -146,8 +165,10 @@ impl ConnPool {
 
     fn hold(self: &Arc<Self>, conn: Conn, reused: bool) -> PooledConn {
         PooledConn {
-            conn: Some(conn),
-            pool: self.clone(),
+            held: Held::Http1 {
+                conn: Some(conn),
+                pool: self.clone(),
+            },
             reused,
         }
     }
@@ -178,25 +199,23 @@ impl ConnPool {
 }
 
 /// A connection taken from a pool; it goes back when dropped if it can carry another request.
+/// Or a stream of an HTTP/2 connection, given back when dropped.
 pub struct PooledConn {
-    conn: Option<Conn>,
-    pool: Arc<ConnPool>,
+    held: Held,
     /// Taken from the pool rather than opened for this request.
     pub reused: bool,
 }
 
-/// Why a request got no answer.
-pub enum SendError {
-    /// The connection ended before the request was written: it can go on another connection.
-    Unsent(Box<Request<UpstreamBody>>, hyper::Error),
-    /// The request may have reached the backend.
-    Failed(hyper::Error),
+enum Held {
+    Http1 { conn: Option<Conn>, pool: Arc<ConnPool> },
+    Http2(H2Lease, Arc<H2Pool>),
 }
 
-impl SendError {
-    pub fn error(&self) -> &hyper::Error {
-        match self {
-            SendError::Unsent(_, e) | SendError::Failed(e) => e,
+impl PooledConn {
+    pub fn http2(lease: H2Lease, pool: &Arc<H2Pool>, reused: bool) -> PooledConn {
+        PooledConn {
+            held: Held::Http2(lease, pool.clone()),
+            reused,
         }
     }
 }
@@ -205,7 +224,10 @@ impl PooledConn {
     /// Sends `req` and waits for the answer's head, driving the connection meanwhile. The
     /// answer's body keeps the connection, drives it as it is read, and puts it back at its end.
     pub async fn send(mut self, req: Request<UpstreamBody>) -> Result<Response<DrivenBody>, SendError> {
-        let conn = self.conn.as_mut().expect("held until dropped");
+        let conn = match &mut self.held {
+            Held::Http1 { conn, .. } => conn.as_mut().expect("held until dropped"),
+            Held::Http2(..) => return self.send_http2(req).await,
+        };
         let mut answer = pin!(conn.sender.try_send_request(req));
         let result = poll_fn(|cx| {
             // The driver first: it writes the request, and reads the answer that completes `answer`.
@@ -221,12 +243,28 @@ impl PooledConn {
             },
         }
     }
+
+    /// Boxed: kept out of the HTTP/1.1 request's future.
+    fn send_http2(
+        self,
+        req: Request<UpstreamBody>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<DrivenBody>, SendError>> + Send>> {
+        Box::pin(async move {
+            let Held::Http2(lease, pool) = &self.held else {
+                unreachable!("an HTTP/2 stream")
+            };
+            let resp = lease.send(pool, req).await?;
+            Ok(resp.map(|inner| DrivenBody { inner, conn: self }))
+        })
+    }
 }
 
 impl Drop for PooledConn {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.release(conn);
+        if let Held::Http1 { conn, pool } = &mut self.held {
+            if let Some(conn) = conn.take() {
+                pool.release(conn);
+            }
         }
     }
 }
@@ -249,7 +287,8 @@ impl Body for DrivenBody {
         if let ready @ Poll::Ready(_) = Pin::new(&mut this.inner).poll_frame(cx) {
             return ready;
         }
-        if let Some(conn) = &mut this.conn.conn {
+        // An HTTP/2 stream's connection is driven by its own task.
+        if let Held::Http1 { conn: Some(conn), .. } = &mut this.conn.held {
             conn.poll_driver(cx);
         }
         Pin::new(&mut this.inner).poll_frame(cx)
