@@ -200,7 +200,7 @@ async fn an_mtls_backend_refuses_the_router_without_a_client_certificate_and_ser
 
     let fleet = Fleet::start_backends(
         Vec::new(),
-        &[spec.clone()],
+        std::slice::from_ref(&spec),
         &format!("{QUIET_HEALTH}{}", upstream(&ca_file, "")),
     )
     .await;
@@ -229,7 +229,7 @@ async fn an_mtls_backend_refuses_the_router_without_a_client_certificate_and_ser
         )
     };
     let extra = format!("{QUIET_HEALTH}{}", upstream(&ca_file, &keys(&other_cert, &other_key)));
-    let fleet = Fleet::start_backends(Vec::new(), &[spec.clone()], &extra).await;
+    let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&spec), &extra).await;
     assert_eq!(fleet.post(&[], &ping(2)).await.router_error(), Some("upstream_tls"));
     fleet.shutdown().await;
 

@@ -103,7 +103,7 @@ impl Forward<'_> {
                 within(timer.as_mut(), self.resend(backend, request, failed).as_mut()).await
             }
             Some(Err(SendError::Refused(request, e))) => {
-                tracing::debug!(backend = %backend.name, error = %Chain(&e), "backend refused the stream; sending again");
+                tracing::debug!(backend = %backend.name, error = %Chain(e.as_ref()), "backend refused the stream; sending again");
                 within(timer.as_mut(), self.resend(backend, request, failed).as_mut()).await
             }
             other => other.map(|sent| sent.map_err(failed)),

@@ -26,8 +26,8 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::exchange::{SendError, UpstreamBody};
-use super::h2::{H2Lease, H2Pool};
+use super::exchange::{BoxError, SendError, UpstreamBody};
+use super::h2::{H2Body, H2Lease, H2Pool};
 use super::tls::{ConnectError, Stream};
 use crate::config::defaults;
 
@@ -236,10 +236,13 @@ impl PooledConn {
         })
         .await;
         match result {
-            Ok(resp) => Ok(resp.map(|inner| DrivenBody { inner, conn: self })),
+            Ok(resp) => Ok(resp.map(|inner| DrivenBody {
+                inner: Inner::Http1(inner),
+                conn: self,
+            })),
             Err(mut e) => match e.take_message() {
-                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
-                None => Err(SendError::Failed(e.into_error())),
+                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error().into())),
+                None => Err(SendError::Failed(e.into_error().into())),
             },
         }
     }
@@ -254,7 +257,10 @@ impl PooledConn {
                 unreachable!("an HTTP/2 stream")
             };
             let resp = lease.send(pool, req).await?;
-            Ok(resp.map(|inner| DrivenBody { inner, conn: self }))
+            Ok(resp.map(|inner| DrivenBody {
+                inner: Inner::Http2(inner),
+                conn: self,
+            }))
         })
     }
 }
@@ -269,36 +275,51 @@ impl Drop for PooledConn {
     }
 }
 
-/// An answer's body from a pooled connection: reading it drives the connection.
+/// An answer's body from a pooled connection: reading it drives the connection. Or the body
+/// of an HTTP/2 stream, whose connection its own task drives.
 pub struct DrivenBody {
-    inner: Incoming,
+    inner: Inner,
     conn: PooledConn,
+}
+
+enum Inner {
+    Http1(Incoming),
+    Http2(H2Body),
 }
 
 impl Body for DrivenBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        let inner = match &mut this.inner {
+            Inner::Http1(inner) => inner,
+            Inner::Http2(inner) => return Pin::new(inner).poll_frame(cx).map_err(Into::into),
+        };
         // What the connection has read already is taken without polling it: a small answer
         // usually came whole with its head, and a poll of the connection's state machine
         // (with a read attempt that finds nothing) costs hundreds of instructions.
-        if let ready @ Poll::Ready(_) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return ready;
+        if let Poll::Ready(frame) = Pin::new(&mut *inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        // An HTTP/2 stream's connection is driven by its own task.
         if let Held::Http1 { conn: Some(conn), .. } = &mut this.conn.held {
             conn.poll_driver(cx);
         }
-        Pin::new(&mut this.inner).poll_frame(cx)
+        Pin::new(inner).poll_frame(cx).map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Http1(inner) => inner.is_end_stream(),
+            Inner::Http2(inner) => inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Http1(inner) => inner.size_hint(),
+            Inner::Http2(inner) => inner.size_hint(),
+        }
     }
 }

@@ -130,6 +130,8 @@ pub struct TlsFront {
     pub failed: Arc<AtomicU64>,
     /// Relayed connections that have ended.
     pub closed: Arc<AtomicU64>,
+    /// Handshakes that chose HTTP/2 by ALPN.
+    pub alpn_h2: Arc<AtomicU64>,
 }
 
 impl TlsFront {
@@ -144,6 +146,9 @@ impl TlsFront {
     }
     pub fn closed(&self) -> u64 {
         self.closed.load(Ordering::SeqCst)
+    }
+    pub fn alpn_h2(&self) -> u64 {
+        self.alpn_h2.load(Ordering::SeqCst)
     }
 }
 
@@ -174,18 +179,25 @@ pub async fn tls_front(target: SocketAddr, leaf: &Leaf, client_ca: Option<&Ca>) 
         resumed: Default::default(),
         failed: Default::default(),
         closed: Default::default(),
+        alpn_h2: Default::default(),
     };
-    let (handshakes, resumed, failed, closed) = (
+    let (handshakes, resumed, failed, closed, alpn_h2) = (
         front.handshakes.clone(),
         front.resumed.clone(),
         front.failed.clone(),
         front.closed.clone(),
+        front.alpn_h2.clone(),
     );
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
-            let (handshakes, resumed, failed, closed) =
-                (handshakes.clone(), resumed.clone(), failed.clone(), closed.clone());
+            let (handshakes, resumed, failed, closed, alpn_h2) = (
+                handshakes.clone(),
+                resumed.clone(),
+                failed.clone(),
+                closed.clone(),
+                alpn_h2.clone(),
+            );
             tokio::spawn(async move {
                 let mut tls = match acceptor.accept(tcp).await {
                     Ok(tls) => tls,
@@ -196,6 +208,9 @@ pub async fn tls_front(target: SocketAddr, leaf: &Leaf, client_ca: Option<&Ca>) 
                 };
                 if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
                     resumed.fetch_add(1, Ordering::SeqCst);
+                }
+                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    alpn_h2.fetch_add(1, Ordering::SeqCst);
                 }
                 handshakes.fetch_add(1, Ordering::SeqCst);
                 if let Ok(mut plain) = TcpStream::connect(target).await {
