@@ -198,24 +198,24 @@ async fn an_mtls_backend_refuses_the_router_without_a_client_certificate_and_ser
     let front = tls_front(worker.addr, &ca.server(&["localhost"]), Some(&clients)).await;
     let spec = https("mtls", "localhost", &front);
 
-    let fleet = Fleet::start_backends(
-        Vec::new(),
-        std::slice::from_ref(&spec),
-        &format!("{QUIET_HEALTH}{}", upstream(&ca_file, "")),
-    )
-    .await;
-    let a = fleet.post(&[], &ping(1)).await;
-    assert_eq!(
-        (a.status.as_u16(), a.router_error()),
-        (502, Some("upstream_tls")),
-        "{a:?}"
-    );
-    eventually(Duration::from_secs(10), "the backend refused the handshake", || {
-        front.failed() >= 1
-    })
-    .await;
-    assert_eq!(tls_errors(&fleet.metrics().await, "mtls"), 1.0);
-    fleet.shutdown().await;
+    // Over HTTP/1.1 and over HTTP/2 (where the refusal comes while waiting for SETTINGS).
+    for http2 in ["http2 = false", "http2 = true"] {
+        let extra = format!("{QUIET_HEALTH}{}", upstream(&ca_file, http2));
+        let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&spec), &extra).await;
+        let refused_before = front.failed();
+        let a = fleet.post(&[], &ping(1)).await;
+        assert_eq!(
+            (a.status.as_u16(), a.router_error()),
+            (502, Some("upstream_tls")),
+            "{http2}: {a:?}"
+        );
+        eventually(Duration::from_secs(10), "the backend refused the handshake", || {
+            front.failed() > refused_before
+        })
+        .await;
+        assert_eq!(tls_errors(&fleet.metrics().await, "mtls"), 1.0, "{http2}");
+        fleet.shutdown().await;
+    }
 
     // A certificate another CA signed is refused the same way.
     let (other_cert, other_key) = Ca::new("unknown client CA")

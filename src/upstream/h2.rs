@@ -65,8 +65,11 @@ impl H2Conn {
         !self.watch.going_away.load(Ordering::Acquire) && !self.watch.ended.load(Ordering::Acquire)
     }
 
+    /// Fewer streams in flight than the backend allows. Its SETTINGS are seen here as they are
+    /// read, a moment before h2 applies them: the lower of the two is the limit either way.
     fn has_room(&self) -> bool {
-        let max = u32::try_from(self.sender.current_max_send_streams()).unwrap_or(u32::MAX);
+        let applied = u32::try_from(self.sender.current_max_send_streams()).unwrap_or(u32::MAX);
+        let max = applied.min(self.watch.max_streams.load(Ordering::Acquire));
         self.inflight.load(Ordering::Acquire) < max
     }
 
@@ -124,12 +127,12 @@ impl H2Pool {
             .initial_connection_window_size(CONNECTION_WINDOW)
             .handshake::<_, Bytes>(io)
             .await
-            .map_err(|e| ConnectError::of(&e))?;
+            .map_err(|e| watch.connect_error(&e))?;
         let ended = watch.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %super::tls::Chain(&e), "upstream HTTP/2 connection ended");
-                *ended.error.lock() = Some(ConnectError::of(&e));
+                *ended.error.lock() = Some(ended.connect_error(&e));
             }
             ended.ended.store(true, Ordering::Release);
             ended.notify.notify_waiters();
@@ -260,7 +263,7 @@ impl H2Lease {
                     Some(data) if self.conn.watch.never_processed(&e, id) => {
                         Err(SendError::Refused(again(Either::Left(Full::new(data))), e.into()))
                     }
-                    _ => Err(SendError::Failed(e.into())),
+                    _ => Err(SendError::Failed(self.conn.watch.error(e))),
                 }
             }
         }
@@ -360,6 +363,8 @@ impl Body for H2Body {
 
 /// What a connection's frames said, as its task reads them.
 struct Watch {
+    /// The backend's `SETTINGS_MAX_CONCURRENT_STREAMS`, as last read.
+    max_streams: AtomicU32,
     /// The lowest last stream id of the GOAWAYs received (`u32::MAX` before any).
     last_stream_id: AtomicU32,
     /// The backend's first SETTINGS came.
@@ -369,17 +374,22 @@ struct Watch {
     ended: AtomicBool,
     /// Why it returned, if it failed.
     error: parking_lot::Mutex<Option<ConnectError>>,
+    /// The TLS failure the connection's stream reported, if any: h2 keeps only the text of an
+    /// I/O error, so what rustls said is kept here, where the error passes through.
+    tls_failure: parking_lot::Mutex<Option<rustls::Error>>,
     notify: Notify,
 }
 
 impl Default for Watch {
     fn default() -> Self {
         Watch {
+            max_streams: AtomicU32::new(defaults::H2_INITIAL_MAX_STREAMS),
             last_stream_id: AtomicU32::new(u32::MAX),
             settled: AtomicBool::new(false),
             going_away: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             error: parking_lot::Mutex::new(None),
+            tls_failure: parking_lot::Mutex::new(None),
             notify: Notify::new(),
         }
     }
@@ -405,6 +415,29 @@ impl Watch {
         }
     }
 
+    /// An I/O error of the connection's stream, noted if TLS is behind it.
+    fn io_failed(&self, e: &io::Error) {
+        if let Some(tls) = super::tls::tls_error(e) {
+            *self.tls_failure.lock() = Some(tls.clone());
+        }
+    }
+
+    /// A request's error: the TLS failure behind it, if there was one.
+    fn error(&self, e: h2::Error) -> super::exchange::BoxError {
+        match self.tls_failure.lock().clone() {
+            Some(tls) => Box::new(tls),
+            None => Box::new(e),
+        }
+    }
+
+    /// Why a connection could not be used: TLS, if a TLS failure is behind it.
+    fn connect_error(&self, e: &h2::Error) -> ConnectError {
+        match self.tls_failure.lock().clone() {
+            Some(tls) => ConnectError::tls(io::Error::other(tls)),
+            None => ConnectError::of(e),
+        }
+    }
+
     /// Whether `e`, the error of the request on stream `id`, says the backend never processed
     /// it: it refused the stream, or a GOAWAY let through only lower stream ids.
     fn never_processed(&self, e: &h2::Error, id: u32) -> bool {
@@ -415,7 +448,17 @@ impl Watch {
 
     fn frame(&self, kind: u8, payload: &[u8]) {
         match kind {
-            FRAME_SETTINGS if !self.settled.swap(true, Ordering::AcqRel) => self.notify.notify_waiters(),
+            FRAME_SETTINGS => {
+                for setting in payload.chunks_exact(6) {
+                    if u16::from_be_bytes([setting[0], setting[1]]) == SETTINGS_MAX_CONCURRENT_STREAMS {
+                        let n = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
+                        self.max_streams.store(n, Ordering::Release);
+                    }
+                }
+                if !self.settled.swap(true, Ordering::AcqRel) {
+                    self.notify.notify_waiters();
+                }
+            }
             FRAME_GOAWAY => {
                 if let Some(id) = payload.get(..4) {
                     let last = u32::from_be_bytes([id[0], id[1], id[2], id[3]]) & 0x7fff_ffff;
@@ -432,9 +475,10 @@ impl Watch {
 const FRAME_SETTINGS: u8 = 0x4;
 const FRAME_GOAWAY: u8 = 0x7;
 const FLAG_ACK: u8 = 0x1;
-/// The most of a frame's payload kept to read (a GOAWAY's fields are 8 bytes before its debug
-/// data; of a SETTINGS frame only its arrival counts).
-const MAX_KEPT: usize = 64;
+const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+/// The most of a frame's payload kept to read (SETTINGS take 6 bytes a setting; a GOAWAY's
+/// fields are 8 bytes before its debug data).
+const MAX_KEPT: usize = 1024;
 
 /// Follows the frames of the byte stream a backend sends (RFC 9113 §4.1: a 9-byte header with a
 /// 24-bit length, then the payload), keeping the payload of SETTINGS (not ACKs) and GOAWAY.
@@ -505,8 +549,10 @@ impl AsyncRead for Observed {
         let this = self.get_mut();
         let before = buf.filled().len();
         let result = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = result {
-            this.frames.feed(&buf.filled()[before..], &this.watch);
+        match &result {
+            Poll::Ready(Ok(())) => this.frames.feed(&buf.filled()[before..], &this.watch),
+            Poll::Ready(Err(e)) => this.watch.io_failed(e),
+            Poll::Pending => {}
         }
         result
     }
@@ -514,7 +560,12 @@ impl AsyncRead for Observed {
 
 impl AsyncWrite for Observed {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Err(e)) = &result {
+            this.watch.io_failed(e);
+        }
+        result
     }
 
     fn poll_write_vectored(
@@ -563,13 +614,18 @@ mod tests {
                 scan.feed(chunk, &watch);
             }
             assert!(watch.settled.load(Ordering::Acquire), "split {split}");
+            assert_eq!(watch.max_streams.load(Ordering::Acquire), 7, "split {split}");
             assert_eq!(watch.last_stream_id.load(Ordering::Acquire), 5, "split {split}");
             assert!(watch.going_away.load(Ordering::Acquire), "split {split}");
         }
         // A SETTINGS ACK is not the backend's SETTINGS.
         let (watch, mut scan) = (Watch::default(), FrameScan::default());
-        scan.feed(&frame(FRAME_SETTINGS, FLAG_ACK, &[]), &watch);
+        scan.feed(&frame(FRAME_SETTINGS, FLAG_ACK, &[0, 3, 0, 0, 0, 1]), &watch);
         assert!(!watch.settled.load(Ordering::Acquire));
+        assert_eq!(
+            watch.max_streams.load(Ordering::Acquire),
+            defaults::H2_INITIAL_MAX_STREAMS
+        );
         // An empty SETTINGS (the backend keeps the defaults) settles the connection too.
         let (watch, mut scan) = (Watch::default(), FrameScan::default());
         scan.feed(&frame(FRAME_SETTINGS, 0, &[]), &watch);

@@ -158,17 +158,22 @@ impl fmt::Display for ConnectError {
 impl StdError for ConnectError {}
 
 /// The rustls error behind `e`, if any: an error's sources are searched, and the error inside
-/// each `io::Error`, where tokio-rustls puts it.
+/// each `io::Error`, where tokio-rustls puts it. (Not behind an `h2::Error`, which keeps only an
+/// I/O error's text: the HTTP/2 connections note a TLS failure as it passes.)
 pub fn tls_error<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
     let mut next = Some(e);
     while let Some(e) = next {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(tls);
         }
-        if let Some(inner) = e.downcast_ref::<io::Error>().and_then(|io| io.get_ref()) {
-            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                return Some(tls);
-            }
+        let io = e
+            .downcast_ref::<io::Error>()
+            .or_else(|| e.downcast_ref::<h2::Error>().and_then(h2::Error::get_io));
+        if let Some(tls) = io
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls);
         }
         next = e.source();
     }
