@@ -522,3 +522,40 @@ fn upstream_config_is_read_checked_and_printed() {
         "http:// or https://",
     );
 }
+
+/// Without `tls_ca`, the system trust store verifies backends (read with rustls-native-certs,
+/// which takes `SSL_CERT_FILE` and `SSL_CERT_DIR` when set: here, the test's CA and an empty
+/// directory; no other test of this file reads the system store). An empty store is a config
+/// error, not a fleet that trusts nothing.
+#[tokio::test]
+async fn without_tls_ca_the_system_trust_store_verifies_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("system CA");
+    let ca_file = write(dir.path(), "system-ca.pem", &ca.pem());
+    let saved = ["SSL_CERT_FILE", "SSL_CERT_DIR"].map(|v| (v, std::env::var_os(v)));
+    let empty_dir = tempfile::tempdir().unwrap();
+    std::env::set_var("SSL_CERT_FILE", &ca_file);
+    std::env::set_var("SSL_CERT_DIR", empty_dir.path());
+    let worker = start_worker("system").await;
+    let front = tls_front(worker.addr, &ca.server(&["localhost"]), None).await;
+    let fleet = Fleet::start_backends(vec![worker], &[https("system", "localhost", &front)], QUIET_HEALTH).await;
+    let clients = fleet.handle.config().upstream.tls.clients.clone().expect("built");
+    assert_eq!((clients.from_system, clients.roots), (true, 1));
+    assert!(fleet.handle.config().to_toml().contains("# tls_ca unset"));
+    let a = fleet.post(&[], &ping(1)).await;
+    assert_eq!((a.status.as_u16(), a.worker().as_str()), (200, "system"), "{a:?}");
+    fleet.shutdown().await;
+
+    write(dir.path(), "system-ca.pem", "");
+    let text = "[[backend]]\nname = \"a\"\nurl = \"https://localhost:1\"\n";
+    let e = Config::parse(&dir.path().join("c.toml"), text)
+        .expect_err("no roots")
+        .to_string();
+    assert!(e.contains("system trust store has no certificate"), "{e}");
+    for (var, value) in saved {
+        match value {
+            Some(value) => std::env::set_var(var, value),
+            None => std::env::remove_var(var),
+        }
+    }
+}
