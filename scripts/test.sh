@@ -18,18 +18,39 @@ step "Python venv with the official MCP SDK (tests/interop/requirements.txt)"
 MRTR_INTEROP_PYTHON="$(bash tests/interop/setup_venv.sh | tail -n1)"
 export MRTR_INTEROP_PYTHON
 
+# ---- deploy/ checks (tests/deploy.rs): their tools and venv -----------------------------------
+step "Tools for the deploy checks (tests/deploy.rs): promtool, kubectl, systemd-analyze; Python venv with kubernetes-validate (tests/deploy/requirements.txt)"
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "promtool missing: apt-get install prometheus (Debian's package ships it)"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; then
+    echo >&2 "==> FAILED: apt-get install prometheus (for promtool)"
+    exit 1
+  fi
+fi
+for t in promtool kubectl systemd-analyze; do
+  if ! command -v "$t" >/dev/null 2>&1; then
+    echo >&2 "==> FAILED: $t not found on PATH (tests/deploy.rs needs it)"
+    exit 1
+  fi
+done
+MRTR_DEPLOY_PYTHON="$(bash tests/deploy/setup_venv.sh | tail -n1)"
+export MRTR_DEPLOY_PYTHON
+# ---- end of the deploy/ checks block ----------------------------------------------------------
+
 step "cargo test"
 cargo test --all-targets
 
-step "bench smoke run (bench/run.sh with the debug router): proves the bench script still works; not a performance check"
+# --- bench (owned by bench/, see bench/README.md) ---------------------------------------------
+step "bench harness: its unit tests, then a smoke run of every row with the debug router (bench/run.py --smoke): proves each row starts, routes and has no errors; not a performance check"
+python3 -m unittest discover -s bench/tests
 # cargo test built the router already; the hyper-floor row needs examples/hyper_floor.rs as a plain
 # binary (cargo test builds examples as test harnesses under another name).
 cargo build --bins --example hyper_floor
-echo "BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh"
-echo "(1 round, 1 s per row, 8 connections, about 20-30 s; fails only on errors, misroutes or a proxy that does not start)"
-if ! BENCH_SMOKE=1 BENCH_ROUTER_BIN=target/debug/mrtr-router bench/run.sh; then
+echo "bench/run.py --smoke --router-bin target/debug/mrtr-router"
+echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start)"
+if ! python3 bench/run.py --smoke --router-bin target/debug/mrtr-router; then
   echo >&2
-  echo "==> FAILED: bench smoke run (bench/run.sh exited non-zero; see the status column and the bench: lines above)" >&2
+  echo "==> FAILED: bench smoke run (bench/run.py exited non-zero; see the status column and the bench: lines above)" >&2
   exit 1
 fi
 echo "==> bench smoke run passed (results in bench/results/smoke.json)"

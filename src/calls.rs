@@ -4,6 +4,7 @@
 //! answer's head and each JSON-RPC message; pins are in place before those bytes go out.
 
 use std::sync::{Arc, LazyLock};
+use std::time::SystemTime;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
@@ -27,6 +28,12 @@ pub struct Call {
     client_keys: [Option<PinKey>; 2],
     /// The pin that routed this request, if any.
     matched: Option<Matched>,
+    /// The rounds the call had before this request, by its pin or its tokens.
+    rounds_before: u32,
+    /// When the request was sent (taken only when tokens are on): the tokens its answer
+    /// hands out are issued as of then, so that one made by an instance ejected meanwhile
+    /// never names its successor.
+    sent: SystemTime,
     session: Option<PinKey>,
     is_delete: bool,
     /// `tasks/cancel`: a successful answer ends the task.
@@ -66,6 +73,11 @@ impl Call {
             target,
             client_keys,
             matched: decision.matched.filter(|_| !decision.pin_lost),
+            rounds_before: decision.rounds,
+            sent: match snap.sealing {
+                Some(_) => SystemTime::now(),
+                None => SystemTime::UNIX_EPOCH,
+            },
             session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
             is_delete: *method == Method::DELETE,
             is_task_cancel: keys.method.as_deref() == Some("tasks/cancel"),
@@ -73,6 +85,24 @@ impl Call {
             may_create_pin: keys.may_create_pin(),
             client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
         }
+    }
+
+    /// The round this request's answer is, if it continues the call.
+    pub fn round(&self) -> u32 {
+        let prior = self.matched.filter(|m| m.pin.kind != PinKind::Session);
+        prior.map_or(0, |m| m.pin.rounds).max(self.rounds_before) + 1
+    }
+
+    /// The routing token an answer that pins this call carries, when tokens are on: any replica
+    /// routes a client that echoes it straight to this backend.
+    pub fn routing_token(&self) -> Option<String> {
+        let s = self.snap.sealing.as_ref()?;
+        Some(s.routing_token(&self.target.backend.name, self.round(), self.sent))
+    }
+
+    /// The header a routing token travels in.
+    pub fn routing_header(&self) -> &http::HeaderName {
+        &self.snap.config.routing.header
     }
 
     /// Whether the answer's body may carry an outcome (a POST of a JSON-RPC request).
@@ -129,7 +159,7 @@ impl Call {
                 };
                 let visible = match (&c.snap.sealing, id.to_str()) {
                     (Some(s), Ok(raw)) => {
-                        HeaderValue::from_str(&s.wrap_session(raw, &c.target.backend.name)).unwrap_or(id)
+                        HeaderValue::from_str(&s.wrap_session(raw, &c.target.backend.name, c.sent)).unwrap_or(id)
                     }
                     _ => id,
                 };
@@ -164,11 +194,11 @@ impl Call {
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
         // Single-round traffic: no pin to finish, and an answer without these fields cannot
         // continue a call, so there is nothing to parse.
-        if prior.is_none() && !CONTINUATION_MARKERS.iter().any(|m| m.find(msg).is_some()) {
+        if prior.is_none() && !may_continue(msg) {
             return seen;
         }
         let outcome = dialect::parse_outcome(msg);
-        let rounds = prior.map_or(0, |m| m.pin.rounds) + 1;
+        let rounds = self.round();
         match outcome {
             Outcome::NotAResponse => {}
             Outcome::Pending => {
@@ -182,7 +212,7 @@ impl Call {
                     .snap
                     .sealing
                     .as_ref()
-                    .map(|s| s.wrap_request_state(&request_state, &c.target.backend.name));
+                    .map(|s| s.wrap_request_state(&request_state, &c.target.backend.name, rounds, c.sent));
                 let visible = wrapped.as_deref().unwrap_or(&request_state);
                 seen.replacement = wrapped.as_deref().map(|w| Replacement::new(msg, at, w));
                 let key = PinKey::new(PinKind::RequestState, visible.as_bytes());
@@ -236,3 +266,34 @@ static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
 /// Fields one of which every answer that continues a call carries (DESIGN §4).
 static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
     LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId\""].map(memmem::Finder::new));
+
+/// Whether `msg` has one of those fields. (A search per field beats one pass over every quote:
+/// the searchers are vectorised, and a per-quote check pays a search's start-up at each quote.)
+fn may_continue(msg: &[u8]) -> bool {
+    CONTINUATION_MARKERS.iter().any(|m| m.find(msg).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_continue;
+
+    #[test]
+    fn the_continuation_pre_check_finds_each_field_and_no_look_alike() {
+        for msg in [
+            &br#"{"id":1,"result":{"pending":true}}"#[..],
+            br#"{"id":1,"result":{"resultType":"input_required","requestState":"s"}}"#,
+            br#"{"id":1,"result":{"task":{"taskId":"t-1","status":"working"}}}"#,
+        ] {
+            assert!(may_continue(msg), "{}", String::from_utf8_lossy(msg));
+        }
+        for msg in [
+            &br#"{"id":1,"result":{"content":[{"type":"text","text":"done"}]}}"#[..],
+            br#"{"id":1,"result":{"pendingX":true,"resultTypes":1,"taskIds":[]}}"#,
+            br#"{"id":1,"result":{"p":"r","t":""}}"#,
+            b"",
+            b"\"",
+        ] {
+            assert!(!may_continue(msg), "{}", String::from_utf8_lossy(msg));
+        }
+    }
+}

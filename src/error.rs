@@ -29,6 +29,8 @@ pub enum RouterError {
     PinnedBackendUnavailable { key: String, backend: String },
     #[error("no healthy backend")]
     NoBackend,
+    #[error("the router is out of local resources (file descriptors, memory); retry later")]
+    Overloaded,
     #[error("backend {backend} is unavailable")]
     UpstreamUnavailable { backend: String },
     #[error("backend {backend} did not answer within upstream_timeout")]
@@ -70,6 +72,7 @@ impl RouterError {
             PinCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "pin_capacity"),
             PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
+            Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
             UpstreamTls { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_tls"),

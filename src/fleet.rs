@@ -10,7 +10,8 @@ use futures_util::future::join_all;
 
 use crate::pins::PinKind;
 use crate::state::Shared;
-use crate::upstream::{health, HealthChange};
+use crate::upstream::health::{self, Verdict};
+use crate::upstream::HealthChange;
 
 /// How often the config file is compared with what was last loaded.
 pub const CONFIG_POLL: Duration = Duration::from_secs(1);
@@ -62,11 +63,11 @@ pub async fn health_checks(shared: Arc<Shared>) {
         let checks = backends.iter().map(|(b, _)| health::check(b, &cfg.path, cfg.timeout));
         let results = join_all(checks).await;
         let mut changed = false;
-        for ((b, _), ok) in backends.iter().zip(results) {
-            let change = if ok {
-                b.record_check_success(cfg.healthy_after)
-            } else {
-                b.record_failure(cfg.unhealthy_after)
+        for ((b, _), verdict) in backends.iter().zip(results) {
+            let change = match verdict {
+                Verdict::Up => b.record_check_success(cfg.healthy_after),
+                Verdict::Down => b.record_failure(cfg.unhealthy_after),
+                Verdict::Unknown => None,
             };
             match change {
                 Some(HealthChange::Ejected) => {

@@ -62,6 +62,7 @@ use tokio::net::TcpListener;
 
 pub use config::{Config, ConfigError};
 pub use handle::RouterHandle;
+pub use server::raise_open_file_limit;
 
 use config::ConfigFile;
 use server::Shutdown;
@@ -72,7 +73,7 @@ pub mod internals {
     pub use crate::balance::HashRing;
     pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
-    pub use crate::token::{Claims, Rejected, TokenKeys};
+    pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }
 
@@ -86,9 +87,39 @@ impl Listeners {
     /// Binds the addresses the config names.
     pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            proxy: TcpListener::bind(config.server.listen).await?,
-            admin: TcpListener::bind(config.admin.listen).await?,
+            proxy: server::listen(config.server.listen)?,
+            admin: server::listen(config.admin.listen)?,
         })
+    }
+
+    /// The listeners systemd passed by socket activation, else those the config names. With
+    /// `LISTEN_FDS` set (and `LISTEN_PID`, when set, this process), the sockets from fd 3 on
+    /// are named by `LISTEN_FDNAMES` (`proxy`, `admin`; unnamed: the first is the proxy's, the
+    /// second the admin's); one not passed is bound from the config. A restart then queues new
+    /// connections in the kernel instead of refusing them.
+    pub async fn from_systemd_or_bind(config: &Config) -> std::io::Result<(Listeners, bool)> {
+        let passed = server::socket_activation::listeners()?;
+        if passed.is_empty() {
+            return Ok((Listeners::bind(config).await?, false));
+        }
+        let mut proxy = None;
+        let mut admin = None;
+        for (name, listener) in passed {
+            match name.as_str() {
+                "proxy" => proxy = Some(listener),
+                "admin" => admin = Some(listener),
+                other => tracing::warn!(name = other, "ignoring a socket passed with an unknown name"),
+            }
+        }
+        let proxy = match proxy {
+            Some(l) => l,
+            None => server::listen(config.server.listen)?,
+        };
+        let admin = match admin {
+            Some(l) => l,
+            None => server::listen(config.admin.listen)?,
+        };
+        Ok((Listeners { proxy, admin }, true))
     }
 }
 

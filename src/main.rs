@@ -64,6 +64,9 @@ fn main() -> anyhow::Result<()> {
             Some(Command::Check) => {
                 let config = Config::load(&cli.config)?;
                 print!("{}", config.to_toml());
+                for note in config.notes() {
+                    eprintln!("note: {note}");
+                }
                 eprintln!("{}: ok", cli.config.display());
                 Ok(())
             }
@@ -89,11 +92,20 @@ async fn ctrl_c() {
 
 /// Serves until SIGTERM or Ctrl-C; SIGHUP reloads the config file.
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
+    match mrtr_router::raise_open_file_limit() {
+        Ok((soft, hard)) => tracing::info!(soft, hard, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
+    }
     let router = Router::from_file(&path)?;
     let handle = router.handle();
     let config = handle.config();
-    let listeners = Listeners::bind(&config).await.context("binding listeners")?;
-    tracing::info!(listen = %config.server.listen, tls = config.server.tls.is_some(), admin = %config.admin.listen, backends = config.backends.len(), "mrtr-router started");
+    let (listeners, activated) = Listeners::from_systemd_or_bind(&config)
+        .await
+        .context("binding listeners")?;
+    for note in config.notes() {
+        tracing::warn!("{note}");
+    }
+    tracing::info!(listen = %listeners.proxy.local_addr()?, tls = config.server.tls.is_some(), admin = %listeners.admin.local_addr()?, socket_activation = activated, backends = config.backends.len(), "mrtr-router started");
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let reloader = tokio::spawn(async move {
         while hup.recv().await.is_some() {

@@ -32,6 +32,11 @@ pub struct Metrics {
     /// took nothing of its answer for `stream_idle_timeout`.
     pub(crate) client_aborts: IntCounter,
     pub(crate) config_reloads: IntCounterVec,
+    /// Open client connections by protocol (`pending` until it is known).
+    pub(crate) connections: IntGaugeVec,
+    /// Times the proxy listener could not take a connection: `cap` (max_connections open: it
+    /// waits until one closes), `fds` (accept failed for lack of descriptors or memory).
+    pub(crate) connections_refused: IntCounterVec,
     pub(crate) tokens_rejected: IntCounterVec,
     pub(crate) discovery_resolutions: IntCounterVec,
     /// Hot-path children resolved once: decisions by [`ROUTE_SOURCES`] index, pins created and
@@ -150,6 +155,18 @@ impl Metrics {
                 &["reason"],
             ),
             config_reloads: counter(&r, "mrtr_config_reloads_total", "Config reloads by result", &["result"]),
+            connections: gauge(
+                &r,
+                "mrtr_connections",
+                "Open client connections by protocol (pending until known)",
+                &["protocol"],
+            ),
+            connections_refused: counter(
+                &r,
+                "mrtr_connections_refused_total",
+                "Times the proxy listener could not take a connection: cap (max_connections open), fds (no descriptors)",
+                &["reason"],
+            ),
             discovery_resolutions: counter(
                 &r,
                 "mrtr_discovery_resolutions_total",

@@ -45,6 +45,9 @@ pub struct Decision {
     pub matched: Option<Matched>,
     /// Set when a pin's backend was gone and `rehash` routed by the ring instead.
     pub pin_lost: bool,
+    /// The rounds the call has had so far, as its local pin or its sealed tokens count them
+    /// (whichever counts more: a call may have alternated between replicas).
+    pub rounds: u32,
 }
 
 impl fmt::Display for Decision {
@@ -126,21 +129,15 @@ pub fn decide(
             && pins.len() >= routing.max_pins
     };
     // What a request routed by a pin or a token must pass: its call's rounds, and the table's room.
-    let admit = |call: Option<Matched>| {
-        check_rounds(call, keys, routing.max_rounds)?;
+    let admit = |call: Option<Matched>, token_rounds: Option<u32>| {
+        let rounds = check_rounds(call, token_rounds, keys, routing.max_rounds)?;
         match full(call) {
             true => Err(RouterError::PinCapacity { max: routing.max_pins }),
-            false => Ok(()),
+            false => Ok(rounds),
         }
     };
     if let Some(u) = unsealed {
         let key = BackendKey::of(&u.backend);
-        if snap.backend(key).is_none() {
-            // Authentic, but naming a backend this router does not have: never guess.
-            return Err(RouterError::InvalidToken {
-                reason: "unknown_backend",
-            });
-        }
         // The local pin, if this replica has one, still counts rounds and finishes the call.
         let mut candidates = keys.pin_candidates();
         let matched = candidates.find_map(|(k, _)| {
@@ -148,14 +145,18 @@ pub fn decide(
             (pin.backend == key).then_some(Matched { key: k, pin })
         });
         let matched = matched.map(|m| call_in_session(m, &mut candidates, find));
-        match usable(key, None) {
+        // A backend this router does not know (a replica that never saw it), one ejected, or
+        // one ejected since the token was issued (a restarted instance): the pin is lost.
+        let current = usable(key, None).filter(|b| b.issued_since_ejection(u.issued_ms));
+        match current {
             Some(backend) => {
-                admit(matched)?;
+                let rounds = admit(matched, u.rounds)?;
                 return Ok(Decision {
                     backend: backend.clone(),
                     source: Source::Token,
                     matched,
                     pin_lost: false,
+                    rounds,
                 });
             }
             None if routing.on_pin_lost == OnPinLost::Strict => {
@@ -179,12 +180,13 @@ pub fn decide(
             match usable(pin.backend, Some(pin.epoch)) {
                 Some(backend) => {
                     let matched = call_in_session(matched, &mut candidates, find);
-                    admit(Some(matched))?;
+                    let rounds = admit(Some(matched), None)?;
                     return Ok(Decision {
                         backend: backend.clone(),
                         source: Source::Pin,
                         matched: Some(matched),
                         pin_lost: false,
+                        rounds,
                     });
                 }
                 None if routing.on_pin_lost == OnPinLost::Strict => {
@@ -217,6 +219,7 @@ pub fn decide(
         source,
         matched: lost,
         pin_lost,
+        rounds: 0,
     })
 }
 
@@ -241,11 +244,21 @@ fn call_in_session<'k>(
     .unwrap_or(matched)
 }
 
-/// Refuses a follow-up past `max_rounds` (rounds count for calls, not sessions or tasks).
-fn check_rounds(matched: Option<Matched>, keys: &RequestKeys, max_rounds: u32) -> Result<(), RouterError> {
-    let Some(m) = matched else { return Ok(()) };
-    let counts = matches!(m.pin.kind, PinKind::Client | PinKind::RequestState);
-    if counts && !m.pin.finished && m.pin.rounds >= max_rounds {
+/// The rounds a follow-up's call has had, by its local pin and its sealed tokens
+/// (`token_rounds`); past `max_rounds` the follow-up is refused. Rounds count for calls, not
+/// sessions or tasks; a duplicate of a finished call's last follow-up passes.
+fn check_rounds(
+    matched: Option<Matched>,
+    token_rounds: Option<u32>,
+    keys: &RequestKeys,
+    max_rounds: u32,
+) -> Result<u32, RouterError> {
+    let call = matched.filter(|m| matches!(m.pin.kind, PinKind::Client | PinKind::RequestState));
+    if call.is_some_and(|m| m.pin.finished) {
+        return Ok(call.map_or(0, |m| m.pin.rounds));
+    }
+    let rounds = call.map_or(0, |m| m.pin.rounds).max(token_rounds.unwrap_or(0));
+    if rounds >= max_rounds {
         let key = keys
             .client_key()
             .or(keys.request_state.as_deref())
@@ -253,5 +266,5 @@ fn check_rounds(matched: Option<Matched>, keys: &RequestKeys, max_rounds: u32) -
             .to_string();
         return Err(RouterError::TooManyRounds { key, max: max_rounds });
     }
-    Ok(())
+    Ok(rounds)
 }

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
 use crate::dialect::RequestKeys;
-use crate::token::{self, Rejected, TokenKeys};
+use crate::token::{self, Claims, Kind, Rejected, TokenKeys};
 
 /// The keys for each kind of sealed value.
 pub struct Sealing {
@@ -25,6 +25,12 @@ pub struct Sealing {
 pub struct Unsealed {
     /// The backend the (first) token names.
     pub backend: String,
+    /// When that token was issued (milliseconds since the UNIX epoch): one issued before the
+    /// backend's last ejection belongs to an instance that is gone.
+    pub issued_ms: u64,
+    /// The call's rounds as its tokens count them (the routing token, a wrapped
+    /// `requestState`); `None` without such a token, or in one of the previous format.
+    pub rounds: Option<u32>,
     /// The backend's own session id, when the request's `Mcp-Session-Id` was wrapped.
     pub session_id: Option<String>,
     /// The backend's own `params.requestState`, when the request's was wrapped.
@@ -72,46 +78,58 @@ impl Sealing {
         }
     }
 
-    /// Verifies every sealed value the request carries. `Ok(None)`: nothing of ours in it.
-    /// Any value of ours that fails verification rejects the request.
+    /// Verifies every sealed value the request carries, each as the kind of handle it stands
+    /// for. `Ok(None)`: nothing of ours in it. Any value of ours that fails verification
+    /// rejects the request.
     pub fn unseal(&self, keys: &RequestKeys, now: SystemTime) -> Result<Option<Unsealed>, Rejected> {
-        let mut backend = None;
+        let mut first: Option<Claims> = None;
+        let mut rounds: Option<u32> = None;
+        let mut note = |claims: Claims, counts_rounds: bool| {
+            if counts_rounds {
+                rounds = rounds.max(claims.rounds);
+            }
+            first.get_or_insert(claims);
+        };
         if let Some(h) = keys.header_key.filter(|h| token::is_token(h)) {
-            backend = Some(self.calls.verify(h, now)?.backend);
+            note(self.calls.verify(Kind::RoutingId, h, now)?, true);
         }
         let mut request_state = None;
         if let Some(s) = keys.request_state.as_deref().filter(|s| token::is_token(s)) {
-            let (original, claims) = self.calls.open_value(s, now)?;
-            backend.get_or_insert(claims.backend);
+            let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
+            note(claims, true);
             request_state = Some(original.into_owned());
         }
         let mut session_id = None;
         if let Some(s) = keys.session_id.filter(|s| token::is_token(s)) {
-            let (original, claims) = self.sessions.open_value(s, now)?;
-            backend.get_or_insert(claims.backend);
+            let (original, claims) = self.sessions.open_value(Kind::Session, s, now)?;
+            note(claims, false);
             session_id = Some(original.into_owned());
         }
-        Ok(backend.map(|backend| Unsealed {
-            backend,
+        Ok(first.map(|claims| Unsealed {
+            backend: claims.backend,
+            issued_ms: claims.issued_ms,
+            rounds,
             session_id,
             request_state,
         }))
     }
 
-    /// A routing token naming `backend`, for the `Mcp-Routing-Id` answer header.
-    pub fn routing_token(&self, backend: &str) -> String {
-        self.calls.seal(backend, SystemTime::now())
+    /// A routing token naming `backend` and the call's `rounds`, for the `Mcp-Routing-Id`
+    /// answer header.
+    pub fn routing_token(&self, backend: &str, rounds: u32, issued: SystemTime) -> String {
+        self.calls.seal(Kind::RoutingId, backend, rounds, issued)
     }
 
     /// The session id a client should echo for the backend's `session_id`.
-    pub fn wrap_session(&self, session_id: &str, backend: &str) -> String {
-        self.sessions.seal_value(session_id, backend, SystemTime::now())
+    pub fn wrap_session(&self, session_id: &str, backend: &str, issued: SystemTime) -> String {
+        self.sessions.seal_value(Kind::Session, session_id, backend, 0, issued)
     }
 
-    /// A `requestState` wrapped so that it also names `backend`; any string can be wrapped,
-    /// and the wrapped form is plain ASCII that no JSON encoder escapes.
-    pub fn wrap_request_state(&self, state: &str, backend: &str) -> String {
-        self.calls.seal_value(state, backend, SystemTime::now())
+    /// A `requestState` wrapped so that it also names `backend` and the call's `rounds`; any
+    /// string can be wrapped, and the wrapped form is plain ASCII that no JSON encoder escapes.
+    pub fn wrap_request_state(&self, state: &str, backend: &str, rounds: u32, issued: SystemTime) -> String {
+        self.calls
+            .seal_value(Kind::RequestState, state, backend, rounds, issued)
     }
 }
 
@@ -151,7 +169,7 @@ mod tests {
         let crate::dialect::Outcome::InputRequired { request_state, at } = crate::dialect::parse_outcome(answer) else {
             panic!("not input_required: {}", String::from_utf8_lossy(answer))
         };
-        let wrapped = s.wrap_request_state(&request_state, "w1");
+        let wrapped = s.wrap_request_state(&request_state, "w1", 1, SystemTime::now());
         let rewritten = Replacement::new(answer, at, &wrapped).apply(answer).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
         assert_eq!(v["result"]["requestState"], wrapped.as_str());
@@ -217,7 +235,7 @@ mod tests {
     #[test]
     fn tampered_values_reject_the_request() {
         let s = sealing();
-        let good = s.wrap_session("0123abcd", "w2");
+        let good = s.wrap_session("0123abcd", "w2", SystemTime::now());
         let bad = good.replace("0123abcd", "0123abce");
         let mut headers = http::HeaderMap::new();
         headers.insert("mcp-session-id", bad.parse().unwrap());

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::Method;
-use mrtr_router::internals::TokenKeys;
+use mrtr_router::internals::{LegacyTokenKeys, TokenKeys, TokenKind};
 use serde_json::json;
 use support::*;
 
@@ -115,7 +115,7 @@ async fn key_rotation_old_key_verifies_new_key_signs() {
     let t_new = routing_token(&r2);
     let new_only = TokenKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
     assert!(
-        new_only.verify(&t_new, SystemTime::now()).is_ok(),
+        new_only.verify(TokenKind::RoutingId, &t_new, SystemTime::now()).is_ok(),
         "the first key signs"
     );
     // A router that only knows the old key refuses the new one.
@@ -147,18 +147,28 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
         ("truncated", truncate_to_invalid_length(&good), "malformed"),
         (
             "expired",
-            keys.seal("worker-0", SystemTime::now() - Duration::from_secs(3600)),
+            keys.seal(
+                TokenKind::RoutingId,
+                "worker-0",
+                1,
+                SystemTime::now() - Duration::from_secs(3600),
+            ),
             "expired",
         ),
         (
             "foreign key",
-            foreign.seal("worker-0", SystemTime::now()),
+            foreign.seal(TokenKind::RoutingId, "worker-0", 1, SystemTime::now()),
             "unknown_key",
         ),
         (
-            "unconfigured backend",
-            keys.seal("elsewhere", SystemTime::now()),
-            "unknown_backend",
+            "a wrapped requestState as the routing header",
+            keys.seal_value(TokenKind::RequestState, "s", "worker-0", 1, SystemTime::now()),
+            "malformed",
+        ),
+        (
+            "a routing token minted for a task",
+            keys.seal(TokenKind::Task, "worker-0", 1, SystemTime::now()),
+            "bad_signature",
         ),
     ];
     let served_before = fleet.total_requests();
@@ -176,7 +186,7 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
     }
     // Sealed session ids and states are checked the same way.
     let bad_session = keys
-        .seal_value("abc", "worker-0", SystemTime::now())
+        .seal_value(TokenKind::Session, "abc", "worker-0", 0, SystemTime::now())
         .replace("abc", "abd");
     let a = fleet
         .post(
@@ -185,7 +195,7 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
         )
         .await;
     assert_eq!(a.router_error(), Some("invalid_routing_token"));
-    let bad_state = foreign.seal_value("s", "worker-0", SystemTime::now());
+    let bad_state = foreign.seal_value(TokenKind::RequestState, "s", "worker-0", 1, SystemTime::now());
     let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": bad_state}});
     assert_eq!(
         fleet.post(&[], &body).await.router_error(),
@@ -200,7 +210,7 @@ async fn bad_tokens_are_refused_and_never_choose_a_backend() {
 
 /// Cuts a token so its base64 part has a length no base64 text can have (4n + 1).
 fn truncate_to_invalid_length(token: &str) -> String {
-    let b64_len = |t: &str| t.len() - "mrt1.".len();
+    let b64_len = |t: &str| t.len() - "mrt2.".len();
     let mut cut = token.len() - 5;
     while b64_len(&token[..cut]) % 4 != 1 {
         cut -= 1;
@@ -212,8 +222,14 @@ fn truncate_to_invalid_length(token: &str) -> String {
 async fn backends_see_their_own_bytes() {
     let fleet = Fleet::start(1, &tokens(&[KEY_A])).await;
     let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
-    let session = keys.seal_value("0123456789abcdef", "worker-0", SystemTime::now());
-    let state = keys.seal_value("v1.state/with+odd=chars", "worker-0", SystemTime::now());
+    let session = keys.seal_value(TokenKind::Session, "0123456789abcdef", "worker-0", 0, SystemTime::now());
+    let state = keys.seal_value(
+        TokenKind::RequestState,
+        "v1.state/with+odd=chars",
+        "worker-0",
+        1,
+        SystemTime::now(),
+    );
     let body =
         json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": state}}).to_string();
     let url = format!("http://{}/echo", fleet.router);
@@ -237,7 +253,130 @@ async fn backends_see_their_own_bytes() {
     let seen_body: serde_json::Value = serde_json::from_str(v["body"].as_str().unwrap()).unwrap();
     assert_eq!(seen_body["params"]["requestState"], "v1.state/with+odd=chars");
     assert!(
-        !v["body"].as_str().unwrap().contains("mrt1."),
+        !v["body"].as_str().unwrap().contains("mrt2."),
         "no wrapped value reaches the backend"
     );
+}
+
+/// A replica that never knew the backend a token names (another replica still drains it, or
+/// a config in flux) treats the token as a lost pin: 503 with Retry-After, never a 400 (the
+/// client did nothing wrong) and never another backend.
+#[tokio::test]
+async fn a_token_for_a_backend_this_replica_does_not_know_is_a_lost_pin() {
+    let a = Fleet::start(2, &tokens(&[KEY_A])).await;
+    let r1 = a.post(&[], &start_call("gone-1", 2)).await;
+    let holder = r1.worker();
+    let t = routing_token(&r1);
+    // B was started after the holder left the config (A still drains it).
+    let others: Vec<BackendSpec> = a.specs().into_iter().filter(|s| s.name != holder).collect();
+    let b = Fleet::start_backends(Vec::new(), &others, &tokens(&[KEY_A])).await;
+    let r2 = b.post(&[("mcp-routing-id", &t)], &confirm("gone-1", 2)).await;
+    assert_eq!(
+        (r2.status.as_u16(), r2.router_error()),
+        (503, Some("pinned_backend_unavailable")),
+        "{r2:?}"
+    );
+    assert!(r2.headers.contains_key("retry-after"));
+    assert_eq!(a.total_unknown_followups(), 0, "no other backend saw the follow-up");
+    let m = b.metrics().await;
+    assert_eq!(metric(&m, "mrtr_pins_lost_total"), Some(1.0));
+    assert_eq!(
+        metric(&m, "mrtr_tokens_rejected_total{reason=\"unknown_backend\"}"),
+        None
+    );
+    // With `rehash` the same follow-up goes by B's ring.
+    let rehash = Fleet::start_backends(
+        Vec::new(),
+        &others,
+        &format!("{}[routing]\non_pin_lost = \"rehash\"\n", tokens(&[KEY_A])),
+    )
+    .await;
+    let r3 = rehash.post(&[("mcp-routing-id", &t)], &confirm("gone-1", 2)).await;
+    assert_eq!(r3.status, 200, "{r3:?}");
+    assert_ne!(r3.worker(), holder);
+}
+
+/// Each kind of handle has its own tokens: a wrapped `requestState` presented as a session id
+/// (or a session as a state) is refused, and so never chooses a backend.
+#[tokio::test]
+async fn a_wrapped_handle_of_one_kind_is_refused_as_another() {
+    let fleet = Fleet::start(2, &tokens(&[KEY_A])).await;
+    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let state = keys.seal_value(TokenKind::RequestState, "0123abcd", "worker-0", 1, SystemTime::now());
+    let session = keys.seal_value(TokenKind::Session, "0123abcd", "worker-0", 0, SystemTime::now());
+    let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    let as_session = fleet.post(&[("mcp-session-id", &state)], &ping).await;
+    assert_eq!(
+        (as_session.status.as_u16(), as_session.router_error()),
+        (400, Some("invalid_routing_token"))
+    );
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","requestState": session}});
+    let as_state = fleet.post(&[], &body).await;
+    assert_eq!(
+        (as_state.status.as_u16(), as_state.router_error()),
+        (400, Some("invalid_routing_token"))
+    );
+    // Each in its own place is fine.
+    assert_eq!(fleet.post(&[("mcp-session-id", &session)], &ping).await.status, 200);
+    assert_eq!(fleet.total_requests(), 1, "the refused requests reached no backend");
+}
+
+/// A token says nothing about the fleet: the backend's name is in none of its bytes, nor in
+/// their base64 decoding.
+#[tokio::test]
+async fn a_token_reveals_no_backend_name() {
+    let fleet = Fleet::start(3, &tokens(&[KEY_A])).await;
+    for i in 0..20 {
+        let a = fleet.post(&[], &start_call(&format!("opaque-{i}"), 2)).await;
+        let t = routing_token(&a);
+        let name = a.worker();
+        assert!(!t.contains(&name), "{name} in {t}");
+        let body = t.strip_prefix("mrt2.").expect("the current format");
+        let decoded = base64_decode(body);
+        assert!(
+            !decoded.windows(name.len()).any(|w| w == name.as_bytes()),
+            "{name} in {t}"
+        );
+    }
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'-' => 62,
+        _ => 63,
+    };
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes() {
+        acc = (acc << 6) | value(c) as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// Rolling upgrade of the routers: a token the previous release issued (`mrt1.`, HMAC, not
+/// bound to a kind) still routes for its lifetime on a router of this release.
+#[tokio::test]
+async fn tokens_of_the_previous_release_route_for_their_lifetime() {
+    let fleet = Fleet::start(3, &tokens(&[KEY_A])).await;
+    let r1 = fleet.post(&[], &start_call("upgrade-1", 2)).await;
+    let holder = r1.worker();
+    let previous = LegacyTokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(3600)).unwrap();
+    let t = previous.seal(&holder, SystemTime::now());
+    assert!(t.starts_with("mrt1."));
+    let r2 = fleet.post(&[("mcp-routing-id", &t)], &confirm("upgrade-1", 2)).await;
+    assert_eq!(r2.json()["result"]["content"][0]["text"], "done", "{r2:?}");
+    assert_eq!(r2.worker(), holder);
+    let expired = previous.seal(&holder, SystemTime::now() - Duration::from_secs(3601));
+    let r3 = fleet
+        .post(&[("mcp-routing-id", &expired)], &confirm("upgrade-1", 2))
+        .await;
+    assert_eq!(r3.router_error(), Some("invalid_routing_token"));
 }

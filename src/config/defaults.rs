@@ -13,6 +13,10 @@ pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const MIN_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const MAX_HEADERS: usize = 100;
+/// Client connections open at once (and never more than the open-file limit allows, see
+/// `server::limits`).
+pub const MAX_CONNECTIONS: usize = 10_000;
+pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
 pub const ROUTING_HEADER: &str = "Mcp-Routing-Id";
 pub const BODY_FIELD: &str = "messageId";
 pub const VIRTUAL_NODES: usize = 160;

@@ -131,6 +131,20 @@ impl Config {
         })
     }
 
+    /// What an operator should know about this config that is not an error (printed by
+    /// `check`, logged at start).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.tokens.is_none() {
+            notes.push(
+                "no [tokens]: the backend of each call in flight is known only to this process, so a restart \
+                 (or another replica) loses the calls in flight; configure [tokens] even for one replica"
+                    .to_string(),
+            );
+        }
+        notes
+    }
+
     /// The effective configuration as TOML, every default spelled out (for `check`). Strings
     /// are written as TOML strings (quotes, backslashes and control characters escaped), so
     /// the output loads back as the same config (but for token keys, which are never printed).

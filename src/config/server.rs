@@ -26,6 +26,11 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Most request headers accepted (HTTP/1); more is 431.
     pub max_headers: usize,
+    /// Client connections open at once; past it the listener stops accepting (connections
+    /// wait in the kernel's backlog) until one closes.
+    pub max_connections: usize,
+    /// Streams one HTTP/2 client connection may have open at once.
+    pub h2_max_concurrent_streams: u32,
     /// `tls_cert` + `tls_key`: the proxy listener speaks TLS (HTTP/1.1 and HTTP/2 by ALPN).
     pub tls: Option<TlsConfig>,
 }
@@ -74,6 +79,12 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
         stream_idle_timeout: stream_idle_timeout(&mut s)?,
         shutdown_grace: s.duration("shutdown_grace", defaults::SHUTDOWN_GRACE)?,
         max_headers: s.int("max_headers", defaults::MAX_HEADERS as i64, 16..=10_000)? as usize,
+        max_connections: s.int("max_connections", defaults::MAX_CONNECTIONS as i64, 1..=1_000_000)? as usize,
+        h2_max_concurrent_streams: s.int(
+            "h2_max_concurrent_streams",
+            defaults::H2_MAX_CONCURRENT_STREAMS.into(),
+            1..=10_000,
+        )? as u32,
         tls: tls(&mut s)?,
     };
     s.finish(true)?;

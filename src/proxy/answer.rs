@@ -1,107 +1,147 @@
 //! Observing a backend's answer: its head and each JSON-RPC message go to the call's lifecycle
 //! (pins, sealing) before the client can read them; JSON answers are read whole for that, SSE
-//! streams are split into events, anything else streams through untouched.
+//! streams are split into events, anything else streams through untouched. Plain functions
+//! over the caller's values: the one body to wait for (a JSON answer) is read by the caller,
+//! so the answer's head and the call are never moved into a future of their own.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use http::header::{self, HeaderValue};
-use http::Response;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::response::Parts;
 use http_body::Body;
-use tokio::time::Sleep;
 
 use super::forward::{passive_failure, upstream_error_hook, Forward};
 use super::headers::{set_content_length, starts_with_ignore_case, strip_hop_by_hop};
-use super::read::{collect_json, CollectError, Collected};
+use super::read::{CollectError, Collected};
 use crate::body::{MessageSink, ProxyBody};
 use crate::calls::Call;
 use crate::error::RouterError;
 use crate::upstream::{Backend, DrivenBody, InflightGuard};
 
-/// The client's answer from the backend's `resp` to a request of `call`: `guard` keeps the
-/// request in flight until a streamed body ends; `timer` is the request's upstream deadline.
-pub(super) async fn observe(
-    forward: &Forward<'_>,
-    call: Call,
-    resp: Response<DrivenBody>,
-    backend: &Arc<Backend>,
-    guard: InflightGuard,
-    mut timer: Pin<&mut Sleep>,
-) -> Result<Response<ProxyBody>, RouterError> {
-    let (shared, snap) = (forward.shared, forward.snap);
-    let status = resp.status();
-    let (mut resp_parts, resp_body) = resp.into_parts();
-    let mut pinned = call.observe_head(status, &mut resp_parts.headers);
-    strip_hop_by_hop(&mut resp_parts.headers);
-    let content_type = resp_parts
+/// What kind of body an answer has, as far as observing it goes.
+pub(super) enum Kind {
+    /// `text/event-stream`: observed event by event as it streams.
+    Sse,
+    /// A JSON answer to a JSON-RPC request: read whole before the client may have it.
+    Json,
+    /// Anything else: passed through.
+    Other,
+}
+
+/// Observes the answer's head (session pins, hop-by-hop headers) and tells what its body is.
+pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> (Kind, bool) {
+    let pinned = call.observe_head(status, &mut parts.headers);
+    strip_hop_by_hop(&mut parts.headers);
+    let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
         .map_or(&b""[..], |v| v.as_bytes());
-    let is_sse = starts_with_ignore_case(content_type, b"text/event-stream");
-    let is_json = starts_with_ignore_case(content_type, b"application/json");
-    let idle = snap.config.server.stream_idle_timeout;
-    let body = if is_sse {
-        // Pins made mid-stream cannot add headers any more: announce the token up front.
-        pinned |= call.may_create_pin();
-        if snap.sealing.is_some() {
-            // Sealing changes the length of events.
-            resp_parts.headers.remove(header::CONTENT_LENGTH);
-        }
-        let sink: MessageSink = Box::new(move |msg: &[u8]| {
-            call.keep_session_alive();
-            call.observe_message(msg).replacement
-        });
-        ProxyBody::stream(
-            resp_body,
-            None,
-            Some(sink),
-            idle,
-            Some(guard),
-            Some(upstream_error_hook(shared, backend)),
-        )
-    } else if is_json && call.observes_body() {
-        match collect_json(resp_body, timer.as_mut()).await {
-            Ok(Collected::Whole(bytes)) => {
-                let seen = call.observe_message(&bytes);
-                pinned |= seen.created;
-                let bytes = match seen.replacement {
-                    Some(r) => r.apply(&bytes).unwrap_or(bytes),
-                    None => bytes,
-                };
-                set_content_length(&mut resp_parts.headers, bytes.len());
-                ProxyBody::full(bytes)
-            }
-            Ok(Collected::Prefix(prefix, rest)) => ProxyBody::stream(
-                rest,
-                Some(prefix),
-                None,
-                idle,
-                Some(guard),
-                Some(upstream_error_hook(shared, backend)),
-            ),
-            Err(CollectError::Timeout) => return Err(forward.timed_out(backend)),
-            Err(CollectError::Upstream) => {
-                passive_failure(shared, snap, backend, "reset");
-                return Err(RouterError::upstream_unavailable(&backend.name));
-            }
-        }
-    } else if resp_body.is_end_stream() {
-        ProxyBody::empty()
+    let kind = if starts_with_ignore_case(content_type, b"text/event-stream") {
+        Kind::Sse
+    } else if starts_with_ignore_case(content_type, b"application/json") && call.observes_body() {
+        Kind::Json
     } else {
-        ProxyBody::stream(
-            resp_body,
-            None,
-            None,
-            idle,
-            Some(guard),
-            Some(upstream_error_hook(shared, backend)),
-        )
+        Kind::Other
     };
-    if let (true, Some(s)) = (pinned, &snap.sealing) {
-        // Any replica routes a client that echoes this straight to this backend.
-        if let Ok(v) = HeaderValue::from_str(&s.routing_token(&backend.name)) {
-            resp_parts.headers.insert(snap.config.routing.header.clone(), v);
-        }
+    (kind, pinned)
+}
+
+/// An SSE answer's body: each event goes to the call before it goes out. Pins made mid-stream
+/// cannot add headers any more, so the routing token is announced up front.
+pub(super) fn sse(
+    forward: &Forward<'_>,
+    call: Call,
+    parts: &mut Parts,
+    pinned: bool,
+    body: DrivenBody,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> ProxyBody {
+    if pinned || call.may_create_pin() {
+        set_routing_token(&mut parts.headers, &call);
     }
-    Ok(Response::from_parts(resp_parts, body))
+    if forward.snap.sealing.is_some() {
+        // Sealing changes the length of events.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let sink: MessageSink = Box::new(move |msg: &[u8]| {
+        call.keep_session_alive();
+        call.observe_message(msg).replacement
+    });
+    stream(forward, body, None, Some(sink), backend, guard)
+}
+
+/// A JSON answer's body once read whole (`collected`): pins made or finished by the message,
+/// sealed handles in it, the routing token.
+pub(super) fn json(
+    forward: &Forward<'_>,
+    call: &Call,
+    parts: &mut Parts,
+    mut pinned: bool,
+    collected: Result<Collected, CollectError>,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> Result<ProxyBody, RouterError> {
+    let body = match collected {
+        Ok(Collected::Whole(bytes)) => {
+            let seen = call.observe_message(&bytes);
+            pinned |= seen.created;
+            let bytes = match seen.replacement {
+                Some(r) => r.apply(&bytes).unwrap_or(bytes),
+                None => bytes,
+            };
+            set_content_length(&mut parts.headers, bytes.len());
+            ProxyBody::full(bytes)
+        }
+        Ok(Collected::Prefix(prefix, rest)) => stream(forward, rest, Some(prefix), None, backend, guard),
+        Err(CollectError::Timeout) => return Err(forward.timed_out(backend)),
+        Err(CollectError::Upstream) => {
+            passive_failure(forward.shared, forward.snap, backend, "reset");
+            return Err(RouterError::upstream_unavailable(&backend.name));
+        }
+    };
+    if pinned {
+        set_routing_token(&mut parts.headers, call);
+    }
+    Ok(body)
+}
+
+/// Any other answer's body, passed through.
+pub(super) fn other(
+    forward: &Forward<'_>,
+    call: &Call,
+    parts: &mut Parts,
+    pinned: bool,
+    body: DrivenBody,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> ProxyBody {
+    if pinned {
+        set_routing_token(&mut parts.headers, call);
+    }
+    match body.is_end_stream() {
+        true => ProxyBody::empty(),
+        false => stream(forward, body, None, None, backend, guard),
+    }
+}
+
+fn stream(
+    forward: &Forward<'_>,
+    body: DrivenBody,
+    prefix: Option<bytes::Bytes>,
+    sink: Option<MessageSink>,
+    backend: &Arc<Backend>,
+    guard: InflightGuard,
+) -> ProxyBody {
+    let idle = forward.snap.config.server.stream_idle_timeout;
+    let on_error = Some(upstream_error_hook(forward.shared, backend));
+    ProxyBody::stream(body, prefix, sink, idle, Some(guard), on_error)
+}
+
+/// The call's routing token in the answer's routing header, when tokens are on.
+fn set_routing_token(headers: &mut HeaderMap, call: &Call) {
+    let Some(token) = call.routing_token() else { return };
+    if let Ok(v) = HeaderValue::from_str(&token) {
+        headers.insert(call.routing_header().clone(), v);
+    }
 }

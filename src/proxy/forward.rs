@@ -18,7 +18,8 @@ use crate::error::RouterError;
 use crate::route::{self, Decision};
 use crate::state::{Shared, Snapshot};
 use crate::upstream::{
-    tls_error, Backend, Chain, ConnectError, Connection, DrivenBody, InflightGuard, PooledConn, SendError, UpstreamBody,
+    tls_error, Backend, BodyFault, Chain, ConnectError, Connection, DrivenBody, FaultCell, InflightGuard, PooledConn,
+    SendError, UpstreamBody,
 };
 
 /// What forwarding one request needs.
@@ -56,6 +57,11 @@ impl Forward<'_> {
                 Ok(conn) => return Ok((conn, backend, guard)),
                 Err(e) => e,
             };
+            if e.is_local() {
+                // Out of descriptors (or memory, or ports) here: no backend is to blame.
+                tracing::warn!(backend = %backend.name, error = %e, "cannot open an upstream connection: local resources exhausted");
+                return Err(RouterError::Overloaded);
+            }
             connect_failed(shared, snap, &backend, &e);
             let next = (unpinned && !retried)
                 .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())
@@ -80,6 +86,7 @@ impl Forward<'_> {
         conn: PooledConn,
         backend: &Backend,
         request: Request<UpstreamBody>,
+        client_fault: Option<&FaultCell>,
         mut timer: Pin<&mut Sleep>,
     ) -> Result<Response<DrivenBody>, RouterError> {
         let (shared, snap) = (self.shared, self.snap);
@@ -112,6 +119,13 @@ impl Forward<'_> {
             Some(Ok(resp)) => {
                 backend.record_request_success();
                 Ok(resp)
+            }
+            // The client's streamed body broke or stalled: its fault, answered as such.
+            Some(Err(_)) | None if client_fault.and_then(FaultCell::get).is_some() => {
+                Err(match client_fault.and_then(FaultCell::get) {
+                    Some(BodyFault::Timeout) => RouterError::BodyTimeout,
+                    _ => RouterError::BodyBroken,
+                })
             }
             Some(Err(kind)) => {
                 passive_failure(shared, snap, backend, kind);
@@ -150,9 +164,15 @@ impl Forward<'_> {
         })
     }
 
-    /// The error for a request whose upstream deadline passed, counted against `backend`.
+    /// The error for a request whose upstream deadline passed. Counted, but not toward the
+    /// backend's health: a slow answer (a long tool call) says nothing of whether the backend
+    /// is up; its health checks tell that.
     pub(super) fn timed_out(&self, backend: &Backend) -> RouterError {
-        passive_failure(self.shared, self.snap, backend, "timeout");
+        self.shared
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&backend.name, "timeout"])
+            .inc();
         RouterError::upstream_timeout(&backend.name)
     }
 }

@@ -5,10 +5,9 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Version};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::dialect::SESSION_HEADER;
-use crate::upstream::{Backend, UpstreamBody};
+use crate::upstream::{Backend, ClientBody, UpstreamBody};
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1; `Upgrade` is not proxied).
 const HOP_BY_HOP_COUNT: usize = 9;
@@ -103,7 +102,7 @@ fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
 /// ones, plus `Host` and the `X-Forwarded-*` set.
 pub(super) fn build_upstream_request(
     parts: &mut http::request::Parts,
-    body: Either<Bytes, Incoming>,
+    body: Either<Bytes, ClientBody>,
     backend: &Backend,
     peer: &HeaderValue,
     tls: bool,

@@ -9,6 +9,8 @@ mod forward;
 mod headers;
 mod read;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,14 +29,14 @@ use crate::error::RouterError;
 use crate::route;
 use crate::sealing;
 use crate::state::Shared;
-use crate::upstream::Backend;
+use crate::upstream::{Backend, ClientBody, FaultCell};
 use forward::Forward;
 
 /// What one request did, filled in as its phases go; [`handle`] records it.
 #[derive(Default)]
 struct Record {
     /// The request's JSON-RPC id as the client wrote it (a router error echoes it).
-    id: Option<Bytes>,
+    id: Option<RpcId>,
     /// The backend's answer head: who answered, the `method` label, the status, and the time
     /// from the request head to it.
     answered: Option<(Arc<Backend>, &'static str, StatusCode, f64)>,
@@ -42,23 +44,27 @@ struct Record {
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
 /// connection). Never fails: every problem becomes a DESIGN §6 answer.
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: HeaderValue, tls: bool) -> Response<ProxyBody> {
-    let started = Instant::now();
-    let mut record = Record::default();
-    let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
-    if let Some((backend, method, status, seconds)) = &record.answered {
-        backend.observe_request(method, *status, *seconds);
-    }
-    match result {
-        Ok(response) => {
-            join_the_write_burst().await;
-            response
+///
+/// Boxed: the request's state is large (~3 KiB), and a future is copied whole each time it is
+/// moved; boxed here, it is built in its box and moved as a pointer.
+pub fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    peer: HeaderValue,
+    tls: bool,
+) -> Pin<Box<impl Future<Output = Response<ProxyBody>> + Send>> {
+    Box::pin(async move {
+        let started = Instant::now();
+        let mut record = Record::default();
+        let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
+        if let Some((backend, method, status, seconds)) = &record.answered {
+            backend.observe_request(method, *status, *seconds);
         }
-        Err(e) => {
-            let id = record.id.as_deref().and_then(|id| std::str::from_utf8(id).ok());
-            router_error(&shared, e, id)
+        match result {
+            Ok(response) => response,
+            Err(e) => router_error(&shared, e, record.id.as_ref().map(RpcId::as_str)),
         }
-    }
+    })
 }
 
 async fn handle_inner(
@@ -83,7 +89,7 @@ async fn handle_inner(
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
     let keys = RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan)
         .map_err(|_| RouterError::Parse)?;
-    record.id = keys.id.map(|id| bytes.slice_ref(id.as_bytes()));
+    record.id = keys.id.map(RpcId::new);
 
     // Decide: sealed tokens first, then pins, then the ring.
     let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
@@ -102,9 +108,15 @@ async fn handle_inner(
     let call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
     let method = method_label(&parts.method, keys.method.as_deref());
     drop(keys);
+    // A streamed body's failure is its client's, never the backend's.
+    let mut client_fault = None;
     let body = match stream {
         Some(incoming) if incoming.is_end_stream() => Either::Left(Bytes::new()),
-        Some(incoming) => Either::Right(incoming),
+        Some(incoming) => {
+            let timeout = snap.config.server.body_read_timeout;
+            let fault = client_fault.insert(FaultCell::default()).clone();
+            Either::Right(ClientBody::new(incoming, timeout, fault))
+        }
         // The backend gets back the state it issued, where the client's echo stands (found
         // by the same scan that read the wrapped state, so it is there).
         None => Either::Left(
@@ -122,12 +134,53 @@ async fn handle_inner(
     let request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
     join_the_write_burst().await;
-    let resp = forward.send(conn, &backend, request, timer.as_mut()).await?;
+    let resp = forward
+        .send(conn, &backend, request, client_fault.as_ref(), timer.as_mut())
+        .await?;
 
     // Observe the answer; pins are in place before the client can read it.
     let elapsed = started.elapsed().as_secs_f64();
     record.answered = Some((backend.clone(), method, resp.status(), elapsed));
-    answer::observe(&forward, call, resp, &backend, guard, timer.as_mut()).await
+    let status = resp.status();
+    let (mut parts, body) = resp.into_parts();
+    let body = match answer::head(&call, status, &mut parts) {
+        (answer::Kind::Sse, pinned) => answer::sse(&forward, call, &mut parts, pinned, body, &backend, guard),
+        (answer::Kind::Json, pinned) => {
+            let collected = read::collect_json(body, timer.as_mut()).await;
+            answer::json(&forward, &call, &mut parts, pinned, collected, &backend, guard)?
+        }
+        (answer::Kind::Other, pinned) => answer::other(&forward, &call, &mut parts, pinned, body, &backend, guard),
+    };
+    join_the_write_burst().await;
+    Ok(Response::from_parts(parts, body))
+}
+
+/// A request's JSON-RPC id as the client wrote it: short ones (almost all) copied inline, so
+/// keeping it costs no allocation and no reference count.
+enum RpcId {
+    Inline([u8; 23], u8),
+    Long(Box<str>),
+}
+
+impl RpcId {
+    fn new(raw: &str) -> RpcId {
+        let mut inline = [0u8; 23];
+        match inline.get_mut(..raw.len()) {
+            Some(slot) => {
+                slot.copy_from_slice(raw.as_bytes());
+                RpcId::Inline(inline, raw.len() as u8)
+            }
+            None => RpcId::Long(raw.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `str` whole: always UTF-8.
+            RpcId::Inline(bytes, len) => std::str::from_utf8(&bytes[..*len as usize]).unwrap_or("null"),
+            RpcId::Long(s) => s,
+        }
+    }
 }
 
 /// Waits until every request that became ready in this turn of the event loop has got this far,

@@ -1,9 +1,12 @@
 //! Listeners: accepting connections (HTTP/1.1 and h2c, or either over TLS), the admin
 //! endpoints, background upkeep, and graceful shutdown.
 
+mod limits;
 mod shutdown;
+pub(crate) mod socket_activation;
 mod watchdog;
 
+pub use limits::raise_open_file_limit;
 pub use shutdown::Shutdown;
 
 use std::convert::Infallible;
@@ -32,6 +35,20 @@ use crate::config::ServerConfig;
 use crate::state::Shared;
 use crate::{admin, proxy, tls};
 
+/// Connections the kernel queues for a listener while the router does not accept (at
+/// `max_connections`, or during a restart); the kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening socket at `addr` with a deep backlog (std's is 128), address reuse on.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
 /// Serves the proxy until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests and streams finish for up to `server.shutdown_grace`.
 ///
@@ -41,17 +58,48 @@ use crate::{admin, proxy, tls};
 pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let mut builders = Arc::new(Builders::new(&shared.snapshot().config.server));
     let shutdown_conns = Arc::new(Shutdown::default());
+    let configured = shared.snapshot().config.server.max_connections;
+    let fd_limit = limits::open_file_limit();
+    let cap = limits::connection_cap(configured, fd_limit);
+    if cap < configured {
+        tracing::warn!(
+            max_connections = configured,
+            open_file_limit = fd_limit,
+            cap,
+            "the open-file limit allows fewer client connections than server.max_connections"
+        );
+    }
+    tracing::info!(cap, "accepting client connections");
+    let permits = Arc::new(tokio::sync::Semaphore::new(cap));
+    let metrics = &shared.metrics;
+    let mut last_warning: Option<tokio::time::Instant> = None;
     // Connections live in a set so that, past the grace period, the ones left can be closed.
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         while conns.try_join_next().is_some() {}
+        // At the cap, nothing is accepted until a connection closes: clients wait in the
+        // kernel's backlog rather than taking descriptors the router needs for backends.
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                metrics.connections_refused.with_label_values(&["cap"]).inc();
+                warn_at_most_every_10s(&mut last_warning, || {
+                    tracing::warn!(cap, "max_connections open: new connections wait until one closes")
+                });
+                tokio::select! {
+                    permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                    _ = &mut shutdown => break,
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    metrics.connections_refused.with_label_values(&["fds"]).inc();
+                    warn_at_most_every_10s(&mut last_warning, || tracing::warn!(error = %e, "accept failed"));
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -71,6 +119,7 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
             shutdown: shutdown_conns.clone(),
             activity: Arc::new(watchdog::Activity::default()),
             peer,
+            open: OpenConnection::new(&shared, permit),
         };
         conns.spawn(conn.serve(stream));
     }
@@ -87,6 +136,15 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
     while conns.join_next().await.is_some() {}
 }
 
+/// Logs through `log` unless it logged less than 10 s ago (a flood would repeat it per connection).
+fn warn_at_most_every_10s(last: &mut Option<tokio::time::Instant>, log: impl FnOnce()) {
+    let now = tokio::time::Instant::now();
+    if last.is_none_or(|t| now >= t + Duration::from_secs(10)) {
+        *last = Some(now);
+        log();
+    }
+}
+
 /// An accepted proxy connection, with what serving it needs.
 struct Connection {
     shared: Arc<Shared>,
@@ -94,6 +152,41 @@ struct Connection {
     shutdown: Arc<Shutdown>,
     activity: Arc<watchdog::Activity>,
     peer: SocketAddr,
+    open: OpenConnection,
+}
+
+/// A client connection's place under `max_connections`, and in `mrtr_connections{protocol}`,
+/// held until it closes.
+struct OpenConnection {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    gauge: parking_lot::Mutex<prometheus::IntGauge>,
+    gauges: prometheus::IntGaugeVec,
+}
+
+impl OpenConnection {
+    fn new(shared: &Shared, permit: tokio::sync::OwnedSemaphorePermit) -> OpenConnection {
+        let gauges = shared.metrics.connections.clone();
+        let gauge = gauges.with_label_values(&["pending"]);
+        gauge.inc();
+        OpenConnection {
+            _permit: permit,
+            gauge: parking_lot::Mutex::new(gauge),
+            gauges,
+        }
+    }
+
+    /// The connection turned out to speak `protocol` (`http1`, `http2`).
+    fn speaks(&self, protocol: &str) {
+        let next = self.gauges.with_label_values(&[protocol]);
+        next.inc();
+        std::mem::replace(&mut *self.gauge.lock(), next).dec();
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.gauge.lock().dec();
+    }
 }
 
 impl Connection {
@@ -110,6 +203,7 @@ impl Connection {
             Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
             None => match self.until_shutdown(sniff(&stream, timeout)).await.flatten() {
                 Some(Protocol::Http1) => {
+                    self.open.speaks("http1");
                     let client = Some(stream.as_raw_fd());
                     let conn = self
                         .builders
@@ -165,6 +259,7 @@ impl Connection {
             // The raw socket under TLS: a peek at it still finds the client's end of stream
             // (see `watchdog`).
             Ok(Ok(stream)) => {
+                self.open.speaks("http1");
                 let conn = self
                     .builders
                     .http1
@@ -192,6 +287,7 @@ impl Connection {
     where
         I: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        self.open.speaks("http2");
         let conn = self
             .builders
             .http2
@@ -250,8 +346,8 @@ impl Connection {
         let peer_ip = HeaderValue::from_str(&self.peer.ip().to_string()).expect("an IP is a valid header value");
         service_fn(move |req| {
             let done = activity.start();
-            // Boxed: the request's future is large (~3 KiB), and hyper would move it by value.
-            let answer = Box::pin(proxy::handle(shared.clone(), req, peer_ip.clone(), tls));
+            // Small: `proxy::handle` boxes the large part of the request's future itself.
+            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls);
             async move { Ok::<_, Infallible>(answer.await.map(|body| watchdog::Tracked::new(body, done))) }
         })
     }
@@ -343,7 +439,7 @@ impl Builders {
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
-            .max_concurrent_streams(1024)
+            .max_concurrent_streams(cfg.h2_max_concurrent_streams)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
         Builders {
             http1,

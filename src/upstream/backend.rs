@@ -1,8 +1,9 @@
 //! One backend: its identity, address, health state, in-flight accounting, how it is reached
 //! (plain or TLS, HTTP/1.1 or HTTP/2: swapped in place on reload) and its connection pools.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::hash::Hasher;
 
@@ -66,6 +67,9 @@ pub struct Backend {
     /// Incarnation: changes whenever the backend is ejected, so pins made before an ejection
     /// never follow it into a restarted instance that lost their state.
     epoch: AtomicU32,
+    /// When it was last ejected (milliseconds since the UNIX epoch; 0: never, as this router
+    /// saw it): a sealed token issued before then names an instance that is gone.
+    ejected_ms: AtomicU64,
     /// Drained on request through the admin listener (a deploy): no new keys.
     pub(crate) admin_drained: AtomicBool,
     /// Pins naming this backend at the last sweep.
@@ -123,6 +127,7 @@ impl Backend {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             epoch: AtomicU32::new(next_epoch()),
+            ejected_ms: AtomicU64::new(0),
             admin_drained: AtomicBool::new(false),
             pins: AtomicUsize::new(0),
         }
@@ -192,11 +197,18 @@ impl Backend {
         }
     }
 
+    /// Whether a sealed token issued at `issued_ms` (milliseconds since the UNIX epoch) may still
+    /// name this instance: it was issued after the backend's last ejection, as this router saw it.
+    pub fn issued_since_ejection(&self, issued_ms: u64) -> bool {
+        issued_ms > self.ejected_ms.load(Ordering::Acquire)
+    }
+
     /// Counts a failed check or request; ejects after `unhealthy_after` in a row.
     pub fn record_failure(&self, unhealthy_after: u32) -> Option<HealthChange> {
         self.successes.store(0, Ordering::Relaxed);
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= unhealthy_after && self.healthy.swap(false, Ordering::AcqRel) {
+            self.ejected_ms.store(unix_ms(SystemTime::now()), Ordering::Release);
             self.epoch.store(next_epoch(), Ordering::Release);
             return Some(HealthChange::Ejected);
         }
@@ -399,6 +411,11 @@ pub struct Incarnation {
 pub enum Connection<'a> {
     Ready(PooledConn),
     Opening(std::pin::Pin<Box<dyn std::future::Future<Output = Result<PooledConn, ConnectError>> + Send + 'a>>),
+}
+
+/// Milliseconds since the UNIX epoch.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Decrements the backend's in-flight count when the request is over.

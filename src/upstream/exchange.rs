@@ -1,13 +1,9 @@
 //! What one request sends upstream, and how sending it can fail: the types the HTTP/1.1 pool
 //! and the HTTP/2 connections share.
 
-use bytes::Bytes;
 use http::Request;
-use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
-/// Body sent upstream: the buffered POST body, or the client's stream as received.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+pub use super::request_body::UpstreamBody;
 
 /// An error of hyper (HTTP/1.1) or of h2 (HTTP/2), boxed: built only when something failed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -26,11 +26,11 @@ use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full};
-use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 use super::exchange::{SendError, UpstreamBody};
+use super::request_body::ClientBody;
 use super::tls::{ConnectError, Stream};
 use crate::config::defaults;
 
@@ -219,7 +219,7 @@ impl H2Lease {
             *req.headers_mut() = head.headers().clone();
             Box::new(req)
         };
-        let body_of = |data: &Option<Bytes>, streamed: Option<Incoming>| match streamed {
+        let body_of = |data: &Option<Bytes>, streamed: Option<ClientBody>| match streamed {
             Some(incoming) => Either::Right(incoming),
             None => Either::Left(Full::new(data.clone().unwrap_or_default())),
         };
@@ -289,7 +289,7 @@ fn bytes_of(mut full: Full<Bytes>) -> Bytes {
 
 /// Sends a streamed request body as the backend's flow control lets it; resets the stream if
 /// the client's body breaks off.
-async fn pump(mut body: Incoming, mut stream: h2::SendStream<Bytes>) {
+async fn pump(mut body: ClientBody, mut stream: h2::SendStream<Bytes>) {
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(frame) => frame,

@@ -10,21 +10,36 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Either, Full};
 
 use super::backend::{Backend, Connection};
+use super::tls::ConnectError;
 
-/// One check of `backend` within `timeout`: true when it passed.
-pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> bool {
+/// What one check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Up,
+    Down,
+    /// The check could not be made for a reason of this machine's (out of file descriptors,
+    /// memory, local ports): it says nothing about the backend and counts neither way.
+    Unknown,
+}
+
+/// One check of `backend` within `timeout`.
+pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> Verdict {
+    let connect_failed = |e: ConnectError| {
+        tracing::debug!(backend = %backend.name, error = %e, "health check failed");
+        match e.is_local() {
+            true => Verdict::Unknown,
+            false => Verdict::Down,
+        }
+    };
     let attempt = async {
         if path.is_empty() {
             return match backend.open(backend.is_http2()).await {
-                Ok(_) => true,
-                Err(e) => {
-                    tracing::debug!(backend = %backend.name, error = %e, "health check failed");
-                    false
-                }
+                Ok(_) => Verdict::Up,
+                Err(e) => connect_failed(e),
             };
         }
         let Ok(Ok(target)) = PathAndQuery::try_from(path).map(|pq| backend.target_for(Some(&pq))) else {
-            return false;
+            return Verdict::Down;
         };
         let Ok(req) = Request::builder()
             .method(Method::GET)
@@ -32,23 +47,23 @@ pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> bool {
             .header(http::header::HOST, backend.host())
             .body(Either::Left(Full::new(Bytes::new())))
         else {
-            return false;
+            return Verdict::Down;
         };
         let conn = match backend.connection() {
             Connection::Ready(conn) => conn,
             Connection::Opening(opening) => match opening.await {
                 Ok(conn) => conn,
-                Err(e) => {
-                    tracing::debug!(backend = %backend.name, error = %e, "health check failed");
-                    return false;
-                }
+                Err(e) => return connect_failed(e),
             },
         };
         match conn.send(req).await {
             // Read to the end, so that the connection can serve the next check.
-            Ok(resp) if resp.status().is_success() => resp.into_body().collect().await.is_ok(),
-            _ => false,
+            Ok(resp) if resp.status().is_success() => match resp.into_body().collect().await {
+                Ok(_) => Verdict::Up,
+                Err(_) => Verdict::Down,
+            },
+            _ => Verdict::Down,
         }
     };
-    tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
+    tokio::time::timeout(timeout, attempt).await.unwrap_or(Verdict::Down)
 }

@@ -10,6 +10,7 @@ mod h2;
 pub mod health;
 mod membership;
 mod pool;
+mod request_body;
 mod tls;
 
 pub use backend::{Backend, BackendKey, Connection, HealthChange, Incarnation, InflightGuard};
@@ -17,4 +18,5 @@ pub use discovery::{Lookup, Resolver};
 pub use exchange::{SendError, UpstreamBody};
 pub use membership::Membership;
 pub use pool::{DrivenBody, PooledConn};
+pub use request_body::{BodyFault, ClientBody, FaultCell};
 pub use tls::{tls_error, Chain, ConnectError};

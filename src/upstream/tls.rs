@@ -144,6 +144,12 @@ impl ConnectError {
     pub fn is_tls(&self) -> bool {
         self.kind == "tls"
     }
+
+    /// A connect that failed for want of this machine's resources ([`is_local_error`]): it
+    /// says nothing of the backend.
+    pub fn is_local(&self) -> bool {
+        self.kind == "connect" && is_local_error(&self.error)
+    }
 }
 
 impl fmt::Display for ConnectError {
@@ -156,6 +162,14 @@ impl fmt::Display for ConnectError {
 }
 
 impl StdError for ConnectError {}
+
+/// Whether a failed connect attempt says something about the backend, or only about this
+/// machine: out of file descriptors, memory, buffers or local ports. Only the backend's own
+/// faults may count toward ejecting it.
+pub fn is_local_error(e: &io::Error) -> bool {
+    // EMFILE, ENFILE, ENOMEM, ENOBUFS, EADDRNOTAVAIL (Linux numbers).
+    matches!(e.raw_os_error(), Some(24 | 23 | 12 | 105 | 99))
+}
 
 /// The rustls error behind `e`, if any: an error's sources are searched, and the error inside
 /// each `io::Error`, where tokio-rustls puts it. (Not behind an `h2::Error`, which keeps only an

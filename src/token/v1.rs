@@ -1,26 +1,18 @@
-//! Sealed routing tokens (DESIGN §5): the backend a follow-up belongs to, written into what the
-//! client echoes and authenticated with HMAC-SHA-256, so any replica with the same keys routes it
-//! without a shared store.
-//!
-//! Two forms, both visible ASCII (a valid header value, and valid in a JSON string unescaped):
+//! The previous token format, `mrt1.` (HMAC-SHA-256, the backend name readable, not bound to a
+//! kind of handle), kept so that a rolling upgrade of the routers loses no call: a router
+//! accepts the `mrt1.` tokens the previous release issued for the rest of their lifetime
+//! (at most `token_ttl`, or `session_ttl` for sessions) and never issues one. Issuing stays for
+//! the tests of that upgrade.
 //!
 //! ```text
-//! token   = "mrt1." B64(body)                 ; Mcp-Routing-Id header        (TokenKeys::seal)
-//! wrapped = "mrt1." B64(body) "." value-seg   ; requestState, Mcp-Session-Id (TokenKeys::seal_value)
+//! token   = "mrt1." B64(body)                 ; Mcp-Routing-Id header
+//! wrapped = "mrt1." B64(body) "." value-seg   ; requestState, Mcp-Session-Id
 //!
 //! body    = key_id u32 | flags u8 | issued u64 | ttl u32 | backend (rest) | mac [32]   (big-endian)
 //! flags   = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself); others 0
 //! mac     = HMAC-SHA-256(key, "mrt1." | key_id | flags | issued | ttl
 //!                             | len(backend) u64 | backend | value)
 //! ```
-//!
-//! `B64` is URL-safe base64 without padding; `"mrt1"` is the format version; `key_id` is derived
-//! from the key ([`key_id`]), so a token verifies wherever its key sits in the list; times are
-//! seconds since the UNIX epoch and the token expires at `issued + ttl`. A value made only of
-//! visible ASCII other than `"` and `\` (hex session ids, base64 states) is carried as is and
-//! unwraps without a copy; any other value is carried as `B64(value)`. The MAC covers the
-//! original value, so a token cannot be moved onto another value and any changed byte is
-//! detected. [`is_token`] is the cheap test for "one of ours"; anything else passes untouched.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -29,12 +21,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
+
+use super::{b64_len, carried_as_is, split, with_body, Rejected, STACK_BODY};
 
 /// Text every token and wrapped value starts with: format version 1.
 pub const PREFIX: &str = "mrt1.";
-/// Shortest key accepted.
-pub const MIN_KEY_LEN: usize = 32;
 /// Longest base64 body accepted (the wrapped value after it is not counted).
 pub const MAX_BODY_CHARS: usize = 64 * 1024;
 
@@ -43,26 +35,8 @@ const MAC_LEN: usize = 32;
 const FLAG_WRAPPED: u8 = 1;
 const FLAG_BASE64: u8 = 2;
 const FLAG_WRAPPED_BASE64: u8 = FLAG_WRAPPED | FLAG_BASE64;
-/// Bodies up to this size are built and decoded on the stack.
-const STACK_BODY: usize = 256;
 
 type HmacSha256 = Hmac<Sha256>;
-
-/// Does `s` look like one of our tokens or wrapped values? A prefix check only: values that do
-/// not pass it are not ours and are forwarded untouched; values that do must verify.
-pub fn is_token(s: &str) -> bool {
-    s.starts_with(PREFIX)
-}
-
-/// The key id a token signed with `key` carries: the first 4 bytes of
-/// SHA-256(`"mrtr-token-key-id\0"` | key), big-endian. Safe to log.
-pub fn key_id(key: &[u8]) -> u32 {
-    let digest = Sha256::new()
-        .chain_update(b"mrtr-token-key-id\0")
-        .chain_update(key)
-        .finalize();
-    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
-}
 
 /// The keys (the first signs, all verify) and the lifetime of the tokens they issue.
 #[derive(Clone)]
@@ -78,7 +52,7 @@ struct Key {
     mac: HmacSha256,
 }
 
-/// What an authentic, unexpired token says.
+/// What an authentic, unexpired token of this format says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claims {
     /// The backend the token names (not necessarily still configured: the caller checks).
@@ -91,40 +65,15 @@ pub struct Claims {
     pub expires: u64,
 }
 
-/// Why a token was refused. Never chooses a backend; the router answers 400.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
-pub enum Rejected {
-    /// Wrong prefix or version, bad base64, wrong lengths or flags, a plain token where a
-    /// wrapped value was expected or the reverse.
-    #[error("malformed routing token")]
-    Malformed,
-    /// Signed with a key that is not configured (or a forged key id).
-    #[error("routing token signed with an unknown key")]
-    UnknownKey,
-    /// The MAC does not match: some byte was changed.
-    #[error("routing token signature does not match")]
-    BadSignature,
-    /// Authentic but past its expiry.
-    #[error("routing token expired")]
-    Expired,
-}
-
-impl Rejected {
-    /// Every variant, e.g. to initialise metric labels.
-    pub const ALL: [Rejected; 4] = [
-        Rejected::Malformed,
-        Rejected::UnknownKey,
-        Rejected::BadSignature,
-        Rejected::Expired,
-    ];
-
-    /// The `reason` label of `mrtr_tokens_rejected_total`.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Rejected::Malformed => "malformed",
-            Rejected::UnknownKey => "unknown_key",
-            Rejected::BadSignature => "bad_signature",
-            Rejected::Expired => "expired",
+impl Claims {
+    /// The claims in today's terms: issued at the start of its second, no round count.
+    pub fn upgrade(self) -> super::Claims {
+        super::Claims {
+            backend: self.backend,
+            key_id: self.key_id,
+            issued_ms: self.issued.saturating_mul(1000),
+            expires: self.expires,
+            rounds: None,
         }
     }
 }
@@ -140,59 +89,26 @@ impl fmt::Debug for TokenKeys {
     }
 }
 
-/// Why a list of keys cannot sign: the message names the setting, `index` the key (if one).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyProblem {
-    /// Which of `tokens.keys` is at fault; `None` for the list or the ttl.
-    pub index: Option<usize>,
-    pub message: String,
-}
-
 impl TokenKeys {
-    /// Keys in config order (the first signs) and the lifetime of new tokens. The error names
-    /// the offending setting, e.g. `tokens.keys[1]: must be at least 32 bytes (got 5)`.
-    pub fn new(keys: Vec<Vec<u8>>, ttl: Duration) -> Result<TokenKeys, String> {
-        TokenKeys::build(&keys, ttl).map_err(|p| p.message)
+    /// Keys in config order (the first signs) and the lifetime of new tokens: for the tests of
+    /// a rolling upgrade, which need tokens of the previous release.
+    pub fn new(keys: Vec<Vec<u8>>, ttl: std::time::Duration) -> Result<TokenKeys, String> {
+        let ids = super::check_keys(&keys).map_err(|p| p.message)?;
+        Ok(TokenKeys::from_checked(&keys, &ids, super::ttl_secs(ttl)?))
     }
 
-    /// [`TokenKeys::new`], with the key at fault: every check of token keys is made here.
-    pub fn build(keys: &[Vec<u8>], ttl: Duration) -> Result<TokenKeys, KeyProblem> {
-        let problem = |index, message: String| KeyProblem { index, message };
-        if keys.is_empty() {
-            return Err(problem(None, "tokens.keys: at least one key is required".into()));
-        }
-        let ttl_secs = ttl_secs(ttl).map_err(|m| problem(None, m))?;
-        let mut built: Vec<Key> = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            if key.len() < MIN_KEY_LEN {
-                let message = format!(
-                    "tokens.keys[{i}]: must be at least {MIN_KEY_LEN} bytes (got {})",
-                    key.len()
-                );
-                return Err(problem(Some(i), message));
-            }
-            let id = key_id(key);
-            if let Some(j) = built.iter().position(|k| k.id == id) {
-                let message = if keys[j] == *key {
-                    format!("tokens.keys[{i}]: same key as tokens.keys[{j}]")
-                } else {
-                    format!("tokens.keys[{i}]: key id collides with tokens.keys[{j}]; generate another key")
-                };
-                return Err(problem(Some(i), message));
-            }
-            let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-            mac.update(PREFIX.as_bytes());
-            built.push(Key { id, mac });
-        }
-        Ok(TokenKeys { keys: built, ttl_secs })
-    }
-
-    /// The same keys issuing tokens with another lifetime (checked like [`TokenKeys::new`]'s).
-    pub fn with_ttl(&self, ttl: Duration) -> Result<TokenKeys, String> {
-        Ok(TokenKeys {
-            keys: self.keys.clone(),
-            ttl_secs: ttl_secs(ttl)?,
-        })
+    /// Keys [`super::check_keys`] accepted, with their ids.
+    pub fn from_checked(keys: &[Vec<u8>], ids: &[u32], ttl_secs: u32) -> TokenKeys {
+        let keys = keys
+            .iter()
+            .zip(ids)
+            .map(|(key, &id)| {
+                let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+                mac.update(PREFIX.as_bytes());
+                Key { id, mac }
+            })
+            .collect();
+        TokenKeys { keys, ttl_secs }
     }
 
     /// Lifetime of the tokens this issues.
@@ -215,7 +131,7 @@ impl TokenKeys {
 
     /// Checks a token from [`TokenKeys::seal`].
     pub fn verify(&self, token: &str, now: SystemTime) -> Result<Claims, Rejected> {
-        let (body, value) = split(token)?;
+        let (body, value) = split(token, PREFIX, MAX_BODY_CHARS)?;
         if value.is_some() {
             return Err(Rejected::Malformed);
         }
@@ -232,7 +148,7 @@ impl TokenKeys {
     /// Checks a value from [`TokenKeys::seal_value`] and returns the original value and the claims.
     /// The value is borrowed from `wrapped` when it was carried as is.
     pub fn open_value<'a>(&self, wrapped: &'a str, now: SystemTime) -> Result<(Cow<'a, str>, Claims), Rejected> {
-        let (body, value) = split(wrapped)?;
+        let (body, value) = split(wrapped, PREFIX, MAX_BODY_CHARS)?;
         let value = value.ok_or(Rejected::Malformed)?;
         with_body(body, |body| {
             let parsed = Parsed::new(body)?;
@@ -361,55 +277,6 @@ fn mac(keyed: &HmacSha256, head: &[u8], value: &[u8]) -> HmacSha256 {
     m
 }
 
-/// `"mrt1." body ["." value]` → `(body, value)`.
-fn split(token: &str) -> Result<(&str, Option<&str>), Rejected> {
-    let rest = token.strip_prefix(PREFIX).ok_or(Rejected::Malformed)?;
-    let (body, value) = match memchr::memchr(b'.', rest.as_bytes()) {
-        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
-        None => (rest, None),
-    };
-    if body.len() > MAX_BODY_CHARS {
-        return Err(Rejected::Malformed);
-    }
-    Ok((body, value))
-}
-
-/// Decodes a base64 body (on the stack when small) and hands it to `f`.
-fn with_body<R>(text: &str, f: impl FnOnce(&[u8]) -> Result<R, Rejected>) -> Result<R, Rejected> {
-    let estimate = base64::decoded_len_estimate(text.len());
-    let mut stack = [0u8; STACK_BODY];
-    let mut heap = Vec::new();
-    let buf: &mut [u8] = if estimate <= STACK_BODY {
-        &mut stack[..estimate]
-    } else {
-        heap.resize(estimate, 0);
-        &mut heap
-    };
-    let n = URL_SAFE_NO_PAD
-        .decode_slice(text, buf)
-        .map_err(|_| Rejected::Malformed)?;
-    f(&buf[..n])
-}
-
-/// A token lifetime in whole seconds: at least one, at most `u32::MAX`.
-fn ttl_secs(ttl: Duration) -> Result<u32, String> {
-    if ttl.as_secs() == 0 {
-        return Err("tokens.token_ttl: must be at least 1s".into());
-    }
-    u32::try_from(ttl.as_secs()).map_err(|_| format!("tokens.token_ttl: must be at most {}s", u32::MAX))
-}
-
-/// Values carried as is: visible ASCII that needs no escaping in a JSON string.
-fn carried_as_is(value: &str) -> bool {
-    value
-        .bytes()
-        .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\')
-}
-
-fn b64_len(n: usize) -> usize {
-    n.div_ceil(3) * 4
-}
-
 fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -417,6 +284,7 @@ fn unix_secs(t: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::token::{is_token, key_id};
 
     const TTL: Duration = Duration::from_secs(3600);
 
@@ -652,26 +520,5 @@ mod tests {
             assert!(k.verify(&s, at(NOW)).is_err());
             assert!(k.open_value(&s, at(NOW)).is_err());
         }
-    }
-
-    #[test]
-    fn new_validates() {
-        let e = TokenKeys::new(vec![key(1), vec![7; 31]], TTL).unwrap_err();
-        assert_eq!(e, "tokens.keys[1]: must be at least 32 bytes (got 31)");
-        assert!(TokenKeys::new(vec![], TTL).unwrap_err().starts_with("tokens.keys:"));
-        assert!(TokenKeys::new(vec![key(1)], Duration::from_millis(500)).is_err());
-        assert!(TokenKeys::new(vec![key(1)], Duration::from_secs(1 << 33)).is_err());
-        let e = TokenKeys::new(vec![key(1), key(2), key(1)], TTL).unwrap_err();
-        assert_eq!(e, "tokens.keys[2]: same key as tokens.keys[0]");
-        // Long keys are fine; Debug never shows key material.
-        let k = TokenKeys::new(vec![vec![0xab; 200]], TTL).unwrap();
-        assert!(!format!("{k:?}").contains("171, 171"), "{k:?}");
-        assert_eq!(k.ttl(), TTL);
-    }
-
-    #[test]
-    fn reasons() {
-        let labels: Vec<_> = Rejected::ALL.iter().map(|r| r.reason()).collect();
-        assert_eq!(labels, ["malformed", "unknown_key", "bad_signature", "expired"]);
     }
 }

@@ -1,0 +1,218 @@
+"""Unit tests of the bench harness's own parts: the row table, every row's config rendered from
+the templates (and checked by haproxy -c / nginx -t where they are installed), the settings'
+compatibility with bench/run.sh's variables, and the parsers of the load clients. Runs in about a
+second, starts no proxy:
+
+    python3 -m unittest discover -s bench/tests
+"""
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+BENCH = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH / "clients"))
+
+from harness import measure, peers, rows, runner, settings  # noqa: E402
+from harness.procs import Procs  # noqa: E402
+import sse_load  # noqa: E402
+
+OLD_ROWS = """direct mrtr-header mrtr-body mrtr-mix mrtr-mix-paced mrtr-mix-paced-awake mrtr-header-2w
+haproxy-header haproxy-body haproxy-header-fwd haproxy-body-fwd haproxy-mix haproxy-mix-paced
+haproxy-mix-paced-awake nginx-header hyper-floor""".split()
+
+
+def load_settings(env=None, argv=()):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BENCH_")}
+    clean.update(env or {})
+    with mock.patch.dict(os.environ, clean, clear=True):
+        return settings.load(list(argv))[0]
+
+
+class Rows(unittest.TestCase):
+    def test_every_row_of_bench_run_sh_is_kept_by_name(self):
+        for name in OLD_ROWS:
+            self.assertIn(name, rows.BY_NAME)
+        self.assertEqual([r.name for r in rows.ROWS[:len(OLD_ROWS)]], OLD_ROWS)
+
+    def test_names_unique_and_baselines_are_haproxy_rows(self):
+        self.assertEqual(len(rows.BY_NAME), len(rows.ROWS))
+        for r in rows.ROWS:
+            self.assertIn(r.baseline, rows.BY_NAME, r.name)
+            self.assertEqual(rows.BY_NAME[r.baseline].peer, rows.HAPROXY, r.name)
+            if r.name not in OLD_ROWS:  # bench/run.sh divided every row by haproxy-header
+                self.assertEqual(rows.BY_NAME[r.baseline].load, r.load, r.name)
+            self.assertEqual(r.upstream, "h1")
+
+    def test_select_names_and_patterns_in_the_order_given(self):
+        got = [r.name for r in rows.select("nginx-header mrtr-tls-*,direct")]
+        self.assertEqual(got, ["nginx-header", "mrtr-tls-header", "mrtr-tls-handshake", "mrtr-tls-resume", "direct"])
+        with self.assertRaises(ValueError):
+            rows.select("mrtr-header nope-*")
+
+
+class Settings(unittest.TestCase):
+    def test_bench_run_sh_variables(self):
+        s = load_settings({"BENCH_SMOKE": "1", "BENCH_DURATION": "30", "BENCH_PEERS": "mrtr-header haproxy-header",
+                           "BENCH_ROUTER_BIN": "target/debug/mrtr-router"})
+        self.assertTrue(s.smoke and s.skip_build)
+        self.assertEqual((s.rounds, s.duration, s.warmup, s.connections), (1, 1, 0, 8))  # smoke wins, as before
+        self.assertEqual([r.name for r in s.rows], ["mrtr-header", "haproxy-header"])
+        self.assertTrue(str(s.results).endswith("results/smoke.json"))
+        full = load_settings({"BENCH_ROUNDS": "5"})
+        self.assertEqual((full.rounds, full.duration, full.connections, full.nginx_keepalive), (5, 8, 64, 192))
+        self.assertIn("rounds", full.explicit)
+
+    def test_flags_win_and_bad_values_are_setting_errors(self):
+        s = load_settings({"BENCH_ROUNDS": "5"}, ["--rounds", "2", "--rows", "direct"])
+        self.assertEqual(s.rounds, 2)
+        for env in ({"BENCH_DURATION": "abc"}, {"BENCH_ROUNDS": "0"}, {"BENCH_PEERS": "nope"},
+                    {"BENCH_PROXY_CPUS": "99"}, {"BENCH_SMOKE": "yes"}):
+            with self.assertRaises(settings.SettingError, msg=str(env)):
+                load_settings(env)
+
+
+class Configs(unittest.TestCase):
+    """Every row's config renders from its template with nothing left unfilled, and the peers
+    themselves accept it."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="mrtr-bench-test."))
+        self.peers = peers.Peers(load_settings(), Procs(), self.tmp, fd_limit=20000)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_every_row(self):
+        have_openssl = shutil.which("openssl") is not None
+        for r in rows.ROWS:
+            if r.tls and not have_openssl:
+                continue
+            d = self.tmp / r.name
+            d.mkdir()
+            conf = self.peers.config(r, d)
+            if conf is None:
+                continue
+            text = conf.read_text()
+            self.assertNotIn("@{", text, r.name)
+            text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#")) + "\n"
+            if r.peer == rows.HAPROXY:
+                self.assertEqual("option http-buffer-request" in text, r.key == "body", r.name)
+                self.assertEqual("tune.bufsize" in text, bool(r.bufsize), r.name)
+                self.assertEqual("option http-no-delay" in text, r.load == rows.STREAMS, r.name)
+            if r.peer == rows.ROUTER:
+                self.assertEqual("tls_cert" in text, r.tls, r.name)
+            tool = {rows.HAPROXY: "haproxy", rows.NGINX: "nginx"}.get(r.peer)
+            if tool and shutil.which(tool) or tool and os.path.exists(f"/usr/sbin/{tool}"):
+                with mock.patch.dict(os.environ, {"PATH": os.environ["PATH"] + ":/usr/sbin"}):
+                    self.peers.check_config(r, conf)
+
+    def test_old_rows_render_as_bench_run_sh_did(self):
+        d = self.tmp / "h"
+        d.mkdir()
+        text = self.peers.config(rows.BY_NAME["haproxy-header-fwd"], d).read_text()
+        for line in ("  nbthread 1", "  maxconn 4096", "  http-reuse always", "  bind 127.0.0.1:18081",
+                     "  option forwardfor", "  balance hdr(Mcp-Routing-Id)", "  server b1 127.0.0.1:19001"):
+            self.assertIn(line + "\n", text)
+        d = self.tmp / "n"
+        d.mkdir()
+        text = self.peers.config(rows.BY_NAME["nginx-header"], d).read_text()
+        self.assertIn("keepalive 192;", text)
+        self.assertIn("worker_connections 8192;", text)
+
+
+class Measure(unittest.TestCase):
+    def test_percentile_and_median(self):
+        v = list(range(1, 101))
+        self.assertEqual(measure.percentile(v, 50), 50)
+        self.assertEqual(measure.percentile(v, 99), 99)
+        self.assertEqual(measure.percentile([7], 99), 7)
+        self.assertIsNone(measure.percentile([], 50))
+        self.assertEqual(measure.median([3, None, 1, 2]), 2)
+        self.assertEqual(measure.median([1, 2]), 1.5)
+
+    def test_own_process_tree(self):
+        self.assertIn(os.getpid(), measure.tree_pids(os.getpid()))
+        self.assertGreater(measure.tree_rss_bytes(os.getpid()), 1 << 20)
+        self.assertEqual(measure.expand_cpus("0-2,5"), [0, 1, 2, 5])
+
+    def test_metrics_delta(self):
+        before = 'mrtr_route_decisions_total{source="ring"} 10\nmrtr_pins_created_total{kind="call"} 1\n'
+        after = ('# HELP x\nmrtr_route_decisions_total{source="ring"} 25\nmrtr_route_decisions_total{source="pin"} 3\n'
+                 'mrtr_pins_created_total{kind="call"} 4\nmrtr_router_errors_total{reason="x"} 0\n')
+        self.assertEqual(runner.metrics_delta(before, after),
+                         {"route_decisions": {"ring": 15, "pin": 3}, "pins_created": 3,
+                          "upstream_errors": 0, "router_errors": 0})
+        self.assertIsNone(runner.metrics_delta("", "other 1\n"))
+
+
+class FakeTransport:
+    def __init__(self):
+        self.closed = False
+
+    def get_extra_info(self, name):
+        return None
+
+    def write(self, data):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+class SseClientParser(unittest.TestCase):
+    """The streams client de-chunks and splits events however the bytes arrive."""
+
+    @staticmethod
+    def conn(key="s-1"):
+        """A client connection, made inside a running loop (its ready future needs one)."""
+        stats = sse_load.Stats()
+        c = sse_load.Conn(stats, "streams", "proxy", "127.0.0.1", 1, key, 1)
+        c.connection_made(FakeTransport())
+        return c, stats
+
+    @staticmethod
+    def chunk(b):
+        return b"%x\r\n%s\r\n" % (len(b), b)
+
+    def stream(self, key, events):
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Bench-Backend: 19011\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+        body = self.chunk(b'event: open\ndata: {"progressToken":"%s"}\n\n' % key.encode())
+        for token, t in events:
+            body += self.chunk(b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
+                               b'"params":{"progressToken":"%s","progress":1,"t":%d}}\n\n' % (token.encode(), t))
+        return head + body
+
+    def test_byte_by_byte(self):
+        async def run():
+            c, stats = self.conn()
+            stats.measuring = True
+            data = self.stream("s-1", [("s-1", 0), ("s-1", 0), ("s-2", 0)])
+            for i in range(len(data)):
+                c.data_received(data[i:i + 1])
+            self.assertTrue(c.ready.done() and c.ready.result() is None)
+            self.assertEqual(stats.events["proxy"], 2)
+            self.assertEqual(stats.errors["misrouted"], 1)
+            self.assertEqual(stats.backends, {"19011": 1})
+        asyncio.run(run())
+
+    def test_merged_chunks_and_not_sse(self):
+        async def run():
+            c, stats = self.conn()
+            c.data_received(self.stream("s-1", [("s-1", 0)]) + b"0\r\n\r\n")
+            self.assertEqual(stats.errors["closed"], 1)  # the stream ended while held
+            c, stats = self.conn()
+            c.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            self.assertEqual(c.ready.result()[0], "non_sse")
+        asyncio.run(run())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,484 @@
+//! Sealed routing tokens (DESIGN §5): the backend a follow-up belongs to, written into what the
+//! client echoes, encrypted and authenticated with ChaCha20-Poly1305 (ring), so any replica with
+//! the same keys routes it without a shared store and a token reveals nothing about the fleet.
+//!
+//! Two forms, both visible ASCII (a valid header value, and valid in a JSON string unescaped):
+//!
+//! ```text
+//! token   = "mrt2." B64(body)                 ; Mcp-Routing-Id header           (TokenKeys::seal)
+//! wrapped = "mrt2." B64(body) "." value-seg   ; requestState, session, task id  (TokenKeys::seal_value)
+//!
+//! body      = key_id u32 | flags u8 | nonce [12] | sealed          (big-endian)
+//! sealed    = ChaCha20-Poly1305(aead_key, nonce, plaintext, aad)   (ciphertext, then the 16-byte tag)
+//! plaintext = issued_ms u64 | ttl_s u32 | rounds u32 | backend (rest)
+//! aad       = "mrt2" | kind u8 | key_id u32 | flags u8 | value
+//! flags     = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself); others 0
+//! ```
+//!
+//! `B64` is URL-safe base64 without padding; `"mrt2"` is the format version. `aead_key` is
+//! HKDF-SHA-256 of the configured key (salt `"mrtr-token-v2"`); `key_id` is derived from the key
+//! ([`key_id`]), so a token verifies wherever its key sits in the list; the nonce is random per
+//! token. The `kind` ([`Kind`]) of handle a token seals is in the authenticated data only: a
+//! token minted for one kind fails as another. So does the wrapped value: a token cannot be
+//! moved onto another value, and any changed byte is detected. `rounds` is the call's round
+//! count, so `max_rounds` holds across replicas. A value made only of visible ASCII other than
+//! `"` and `\` (hex session ids, base64 states) is carried as is and unwraps without a copy;
+//! any other value is carried as `B64(value)`.
+//!
+//! Tokens of the previous format (`mrt1.`, [`v1`]) are still accepted for their lifetime
+//! during a rolling upgrade of the routers, never issued. [`is_token`] is the cheap test for
+//! "one of ours"; anything else passes untouched.
+
+mod v1;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
+use sha2::{Digest, Sha256};
+
+pub use v1::TokenKeys as LegacyTokenKeys;
+
+/// Text every token and wrapped value of this format starts with.
+pub const PREFIX: &str = "mrt2.";
+/// Shortest key accepted.
+pub const MIN_KEY_LEN: usize = 32;
+/// Longest base64 body accepted (the wrapped value after it is not counted).
+pub const MAX_BODY_CHARS: usize = 4 * 1024;
+
+const NONCE_LEN: usize = 12;
+const TAG_LEN: usize = 16;
+/// key_id, flags, nonce.
+const HEAD: usize = 4 + 1 + NONCE_LEN;
+/// issued_ms, ttl, rounds.
+const FIXED: usize = 8 + 4 + 4;
+const FLAG_WRAPPED: u8 = 1;
+const FLAG_BASE64: u8 = 2;
+/// Bodies up to this size are built and decoded on the stack.
+const STACK_BODY: usize = 256;
+
+/// The kind of handle a token seals; part of what is authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// The `Mcp-Routing-Id` answer header of a pinned call.
+    RoutingId = 1,
+    /// A `requestState` in an `input_required` result.
+    RequestState = 2,
+    /// An `Mcp-Session-Id`.
+    Session = 3,
+    /// A task id.
+    Task = 4,
+}
+
+/// Does `s` look like one of our tokens or wrapped values (this format or the previous one)? A
+/// prefix check only: values that do not pass it are not ours and are forwarded untouched;
+/// values that do must verify.
+pub fn is_token(s: &str) -> bool {
+    s.starts_with(PREFIX) || s.starts_with(v1::PREFIX)
+}
+
+/// The key id a token made with `key` carries: the first 4 bytes of
+/// SHA-256(`"mrtr-token-key-id\0"` | key), big-endian. Safe to log.
+pub fn key_id(key: &[u8]) -> u32 {
+    let digest = Sha256::new()
+        .chain_update(b"mrtr-token-key-id\0")
+        .chain_update(key)
+        .finalize();
+    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+}
+
+/// The keys (the first seals, all open) and the lifetime of the tokens they issue.
+pub struct TokenKeys {
+    keys: Vec<Key>,
+    ttl_secs: u32,
+    /// The same keys, for tokens of the previous format.
+    legacy: v1::TokenKeys,
+}
+
+struct Key {
+    id: u32,
+    aead: LessSafeKey,
+}
+
+/// What an authentic, unexpired token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claims {
+    /// The backend the token names (not necessarily still configured: the caller checks).
+    pub backend: String,
+    /// Id of the key that made it ([`key_id`]).
+    pub key_id: u32,
+    /// Milliseconds since the UNIX epoch (a token of the previous format: the start of the
+    /// second it was issued in).
+    pub issued_ms: u64,
+    /// Seconds since the UNIX epoch; valid through this second.
+    pub expires: u64,
+    /// The call's rounds so far; `None` in a token of the previous format, which had no count.
+    pub rounds: Option<u32>,
+}
+
+/// Why a token was refused. Never chooses a backend; the router answers 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum Rejected {
+    /// Wrong prefix or version, bad base64, wrong lengths or flags, a plain token where a
+    /// wrapped value was expected or the reverse.
+    #[error("malformed routing token")]
+    Malformed,
+    /// Made with a key that is not configured (or a forged key id).
+    #[error("routing token signed with an unknown key")]
+    UnknownKey,
+    /// It does not authenticate: some byte was changed, or it was made for another kind of handle.
+    #[error("routing token signature does not match")]
+    BadSignature,
+    /// Authentic but past its expiry.
+    #[error("routing token expired")]
+    Expired,
+}
+
+impl Rejected {
+    /// Every variant, e.g. to initialise metric labels.
+    pub const ALL: [Rejected; 4] = [
+        Rejected::Malformed,
+        Rejected::UnknownKey,
+        Rejected::BadSignature,
+        Rejected::Expired,
+    ];
+
+    /// The `reason` label of `mrtr_tokens_rejected_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Rejected::Malformed => "malformed",
+            Rejected::UnknownKey => "unknown_key",
+            Rejected::BadSignature => "bad_signature",
+            Rejected::Expired => "expired",
+        }
+    }
+}
+
+/// Why a list of keys cannot seal: the message names the setting, `index` the key (if one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyProblem {
+    /// Which of `tokens.keys` is at fault; `None` for the list or the ttl.
+    pub index: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Debug for TokenKeys {
+    /// Key ids and ttl only, never key material.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ids: Vec<String> = self.keys.iter().map(|k| format!("{:08x}", k.id)).collect();
+        f.debug_struct("TokenKeys")
+            .field("key_ids", &ids)
+            .field("ttl_secs", &self.ttl_secs)
+            .finish()
+    }
+}
+
+/// Every check of token keys: at least one, each at least [`MIN_KEY_LEN`] bytes, no two with
+/// one key id. Returns the key ids.
+fn check_keys(keys: &[Vec<u8>]) -> Result<Vec<u32>, KeyProblem> {
+    let problem = |index, message: String| KeyProblem { index, message };
+    if keys.is_empty() {
+        return Err(problem(None, "tokens.keys: at least one key is required".into()));
+    }
+    let mut ids: Vec<u32> = Vec::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        if key.len() < MIN_KEY_LEN {
+            let message = format!(
+                "tokens.keys[{i}]: must be at least {MIN_KEY_LEN} bytes (got {})",
+                key.len()
+            );
+            return Err(problem(Some(i), message));
+        }
+        let id = key_id(key);
+        if let Some(j) = ids.iter().position(|k| *k == id) {
+            let message = if keys[j] == *key {
+                format!("tokens.keys[{i}]: same key as tokens.keys[{j}]")
+            } else {
+                format!("tokens.keys[{i}]: key id collides with tokens.keys[{j}]; generate another key")
+            };
+            return Err(problem(Some(i), message));
+        }
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+/// A token lifetime in whole seconds: at least one, at most `u32::MAX`.
+fn ttl_secs(ttl: Duration) -> Result<u32, String> {
+    if ttl.as_secs() == 0 {
+        return Err("tokens.token_ttl: must be at least 1s".into());
+    }
+    u32::try_from(ttl.as_secs()).map_err(|_| format!("tokens.token_ttl: must be at most {}s", u32::MAX))
+}
+
+fn aead_key(key: &[u8]) -> LessSafeKey {
+    let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"mrtr-token-v2");
+    let prk = salt.extract(key);
+    let okm = prk
+        .expand(&[b"chacha20-poly1305"], &CHACHA20_POLY1305)
+        .expect("32 bytes is a valid HKDF-SHA-256 output length");
+    LessSafeKey::new(UnboundKey::from(okm))
+}
+
+impl TokenKeys {
+    /// Keys in config order (the first seals) and the lifetime of new tokens. The error names
+    /// the offending setting, e.g. `tokens.keys[1]: must be at least 32 bytes (got 5)`.
+    pub fn new(keys: Vec<Vec<u8>>, ttl: Duration) -> Result<TokenKeys, String> {
+        TokenKeys::build(&keys, ttl).map_err(|p| p.message)
+    }
+
+    /// [`TokenKeys::new`], with the key at fault.
+    pub fn build(keys: &[Vec<u8>], ttl: Duration) -> Result<TokenKeys, KeyProblem> {
+        let ids = check_keys(keys)?;
+        let ttl_secs = ttl_secs(ttl).map_err(|message| KeyProblem { index: None, message })?;
+        let built = ids
+            .iter()
+            .zip(keys)
+            .map(|(&id, key)| Key {
+                id,
+                aead: aead_key(key),
+            })
+            .collect();
+        Ok(TokenKeys {
+            keys: built,
+            ttl_secs,
+            legacy: v1::TokenKeys::from_checked(keys, &ids, ttl_secs),
+        })
+    }
+
+    /// The same keys issuing tokens with another lifetime.
+    pub fn with_ttl(&self, ttl: Duration) -> Result<TokenKeys, String> {
+        let ttl_secs = ttl_secs(ttl)?;
+        Ok(TokenKeys {
+            keys: self
+                .keys
+                .iter()
+                .map(|k| Key {
+                    id: k.id,
+                    aead: k.aead.clone(),
+                })
+                .collect(),
+            ttl_secs,
+            legacy: self.legacy.clone(),
+        })
+    }
+
+    /// Lifetime of the tokens this issues.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs.into())
+    }
+
+    /// A token for a routing header: names the backend and the call's rounds.
+    pub fn seal(&self, kind: Kind, backend: &str, rounds: u32, now: SystemTime) -> String {
+        self.issue(kind, backend, rounds, None, now)
+    }
+
+    /// Wraps a value the client echoes (a `requestState`, a session or task id) so that it also
+    /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
+    /// the empty one included.
+    pub fn seal_value(&self, kind: Kind, value: &str, backend: &str, rounds: u32, now: SystemTime) -> String {
+        self.issue(kind, backend, rounds, Some(value), now)
+    }
+
+    /// Checks a token from [`TokenKeys::seal`] made for `kind`.
+    pub fn verify(&self, kind: Kind, token: &str, now: SystemTime) -> Result<Claims, Rejected> {
+        if token.starts_with(v1::PREFIX) {
+            return self.legacy.verify(token, now).map(v1::Claims::upgrade);
+        }
+        let (body, value) = split(token, PREFIX, MAX_BODY_CHARS)?;
+        if value.is_some() {
+            return Err(Rejected::Malformed);
+        }
+        with_body(body, |body| self.open(kind, body, 0, b"", now))
+    }
+
+    /// Checks a value from [`TokenKeys::seal_value`] made for `kind`, and returns the original
+    /// value and the claims. The value is borrowed from `wrapped` when it was carried as is.
+    pub fn open_value<'a>(
+        &self,
+        kind: Kind,
+        wrapped: &'a str,
+        now: SystemTime,
+    ) -> Result<(Cow<'a, str>, Claims), Rejected> {
+        if wrapped.starts_with(v1::PREFIX) {
+            let (value, claims) = self.legacy.open_value(wrapped, now)?;
+            return Ok((value, claims.upgrade()));
+        }
+        let (body, value) = split(wrapped, PREFIX, MAX_BODY_CHARS)?;
+        let value = value.ok_or(Rejected::Malformed)?;
+        with_body(body, |body| {
+            let flags = *body.get(4).ok_or(Rejected::Malformed)?;
+            let value: Cow<'a, str> = match flags {
+                FLAG_WRAPPED => Cow::Borrowed(value),
+                f if f == FLAG_WRAPPED | FLAG_BASE64 => {
+                    let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| Rejected::Malformed)?;
+                    Cow::Owned(String::from_utf8(bytes).map_err(|_| Rejected::Malformed)?)
+                }
+                _ => return Err(Rejected::Malformed),
+            };
+            let claims = self.open(kind, body, flags, value.as_bytes(), now)?;
+            Ok((value, claims))
+        })
+    }
+
+    fn issue(&self, kind: Kind, backend: &str, rounds: u32, value: Option<&str>, now: SystemTime) -> String {
+        let key = &self.keys[0];
+        let raw = value.is_none_or(carried_as_is);
+        let flags = match value {
+            None => 0,
+            Some(_) if raw => FLAG_WRAPPED,
+            Some(_) => FLAG_WRAPPED | FLAG_BASE64,
+        };
+        let len = HEAD + FIXED + backend.len() + TAG_LEN;
+        let mut stack = [0u8; STACK_BODY];
+        let mut heap = Vec::new();
+        let body: &mut [u8] = if len <= STACK_BODY {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        let nonce: [u8; NONCE_LEN] = rand::random();
+        body[0..4].copy_from_slice(&key.id.to_be_bytes());
+        body[4] = flags;
+        body[5..HEAD].copy_from_slice(&nonce);
+        let (head, rest) = body.split_at_mut(HEAD);
+        let (plain, tag_out) = rest.split_at_mut(FIXED + backend.len());
+        plain[0..8].copy_from_slice(&unix_ms(now).to_be_bytes());
+        plain[8..12].copy_from_slice(&self.ttl_secs.to_be_bytes());
+        plain[12..16].copy_from_slice(&rounds.to_be_bytes());
+        plain[FIXED..].copy_from_slice(backend.as_bytes());
+        let aad = aad(kind, &head[..5], value.unwrap_or("").as_bytes());
+        let tag = key
+            .aead
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(&aad), plain)
+            .expect("a token is far below ChaCha20-Poly1305's length limit");
+        tag_out.copy_from_slice(tag.as_ref());
+
+        let value_len = match value {
+            None => 0,
+            Some(v) if raw => 1 + v.len(),
+            Some(v) => 1 + b64_len(v.len()),
+        };
+        let mut out = String::with_capacity(PREFIX.len() + b64_len(len) + value_len);
+        out.push_str(PREFIX);
+        URL_SAFE_NO_PAD.encode_string(&*body, &mut out);
+        if let Some(v) = value {
+            out.push('.');
+            if raw {
+                out.push_str(v);
+            } else {
+                URL_SAFE_NO_PAD.encode_string(v, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Decrypts and authenticates a decoded body (`flags` as the value's encoding requires),
+    /// then checks the expiry.
+    fn open(&self, kind: Kind, body: &[u8], flags: u8, value: &[u8], now: SystemTime) -> Result<Claims, Rejected> {
+        if body.len() < HEAD + FIXED + TAG_LEN || body[4] != flags {
+            return Err(Rejected::Malformed);
+        }
+        let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+        let key = self.keys.iter().find(|k| k.id == id).ok_or(Rejected::UnknownKey)?;
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&body[5..HEAD]);
+        let aad = aad(kind, &body[..5], value);
+        let mut sealed = [0u8; STACK_BODY];
+        let mut heap = Vec::new();
+        let sealed: &mut [u8] = match body.len() - HEAD {
+            n if n <= STACK_BODY => {
+                sealed[..n].copy_from_slice(&body[HEAD..]);
+                &mut sealed[..n]
+            }
+            _ => {
+                heap.extend_from_slice(&body[HEAD..]);
+                &mut heap
+            }
+        };
+        let plain = key
+            .aead
+            .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(&aad), sealed)
+            .map_err(|_| Rejected::BadSignature)?;
+        let be8 = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+        let be4 = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes"));
+        let issued_ms = be8(&plain[0..8]);
+        let ttl = be4(&plain[8..12]);
+        let rounds = be4(&plain[12..16]);
+        let backend = std::str::from_utf8(&plain[FIXED..]).map_err(|_| Rejected::Malformed)?;
+        let expires = (issued_ms / 1000).saturating_add(ttl.into());
+        if unix_ms(now) / 1000 > expires {
+            return Err(Rejected::Expired);
+        }
+        Ok(Claims {
+            backend: backend.to_owned(),
+            key_id: id,
+            issued_ms,
+            expires,
+            rounds: Some(rounds),
+        })
+    }
+}
+
+/// The authenticated data of a token: version, kind, key id, flags and the wrapped value.
+fn aad(kind: Kind, key_id_and_flags: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(4 + 1 + 5 + value.len());
+    aad.extend_from_slice(b"mrt2");
+    aad.push(kind as u8);
+    aad.extend_from_slice(key_id_and_flags);
+    aad.extend_from_slice(value);
+    aad
+}
+
+/// `prefix body ["." value]` → `(body, value)`, the body at most `max_body` characters.
+fn split<'t>(token: &'t str, prefix: &str, max_body: usize) -> Result<(&'t str, Option<&'t str>), Rejected> {
+    let rest = token.strip_prefix(prefix).ok_or(Rejected::Malformed)?;
+    let (body, value) = match memchr::memchr(b'.', rest.as_bytes()) {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
+    if body.len() > max_body {
+        return Err(Rejected::Malformed);
+    }
+    Ok((body, value))
+}
+
+/// Decodes a base64 body (on the stack when small) and hands it to `f`.
+fn with_body<R>(text: &str, f: impl FnOnce(&[u8]) -> Result<R, Rejected>) -> Result<R, Rejected> {
+    let estimate = base64::decoded_len_estimate(text.len());
+    let mut stack = [0u8; STACK_BODY];
+    let mut heap = Vec::new();
+    let buf: &mut [u8] = if estimate <= STACK_BODY {
+        &mut stack[..estimate]
+    } else {
+        heap.resize(estimate, 0);
+        &mut heap
+    };
+    let n = URL_SAFE_NO_PAD
+        .decode_slice(text, buf)
+        .map_err(|_| Rejected::Malformed)?;
+    f(&buf[..n])
+}
+
+/// Values carried as is: visible ASCII that needs no escaping in a JSON string.
+fn carried_as_is(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+}
+
+fn b64_len(n: usize) -> usize {
+    n.div_ceil(3) * 4
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
