@@ -127,7 +127,7 @@ async fn states_written_with_escapes_are_sealed_and_restored() {
         assert_eq!(first.status, 200, "{first:?}");
         let v = first.json();
         let wrapped = v["result"]["requestState"].as_str().unwrap().to_string();
-        assert!(wrapped.starts_with("mrt1."), "call {i}: the state is sealed: {v}");
+        assert!(wrapped.starts_with("mrt2."), "call {i}: the state is sealed: {v}");
         let text = v["result"]["content"][0]["text"].as_str().unwrap();
         assert!(text.starts_with("state-"), "call {i}: the text is left as it was: {v}");
         // The client echoes the token; every other one through an encoder that escapes `/`.
