@@ -214,3 +214,46 @@ impl fmt::Display for Chain<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::{AlertDescription, CertificateError};
+
+    #[test]
+    fn a_tls_failure_is_found_wherever_it_is_wrapped_and_its_log_says_what_rustls_said() {
+        let unknown = || rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        // tokio-rustls's handshake error; the same under an error with it as its source.
+        let io = io::Error::new(io::ErrorKind::InvalidData, unknown());
+        assert_eq!(tls_error(&io), Some(&unknown()));
+        #[derive(Debug)]
+        struct Outer(io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("connection error")
+            }
+        }
+        impl StdError for Outer {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = rustls::Error::AlertReceived(AlertDescription::CertificateRequired);
+        let outer = Outer(io::Error::new(io::ErrorKind::InvalidData, refused.clone()));
+        assert_eq!(tls_error(&outer), Some(&refused));
+        assert_eq!(ConnectError::of(&outer).kind, "tls");
+        // Not TLS: a reset.
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert_eq!(tls_error(&reset), None);
+        assert_eq!(ConnectError::of(&reset).kind, "connect");
+        // The log line names what rustls said.
+        let shown = ConnectError::tls(io::Error::new(io::ErrorKind::InvalidData, unknown())).to_string();
+        assert!(
+            shown.starts_with("TLS handshake failed: ") && shown.contains("UnknownIssuer"),
+            "{shown}"
+        );
+        // A connect refused for want of local descriptors says nothing of the backend.
+        assert!(ConnectError::connect(io::Error::from_raw_os_error(24)).is_local());
+        assert!(!ConnectError::tls(io::Error::from_raw_os_error(24)).is_local());
+    }
+}
