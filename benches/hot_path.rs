@@ -64,7 +64,7 @@ fn backends(n: usize) -> Vec<Arc<Backend>> {
     config
         .backends
         .iter()
-        .map(|b: &BackendConfig| Arc::new(Backend::new(b, None)))
+        .map(|b: &BackendConfig| Arc::new(Backend::new(b, &config.upstream, None)))
         .collect()
 }
 

@@ -207,7 +207,7 @@ impl Stream {
                 }
                 Poll::Ready(Some(Err(e))) => {
                     self.fail("reset");
-                    return Poll::Ready(Some(Err(e.into())));
+                    return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {
                     let rest = self.sse.as_mut().map(|s| s.finish()).unwrap_or_default();

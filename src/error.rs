@@ -35,11 +35,19 @@ pub enum RouterError {
     UpstreamUnavailable { backend: String },
     #[error("backend {backend} did not answer within upstream_timeout")]
     UpstreamTimeout { backend: String },
+    #[error("TLS with backend {backend} failed (handshake or certificate)")]
+    UpstreamTls { backend: String },
 }
 
 impl RouterError {
     pub fn upstream_unavailable(backend: &str) -> RouterError {
         RouterError::UpstreamUnavailable {
+            backend: backend.to_string(),
+        }
+    }
+
+    pub fn upstream_tls(backend: &str) -> RouterError {
+        RouterError::UpstreamTls {
             backend: backend.to_string(),
         }
     }
@@ -67,6 +75,7 @@ impl RouterError {
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
+            UpstreamTls { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_tls"),
         }
     }
 

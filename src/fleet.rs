@@ -48,8 +48,10 @@ pub fn sweep_once(shared: &Shared) {
     }
     shared.update_pin_gauges();
     shared.retire_drained(&busy);
+    let max_idle = shared.snapshot().config.upstream.idle_timeout;
     for (b, _) in shared.backend_states() {
-        b.pool.evict_idle(crate::config::defaults::UPSTREAM_IDLE_TIMEOUT);
+        b.pool.evict_idle(max_idle);
+        b.h2.evict_idle(max_idle);
     }
 }
 
@@ -94,7 +96,7 @@ pub async fn discovery(shared: Arc<Shared>) {
         match shared.lookup.resolve(&d.host, d.port).await {
             Ok(addrs) => {
                 shared.metrics.discovery_resolutions.with_label_values(&["ok"]).inc();
-                shared.set_discovered(d.port, &addrs);
+                shared.set_discovered(&d, &addrs);
             }
             Err(e) => {
                 shared.metrics.discovery_resolutions.with_label_values(&["error"]).inc();

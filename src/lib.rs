@@ -3,14 +3,16 @@
 //!
 //! The modules, bottom up; arrows go one way, down (`tests/architecture.rs` checks it):
 //! - [`config`]  TOML → validated [`Config`], one folder by section; every default in
-//!   [`config::defaults`]. `token` (the sealed token format), `tls` (PEM → rustls), `error`
+//!   [`config::defaults`]. `token` (the sealed token format), `tls` (PEM → rustls: the
+//!   listener's server config, the backends' client configs), `error`
 //!   (the router's own errors, rendered in one place, DESIGN §6) and `metrics` (the
 //!   Prometheus registry and the label values users see) sit beside it at the bottom.
 //! - `dialect`   reading the three MCP dialects (DESIGN §2): the keys a request carries
 //!   (`RequestKeys`, one validating scan of the body) and the outcome an answer reports
 //! - `pins`      the pin table of in-flight calls (DESIGN §4), on an injectable clock
-//! - `upstream/` the backends: the `Backend` type, its keep-alive pool, membership
-//!   (configured, discovered, draining), DNS lookups, active health checks
+//! - `upstream/` the backends: the `Backend` type, its keep-alive pool (HTTP/1.1, plain or
+//!   TLS) and its HTTP/2 connections, membership (configured, discovered, draining), DNS
+//!   lookups, active health checks
 //! - `balance`   consistent-hash ring, bounded load, keyless least-outstanding choice
 //! - `sealing`   where tokens travel: unsealing requests, sealing what answers hand out
 //! - `body`      response bodies: buffered, streamed, SSE split into events

@@ -168,7 +168,7 @@ impl Metrics {
             upstream_resends: counter(
                 &r,
                 "mrtr_upstream_resends_total",
-                "Requests sent again on a new connection: the pooled one they were given had been closed by the backend",
+                "Requests sent again because the backend cannot have seen them: the pooled connection they were given had been closed, or an HTTP/2 backend refused the stream",
                 &["backend"],
             ),
             router_errors: counter(

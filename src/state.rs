@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::balance::HashRing;
-use crate::config::{Config, ConfigError, ConfigFile, Reread};
+use crate::config::{Config, ConfigError, ConfigFile, DiscoveryConfig, Reread};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
 use crate::sealing::Sealing;
@@ -139,8 +139,8 @@ impl Shared {
     }
 
     /// Replaces the set of discovered backends (addresses from `[discovery]`).
-    pub fn set_discovered(&self, port: u16, addrs: &[SocketAddr]) {
-        if self.membership.lock().set_discovered(port, addrs) {
+    pub fn set_discovered(&self, discovery: &DiscoveryConfig, addrs: &[SocketAddr]) {
+        if self.membership.lock().set_discovered(discovery, addrs) {
             tracing::info!(backends = addrs.len(), "discovery changed the backend set");
             self.rebuild();
         }
@@ -181,9 +181,12 @@ impl Shared {
 }
 
 fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previous: Option<&Snapshot>) -> Snapshot {
-    m.update(&config.backends, config.routing.drain_timeout, |cfg| {
-        Backend::new(cfg, Some(metrics))
-    });
+    m.update(
+        &config.backends,
+        &config.upstream,
+        config.routing.drain_timeout,
+        |cfg| Backend::new(cfg, &config.upstream, Some(metrics)),
+    );
     let mut backends = HashMap::new();
     let mut ring_members = Vec::new();
     for (b, removed) in m.members() {

@@ -1,9 +1,10 @@
-//! TLS on the proxy listener (`server.tls_cert`, `server.tls_key`): reading the PEM files and
-//! building the rustls server config (the `ring` provider, ALPN `h2` then `http/1.1`).
+//! TLS with rustls: reading PEM files, the proxy listener's server config (`server.tls_cert`,
+//! `server.tls_key`; ALPN `h2` then `http/1.1`), and the client configs that reach `https://`
+//! backends (`[upstream] tls_ca` or the system trust store, `tls_client_cert`/`tls_client_key`).
 //!
-//! The provider is passed to the builder explicitly, so no process-wide default provider is
-//! needed (or installed): rustls panics at `ServerConfig::builder()` when it finds two providers
-//! in the build and none installed, which a dependency could bring about.
+//! The `ring` provider is passed to every builder explicitly, so no process-wide default provider
+//! is needed (or installed): rustls panics at `ServerConfig::builder()` when it finds two
+//! providers in the build and none installed, which a dependency could bring about.
 
 use std::sync::Arc;
 
@@ -48,6 +49,28 @@ pub fn server_config(
         .with_single_cert(certs, key)?;
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
+}
+
+/// The ALPN protocol a client config offers a backend: `h2` only (HTTP/2 backends), or
+/// `http/1.1` only.
+pub fn client_alpn(http2: bool) -> Vec<Vec<u8>> {
+    vec![if http2 { ALPN[0] } else { ALPN[1] }.to_vec()]
+}
+
+/// A client config that verifies servers against `roots` (webpki, the `ring` provider), TLS 1.2
+/// and 1.3, presenting `client_auth` (chain, key) when a server asks for a certificate. Fails
+/// when the key does not match the certificate or is of a kind the provider cannot sign with.
+pub fn client_config(
+    roots: rustls::RootCertStore,
+    client_auth: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    match client_auth {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key),
+        None => Ok(builder.with_no_client_auth()),
+    }
 }
 
 /// Whether a finished handshake chose HTTP/2.

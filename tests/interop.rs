@@ -4,6 +4,8 @@
 //! it these tests fail (they never skip).
 
 mod support;
+#[path = "support/tls_backend.rs"]
+mod tls_backend;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -31,8 +33,8 @@ fn python() -> PathBuf {
     py
 }
 
-/// SDK server processes, killed on drop.
-struct SdkServers(Vec<(Child, String, u16)>);
+/// SDK server processes, killed on drop; `scheme` is how they are reached.
+struct SdkServers(Vec<(Child, String, u16)>, &'static str);
 
 impl SdkServers {
     /// A backend line for each server, weight 1.
@@ -41,7 +43,7 @@ impl SdkServers {
             .iter()
             .map(|(_, name, port)| BackendSpec {
                 name: name.clone(),
-                url: format!("http://127.0.0.1:{port}"),
+                url: format!("{}://127.0.0.1:{port}", self.1),
                 weight: 1,
             })
             .collect()
@@ -58,14 +60,24 @@ impl Drop for SdkServers {
 }
 
 fn start_sdk_servers(n: usize) -> SdkServers {
+    start_sdk_servers_with(n, None)
+}
+
+/// `n` SDK servers; with `tls` (certificate and key files), serving HTTPS (uvicorn's TLS).
+fn start_sdk_servers_with(n: usize, tls: Option<(&std::path::Path, &std::path::Path)>) -> SdkServers {
     let py = python();
-    let mut servers = SdkServers(Vec::new());
+    let mut servers = SdkServers(Vec::new(), if tls.is_some() { "https" } else { "http" });
     for i in 0..n {
         let name = format!("sdk-{i}");
-        let mut child = Command::new(&py)
+        let mut command = Command::new(&py);
+        command
             .arg("-u")
             .arg(repo().join("tests/interop/server.py"))
-            .args(["--port", "0", "--name", &name])
+            .args(["--port", "0", "--name", &name]);
+        if let Some((cert, key)) = tls {
+            command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -131,6 +143,28 @@ fn instances(summary: &Value) -> usize {
 async fn sdk_traffic_through_the_router() {
     let servers = start_sdk_servers(3);
     let fleet = Fleet::start_backends(Vec::new(), &servers.specs(), "").await;
+    sdk_traffic(&fleet).await;
+}
+
+/// The same traffic to SDK servers that serve HTTPS (uvicorn with a certificate this test's CA
+/// signed), reached by `https://` URLs and verified against `[upstream] tls_ca`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_traffic_through_the_router_to_https_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = tls_backend::Ca::new("interop CA");
+    let ca_file = tls_backend::write(dir.path(), "ca.pem", &ca.pem());
+    let (cert, key) = ca.server(&["127.0.0.1"]).write(dir.path(), "sdk");
+    let servers = start_sdk_servers_with(3, Some((&cert, &key)));
+    assert!(servers.specs().iter().all(|s| s.url.starts_with("https://")));
+    let extra = format!("[upstream]\ntls_ca = \"{}\"\n", ca_file.display());
+    let fleet = Fleet::start_backends(Vec::new(), &servers.specs(), &extra).await;
+    sdk_traffic(&fleet).await;
+    let m = fleet.metrics().await;
+    assert!(!m.contains("kind=\"tls\""), "no TLS failure:\n{m}");
+}
+
+/// Every interop scenario through `fleet`, and what the router must have learned from them.
+async fn sdk_traffic(fleet: &Fleet) {
     let url = fleet.url();
 
     // Naive spreading breaks these (WIRE.md); through the router every one must pass.
@@ -166,7 +200,7 @@ async fn sdk_traffic_through_the_router() {
         None
     );
 
-    bad_handles_reach_a_backend_and_its_error_comes_back(&fleet).await;
+    bad_handles_reach_a_backend_and_its_error_comes_back(fleet).await;
 }
 
 const META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"0"},"io.modelcontextprotocol/clientCapabilities":{"elicitation":{"form":{}}}}"#;

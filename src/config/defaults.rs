@@ -42,9 +42,16 @@ pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Idle keep-alive connections kept per backend, and for how long.
+/// Idle keep-alive connections kept per backend.
 pub const MAX_IDLE_PER_BACKEND: usize = 1024;
-pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// `[upstream] idle_timeout`: below the 5 s keep-alive of uvicorn and Node, so the router closes
+/// an idle connection before the backend does (and never sends on one the backend is closing).
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Session tickets kept per `https://` backend for TLS resumption.
+pub const TLS_SESSIONS_PER_BACKEND: usize = 64;
+/// HTTP/2 streams a new upstream connection is assumed to take until the backend's SETTINGS say
+/// otherwise (hyper's initial limit, and RFC 9113's recommended minimum).
+pub const H2_INITIAL_MAX_STREAMS: u32 = 100;
 /// The longest duration any key accepts: 3650 days (ten years). Deadlines are computed as
 /// `now + duration`, which a longer value (up to `u64::MAX` seconds) would overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(MAX_DURATION_DAYS * 24 * 3600);

@@ -36,13 +36,13 @@ impl ConfigFile {
     }
 
     /// Reads the file again and compares it with `running`. Unchanged text may still name TLS
-    /// files whose content changed (a renewed certificate): then the config is read again and
-    /// compared whole. A config that fails to load counts as rejected.
+    /// files whose content changed (a renewed certificate, CA bundle or system trust store):
+    /// then the config is read again and compared whole. A config that fails to load counts as rejected.
     pub fn reread(&self, running: &Config) -> Result<Reread, ConfigError> {
         let text = Config::read_text(&self.path)?;
         let digest = digest(text.as_bytes());
         let unchanged = self.digests.lock().0 == Some(digest);
-        if unchanged && running.server.tls.is_none() {
+        if unchanged && running.server.tls.is_none() && !running.upstream.tls.reads_files() {
             return Ok(Reread::Unchanged);
         }
         match Config::parse(&self.path, &text) {

@@ -15,6 +15,11 @@ pub struct BackendConfig {
     /// Path prefix of the backend URL without a trailing slash ("" for none).
     pub base_path: String,
     pub weight: u32,
+    /// `http2`: HTTP/2 to this backend; `None` follows `[upstream] http2`.
+    pub http2: Option<bool>,
+    /// `tls_server_name`: the name sent as SNI and checked in the certificate of an `https://`
+    /// backend, when not the URL's host.
+    pub tls_server_name: Option<String>,
 }
 
 impl BackendConfig {
@@ -30,6 +35,11 @@ pub struct DiscoveryConfig {
     pub host: String,
     pub port: u16,
     pub interval: Duration,
+    /// `scheme`: `http`, or `https` for TLS to the discovered backends.
+    pub scheme: Scheme,
+    /// `tls_server_name`: the name the discovered backends' certificates are checked against
+    /// (they are reached by IP); default the `dns` name. Only with `https`.
+    pub tls_server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -46,8 +56,13 @@ pub struct HealthConfig {
     pub healthy_after: u32,
 }
 
-/// One `[[backend]]`; `others` are the ones read before it (names are unique).
-pub(super) fn backend(mut s: Section, others: &[BackendConfig]) -> Result<BackendConfig, ConfigError> {
+/// One `[[backend]]`; `others` are the ones read before it (names are unique); `upstream_http2`
+/// is what `http2` means when unset.
+pub(super) fn backend(
+    mut s: Section,
+    others: &[BackendConfig],
+    upstream_http2: bool,
+) -> Result<BackendConfig, ConfigError> {
     let Some(name) = s.text("name")? else {
         return s.err(s.span(), "backend: needs a name");
     };
@@ -70,14 +85,8 @@ pub(super) fn backend(mut s: Section, others: &[BackendConfig]) -> Result<Backen
         return s.err(url.span, format!("backend.url: {:?} is not a URL", url.value));
     };
     let scheme = match uri.scheme() {
-        Some(sc) if *sc == Scheme::HTTP => sc.clone(),
-        Some(sc) if *sc == Scheme::HTTPS => {
-            return s.err(
-                url.span,
-                format!("backend.url: scheme {sc} is not supported yet; use http://"),
-            )
-        }
-        _ => return s.err(url.span, "backend.url: must start with http://"),
+        Some(sc) if *sc == Scheme::HTTP || *sc == Scheme::HTTPS => sc.clone(),
+        _ => return s.err(url.span, "backend.url: must start with http:// or https://"),
     };
     let Some(authority) = uri.authority().cloned() else {
         return s.err(url.span, "backend.url: needs a host and port");
@@ -91,11 +100,47 @@ pub(super) fn backend(mut s: Section, others: &[BackendConfig]) -> Result<Backen
         authority,
         base_path: uri.path().trim_end_matches('/').to_string(),
         weight: 0,
+        http2: None,
+        tls_server_name: None,
     };
     s.print("url", quoted(&backend.url()));
     let weight = s.int("weight", defaults::WEIGHT as i64, 0..=1000)? as u32;
+    let http2 = s.maybe_flag("http2")?;
+    match http2 {
+        Some(on) => s.print("http2", on),
+        None => s.print_comment(&format!("http2 = {upstream_http2} (from [upstream])")),
+    }
+    let tls_server_name = tls_server_name(&mut s, "backend", &backend.scheme)?;
     s.finish(true)?;
-    Ok(BackendConfig { weight, ..backend })
+    Ok(BackendConfig {
+        weight,
+        http2,
+        tls_server_name,
+        ..backend
+    })
+}
+
+/// `tls_server_name` of `[[backend]]` or `[discovery]`: a DNS name or an IP address, and only
+/// where the scheme is `https`; printed when set.
+fn tls_server_name(s: &mut Section, section: &str, scheme: &Scheme) -> Result<Option<String>, ConfigError> {
+    let Some(name) = s.text("tls_server_name")? else {
+        return Ok(None);
+    };
+    let value = name.value.trim();
+    if *scheme != Scheme::HTTPS {
+        return s.err(
+            name.span,
+            format!("{section}.tls_server_name: only for https:// (TLS) backends"),
+        );
+    }
+    if rustls::pki_types::ServerName::try_from(value).is_err() {
+        return s.err(
+            name.span,
+            format!("{section}.tls_server_name: {value:?} is not a DNS name or an IP address"),
+        );
+    }
+    s.print("tls_server_name", quoted(value));
+    Ok(Some(value.to_string()))
 }
 
 pub(super) fn discovery(mut s: Section) -> Result<Option<DiscoveryConfig>, ConfigError> {
@@ -120,8 +165,22 @@ pub(super) fn discovery(mut s: Section) -> Result<Option<DiscoveryConfig>, Confi
     };
     s.print("dns", quoted(&shown));
     let interval = s.duration("interval", defaults::DISCOVERY_INTERVAL)?;
+    let scheme = match s.choice("scheme", "http", &[("http", false), ("https", true)])? {
+        true => Scheme::HTTPS,
+        false => Scheme::HTTP,
+    };
+    let tls_server_name = tls_server_name(&mut s, "discovery", &scheme)?;
+    if scheme == Scheme::HTTPS && tls_server_name.is_none() {
+        s.print_comment(&format!("tls_server_name = {} (the dns name)", quoted(&host)));
+    }
     s.finish(false)?;
-    Ok(Some(DiscoveryConfig { host, port, interval }))
+    Ok(Some(DiscoveryConfig {
+        host,
+        port,
+        interval,
+        scheme,
+        tls_server_name,
+    }))
 }
 
 pub(super) fn health(mut s: Section) -> Result<HealthConfig, ConfigError> {

@@ -11,6 +11,7 @@ mod routing;
 mod server;
 mod tokens;
 mod tracing;
+mod upstream;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ pub use routing::{OnPinLost, RoutingConfig};
 pub use server::{AdminConfig, ServerConfig, TlsConfig};
 pub use tokens::TokensConfig;
 pub use tracing::TracingConfig;
+pub use upstream::{TlsClients, UpstreamConfig, UpstreamTls};
 
 use reader::{Doc, Section};
 
@@ -55,6 +57,8 @@ pub struct Config {
     pub tokens: Option<TokensConfig>,
     /// `[discovery]`: backends from DNS, merged with the static ones.
     pub discovery: Option<DiscoveryConfig>,
+    /// `[upstream]`: how backends are reached (TLS, HTTP/2, idle pooled connections).
+    pub upstream: UpstreamConfig,
     /// Static backends; may be empty when discovery is configured.
     pub backends: Vec<BackendConfig>,
     pub log: LogConfig,
@@ -65,13 +69,14 @@ pub struct Config {
 }
 
 /// The sections a config file may have, in the order they are read and printed.
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "server",
     "admin",
     "routing",
     "health",
     "tokens",
     "discovery",
+    "upstream",
     "backend",
     "log",
     "tracing",
@@ -105,9 +110,11 @@ impl Config {
         let health = fleet::health(doc.section(root, "health")?)?;
         let tokens = tokens::tokens(doc.section(root, "tokens")?)?;
         let discovery = fleet::discovery(doc.section(root, "discovery")?)?;
+        let mut upstream = upstream::upstream(doc.section(root, "upstream")?)?;
         let mut backends: Vec<BackendConfig> = Vec::new();
         for (table, span) in doc.tables_of(root, "backend")? {
-            let b = fleet::backend(Section::element(&mut doc, "backend", table, span), &backends)?;
+            let element = Section::element(&mut doc, "backend", table, span);
+            let b = fleet::backend(element, &backends, upstream.http2)?;
             backends.push(b);
         }
         let log = log::log(doc.section(root, "log")?)?;
@@ -118,6 +125,10 @@ impl Config {
                 "no [[backend]] configured: at least one backend (or [discovery]) is required",
             );
         }
+        let https = |scheme: &http::uri::Scheme| *scheme == http::uri::Scheme::HTTPS;
+        let needs_tls =
+            backends.iter().any(|b| https(&b.scheme)) || discovery.as_ref().is_some_and(|d| https(&d.scheme));
+        upstream::build_clients(&doc, &mut upstream.tls, needs_tls)?;
         Ok(Config {
             server,
             admin,
@@ -125,6 +136,7 @@ impl Config {
             health,
             tokens,
             discovery,
+            upstream,
             backends,
             log,
             tracing,

@@ -193,6 +193,11 @@ impl<'a, 't> Section<'a, 't> {
         let _ = writeln!(self.printout, "{key} = {toml_value}");
     }
 
+    /// Adds a `# comment` line to the printout (what an unset optional key means).
+    pub fn print_comment(&mut self, comment: &str) {
+        let _ = writeln!(self.printout, "# {comment}");
+    }
+
     /// A string, or `None` when the key is absent. Not printed: the caller prints what it made of it.
     pub fn text(&mut self, key: &'static str) -> Result<Option<Text<'a>>, ConfigError> {
         match self.value(key) {
@@ -241,6 +246,24 @@ impl<'a, 't> Section<'a, 't> {
         };
         self.print(key, n);
         Ok(n)
+    }
+
+    /// `true` or `false`, or `None` when the key is absent. Not printed.
+    pub fn maybe_flag(&mut self, key: &'static str) -> Result<Option<bool>, ConfigError> {
+        match self.value(key) {
+            None => Ok(None),
+            Some(v) => match v.get_ref() {
+                DeValue::Boolean(b) => Ok(Some(*b)),
+                _ => self.wrong_type(key, v, "true or false"),
+            },
+        }
+    }
+
+    /// `true` or `false` with a default, printed.
+    pub fn flag(&mut self, key: &'static str, default: bool) -> Result<bool, ConfigError> {
+        let b = self.maybe_flag(key)?.unwrap_or(default);
+        self.print(key, b);
+        Ok(b)
     }
 
     /// A number (integer or float) that passes `valid`, else `rule` is the error; printed.

@@ -1,7 +1,9 @@
 //! Forwarding one request: a connection to the chosen backend (pooled, else new; an unpinned
-//! request whose backend refuses the connection moves once to the next candidate), sending it
-//! (once more on a fresh connection when a pooled one turns out closed before the request went
-//! out), all within the request's one upstream deadline; failures count toward the backend's health.
+//! request whose backend refuses the connection, or fails its TLS handshake, moves once to the
+//! next candidate), sending it (once more when it never reached the backend: a pooled
+//! connection turned out closed before the request went out, or an HTTP/2 backend refused the
+//! stream), all within the request's one upstream deadline; failures count toward the backend's
+//! health, TLS failures as `upstream_tls`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,8 +19,8 @@ use crate::route::{self, Decision};
 use crate::state::{Shared, Snapshot};
 use crate::telemetry::RequestTrace;
 use crate::upstream::{
-    is_local_error, Backend, BodyFault, Connection, DrivenBody, FaultCell, InflightGuard, PooledConn, SendError,
-    UpstreamBody,
+    tls_error, Backend, BodyFault, Chain, ConnectError, Connection, DrivenBody, FaultCell, InflightGuard, PooledConn,
+    SendError, UpstreamBody,
 };
 
 /// What forwarding one request needs.
@@ -64,29 +66,33 @@ impl Forward<'_> {
                 Ok(conn) => return Ok((conn, backend, guard)),
                 Err(e) => e,
             };
-            if is_local_error(&e) {
+            if e.is_local() {
                 // Out of descriptors (or memory, or ports) here: no backend is to blame.
                 tracing::warn!(backend = %backend.name, error = %e, "cannot open an upstream connection: local resources exhausted");
                 return Err(RouterError::Overloaded);
             }
-            tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
             if let Some(t) = trace.as_deref_mut() {
                 t.attempt_failed("connect");
             }
-            passive_failure(shared, snap, &backend, "connect");
+            connect_failed(shared, snap, &backend, &e);
             let next = (unpinned && !retried)
                 .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())
                 .flatten();
             let Some(next) = next else {
-                return Err(RouterError::upstream_unavailable(&backend.name));
+                return Err(match e.is_tls() {
+                    true => RouterError::upstream_tls(&backend.name),
+                    false => RouterError::upstream_unavailable(&backend.name),
+                });
             };
             backend = next;
             retried = true;
         }
     }
 
-    /// Sends the request and waits for its answer's head. A pooled connection that turns out
-    /// closed before the request went out is replaced once by a new one.
+    /// Sends the request and waits for its answer's head. A request that never reached the
+    /// backend is sent once more, to the same backend: a pooled connection that turns out
+    /// closed before the request went out is replaced by a new one; an HTTP/2 stream the
+    /// backend refused goes on a connection with room.
     pub(super) async fn send(
         &self,
         conn: PooledConn,
@@ -96,9 +102,15 @@ impl Forward<'_> {
         mut timer: Pin<&mut Sleep>,
     ) -> Result<Response<DrivenBody>, RouterError> {
         let (shared, snap) = (self.shared, self.snap);
-        let failed = |e: SendError| {
-            tracing::debug!(backend = %backend.name, error = %e.error(), "upstream request failed");
-            "reset"
+        let failed = |e: SendError| match tls_error(e.error()) {
+            Some(tls) => {
+                tracing::warn!(backend = %backend.name, error = %tls, "upstream TLS failed");
+                "tls"
+            }
+            None => {
+                tracing::debug!(backend = %backend.name, error = %Chain(e.error()), "upstream request failed");
+                "reset"
+            }
         };
         // The first attempt's future is pinned here rather than in an inner `async` block: each
         // layer of futures moves the request in and the answer out (~260 and ~200 bytes).
@@ -106,18 +118,12 @@ impl Forward<'_> {
         let first = within(timer.as_mut(), std::pin::pin!(conn.send(request))).await;
         let result = match first {
             Some(Err(SendError::Unsent(request, e))) if reused => {
-                tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; opening a new one");
-                shared
-                    .metrics
-                    .upstream_resends
-                    .with_label_values(&[&backend.name])
-                    .inc();
-                // Boxed: a cold path, kept out of every request's future.
-                let mut resend = Box::pin(async {
-                    let conn = backend.pool.connect(backend.endpoint()).await.map_err(|_| "connect")?;
-                    conn.send(*request).await.map_err(failed)
-                });
-                within(timer.as_mut(), resend.as_mut()).await
+                tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; sending again");
+                within(timer.as_mut(), self.resend(backend, request, failed).as_mut()).await
+            }
+            Some(Err(SendError::Refused(request, e))) => {
+                tracing::debug!(backend = %backend.name, error = %Chain(e.as_ref()), "backend refused the stream; sending again");
+                within(timer.as_mut(), self.resend(backend, request, failed).as_mut()).await
             }
             other => other.map(|sent| sent.map_err(failed)),
         };
@@ -135,10 +141,39 @@ impl Forward<'_> {
             }
             Some(Err(kind)) => {
                 passive_failure(shared, snap, backend, kind);
-                Err(RouterError::upstream_unavailable(&backend.name))
+                Err(match kind {
+                    "tls" => RouterError::upstream_tls(&backend.name),
+                    _ => RouterError::upstream_unavailable(&backend.name),
+                })
             }
             None => Err(self.timed_out(backend)),
         }
+    }
+
+    /// The one more attempt of a request that never reached `backend`, counted in
+    /// `mrtr_upstream_resends_total`. Boxed: a cold path, kept out of every request's future.
+    #[allow(clippy::type_complexity)]
+    fn resend<'a>(
+        &self,
+        backend: &'a Backend,
+        request: Box<Request<UpstreamBody>>,
+        failed: impl Fn(SendError) -> &'static str + Send + 'a,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<DrivenBody>, &'static str>> + Send + 'a>> {
+        self.shared
+            .metrics
+            .upstream_resends
+            .with_label_values(&[&backend.name])
+            .inc();
+        Box::pin(async move {
+            let conn = match backend.reconnect() {
+                Connection::Ready(conn) => conn,
+                Connection::Opening(opening) => opening.await.map_err(|e| {
+                    tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed");
+                    e.kind
+                })?,
+            };
+            conn.send(*request).await.map_err(failed)
+        })
     }
 
     /// The error for a request whose upstream deadline passed. Counted, but not toward the
@@ -167,6 +202,16 @@ pub(super) fn within<'a, F: Future + ?Sized>(
         }
         timer.as_mut().poll(cx).map(|()| None)
     })
+}
+
+/// Logs and counts a connection that could not be opened: a TLS failure names the backend
+/// and what rustls said (unknown issuer, expired, name mismatch, a refused client certificate).
+fn connect_failed(shared: &Shared, snap: &Snapshot, backend: &Backend, e: &ConnectError) {
+    match e.is_tls() {
+        true => tracing::warn!(backend = %backend.name, error = %e, "upstream TLS failed"),
+        false => tracing::debug!(backend = %backend.name, error = %e, "upstream connect failed"),
+    }
+    passive_failure(shared, snap, backend, e.kind);
 }
 
 /// Counts a failed request against the backend's health; ejects it after `unhealthy_after`.

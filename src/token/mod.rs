@@ -245,11 +245,7 @@ impl TokenKeys {
     pub fn build(keys: &[Vec<u8>], ttl: Duration) -> Result<TokenKeys, KeyProblem> {
         let ids = check_keys(keys)?;
         let ttl_secs = ttl_secs(ttl).map_err(|message| KeyProblem { index: None, message })?;
-        let built = ids
-            .iter()
-            .zip(keys)
-            .map(|(&id, key)| derive(id, key))
-            .collect();
+        let built = ids.iter().zip(keys).map(|(&id, key)| derive(id, key)).collect();
         Ok(TokenKeys {
             keys: built,
             ttl_secs,

@@ -263,13 +263,23 @@ fn stable_tokens_are_the_same_for_the_same_handle_and_open_as_its_kind() {
     let k = keys(&[1]);
     let a = k.seal_stable(Kind::Task, "task-7", "worker-1");
     assert_eq!(a, k.seal_stable(Kind::Task, "task-7", "worker-1"), "one id, one token");
-    assert_eq!(a, keys(&[1]).seal_stable(Kind::Task, "task-7", "worker-1"), "on every replica");
+    assert_eq!(
+        a,
+        keys(&[1]).seal_stable(Kind::Task, "task-7", "worker-1"),
+        "on every replica"
+    );
     assert_ne!(a, k.seal_stable(Kind::Task, "task-8", "worker-1"));
     assert_ne!(a, k.seal_stable(Kind::Task, "task-7", "worker-2"));
     let (v, c) = k.open_value(Kind::Task, &a, at(NOW)).unwrap();
     assert_eq!((v.as_ref(), c.backend.as_str(), c.issued_ms), ("task-7", "worker-1", 0));
-    assert_eq!(k.open_value(Kind::Session, &a, at(NOW)).unwrap_err(), Rejected::BadSignature);
-    assert!(k.open_value(Kind::Task, &a, at(NOW + 50 * 365 * 24 * 3600)).is_ok(), "no expiry (until 2106)");
+    assert_eq!(
+        k.open_value(Kind::Session, &a, at(NOW)).unwrap_err(),
+        Rejected::BadSignature
+    );
+    assert!(
+        k.open_value(Kind::Task, &a, at(NOW + 50 * 365 * 24 * 3600)).is_ok(),
+        "no expiry (until 2106)"
+    );
     // The name is not readable in it either.
     assert!(!a.contains("worker-1"));
 }

@@ -1,4 +1,5 @@
-//! One backend: its identity, address, health state, in-flight accounting and connection pool.
+//! One backend: its identity, address, health state, in-flight accounting, how it is reached
+//! (plain or TLS, HTTP/1.1 or HTTP/2: swapped in place on reload) and its connection pools.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -6,12 +7,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::hash::Hasher;
 
-use http::uri::{Authority, PathAndQuery};
+use arc_swap::ArcSwapOption;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::HeaderValue;
+use rustls::pki_types::ServerName;
 use siphasher::sip::SipHasher13;
 
+use super::h2::H2Pool;
 use super::pool::{ConnPool, Endpoint, PooledConn};
-use crate::config::BackendConfig;
+use super::tls::{BackendTls, ConnectError, Stream};
+use crate::config::{defaults, BackendConfig, UpstreamConfig};
 use crate::metrics::Metrics;
 
 /// Stable identity of a backend: a digest of its name. Pins store this (8 bytes) rather than
@@ -40,8 +45,15 @@ pub struct Backend {
     endpoint: Endpoint,
     /// The URL's authority as the `Host` header of upstream requests.
     host: HeaderValue,
-    /// Idle keep-alive connections to this backend.
+    /// Idle keep-alive HTTP/1.1 connections to this backend.
     pub(crate) pool: Arc<ConnPool>,
+    /// Its HTTP/2 connections, when `http2` is on.
+    pub(crate) h2: Arc<H2Pool>,
+    /// HTTP/2 to it (`[[backend]] http2`, else `[upstream] http2`); changed in place on reload.
+    http2: AtomicBool,
+    /// TLS to it, for an `https://` backend: `[upstream]`'s client configs with a resumption
+    /// cache of its own; swapped in place on reload (renewed files), for new connections.
+    tls: ArcSwapOption<BackendTls>,
     /// Requests sent and not yet finished (response body done or dropped).
     inflight: AtomicI64,
     /// This backend's metric children, resolved once (label lookups are not free).
@@ -89,8 +101,9 @@ pub enum HealthChange {
 }
 
 impl Backend {
-    pub fn new(cfg: &BackendConfig, metrics: Option<&Metrics>) -> Backend {
+    pub fn new(cfg: &BackendConfig, upstream: &UpstreamConfig, metrics: Option<&Metrics>) -> Backend {
         let opened = metrics.map(|m| m.upstream_connections.with_label_values(&[&cfg.name]));
+        let h2 = H2Pool::new(cfg.scheme.clone(), cfg.authority.clone(), opened.clone());
         let metrics = metrics.map(|m| BackendMetrics {
             inflight: m.backend_inflight.with_label_values(&[&cfg.name]),
             duration: m.request_duration.with_label_values(&[&cfg.name]),
@@ -105,6 +118,9 @@ impl Backend {
             endpoint: Endpoint::of(&cfg.authority),
             host: HeaderValue::from_str(cfg.authority.as_str()).expect("an authority is a valid header value"),
             pool: ConnPool::new(opened),
+            h2,
+            http2: AtomicBool::new(false),
+            tls: ArcSwapOption::empty(),
             inflight: AtomicI64::new(0),
             metrics,
             healthy: AtomicBool::new(true),
@@ -115,6 +131,46 @@ impl Backend {
             admin_drained: AtomicBool::new(false),
             pins: AtomicUsize::new(0),
         }
+        .refreshed(cfg, upstream)
+    }
+
+    fn refreshed(self, cfg: &BackendConfig, upstream: &UpstreamConfig) -> Backend {
+        self.refresh(cfg, upstream);
+        self
+    }
+
+    /// Takes what a reload may change in place: weight, HTTP/2, the TLS client configs (renewed
+    /// files reach new connections; those open stay), the idle timeout.
+    pub fn refresh(&self, cfg: &BackendConfig, upstream: &UpstreamConfig) {
+        self.set_weight(cfg.weight);
+        self.http2.store(cfg.http2.unwrap_or(upstream.http2), Ordering::Relaxed);
+        self.pool.set_max_idle(upstream.idle_timeout);
+        if cfg.scheme != Scheme::HTTPS {
+            return;
+        }
+        let Some(base) = &upstream.tls.clients else {
+            // The config builds them whenever a backend is https.
+            self.tls.store(None);
+            return;
+        };
+        let name = cfg.tls_server_name.as_deref().unwrap_or(&self.endpoint.host);
+        let Ok(name) = ServerName::try_from(name.to_string()) else {
+            // Checked when the config was read; a URL's host is a valid name.
+            self.tls.store(None);
+            return;
+        };
+        let current = self.tls.load();
+        let same = current
+            .as_ref()
+            .is_some_and(|t| Arc::ptr_eq(&t.base, base) && t.server_name == name);
+        if !same {
+            self.tls.store(Some(Arc::new(BackendTls::new(base, name))));
+        }
+    }
+
+    /// Whether requests to it go over HTTP/2.
+    pub fn is_http2(&self) -> bool {
+        self.http2.load(Ordering::Relaxed)
     }
 
     pub fn weight(&self) -> u32 {
@@ -189,13 +245,76 @@ impl Backend {
         &self.endpoint
     }
 
-    /// A kept-alive connection from the pool, else one being opened: the only place that
-    /// chooses between the two (the request path and the health checks both come here).
+    /// A kept-alive connection from the pool (a stream on an HTTP/2 connection with room),
+    /// else one being opened: the only place that chooses between the two (the request path and
+    /// the health checks both come here).
     pub fn connection(&self) -> Connection<'_> {
+        if self.is_http2() {
+            return self.http2_connection();
+        }
         match self.pool.checkout() {
             Some(conn) => Connection::Ready(conn),
             // Boxed: a cold path, kept out of every request's future.
-            None => Connection::Opening(Box::pin(self.pool.connect(&self.endpoint))),
+            None => Connection::Opening(Box::pin(self.open_http1())),
+        }
+    }
+
+    /// A connection for a request sent again (its first one was closed, or the backend refused
+    /// the HTTP/2 stream): a new HTTP/1.1 connection; an HTTP/2 stream as for any request.
+    pub fn reconnect(&self) -> Connection<'_> {
+        match self.is_http2() {
+            true => self.http2_connection(),
+            false => Connection::Opening(Box::pin(self.open_http1())),
+        }
+    }
+
+    fn http2_connection(&self) -> Connection<'_> {
+        let max_idle = self.pool.max_idle();
+        match self.h2.checkout(max_idle) {
+            Some(lease) => Connection::Ready(PooledConn::http2(lease, &self.h2, true)),
+            None => Connection::Opening(Box::pin(async move {
+                let lease = self.h2.connect(self.open(true), max_idle).await?;
+                Ok(PooledConn::http2(lease, &self.h2, false))
+            })),
+        }
+    }
+
+    async fn open_http1(&self) -> Result<PooledConn, ConnectError> {
+        let stream = self.open(false).await?;
+        self.pool.connect(stream).await
+    }
+
+    /// A new connection's byte stream: TCP, under TLS for an `https://` backend (ALPN `h2` or
+    /// `http/1.1`), within [`defaults::CONNECT_TIMEOUT`] for the two. A health check with no
+    /// path is this.
+    pub async fn open(&self, http2: bool) -> Result<Stream, ConnectError> {
+        let tls = match self.config.scheme == Scheme::HTTPS {
+            true => match self.tls.load_full() {
+                Some(tls) => Some(tls),
+                None => {
+                    let e = std::io::Error::other("no TLS client config for this backend");
+                    return Err(ConnectError::tls(e));
+                }
+            },
+            false => None,
+        };
+        let opening = async {
+            let tcp = self.endpoint.connect().await.map_err(ConnectError::connect)?;
+            tcp.set_nodelay(true).map_err(ConnectError::connect)?;
+            match &tls {
+                Some(tls) => tls.handshake(tcp, http2).await,
+                None => Ok(Stream::Plain(tcp)),
+            }
+        };
+        match tokio::time::timeout(defaults::CONNECT_TIMEOUT, opening).await {
+            Ok(result) => result,
+            Err(_) => {
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
+                Err(match tls {
+                    Some(_) => ConnectError::tls(e),
+                    None => ConnectError::connect(e),
+                })
+            }
         }
     }
 
@@ -204,13 +323,12 @@ impl Backend {
         &self.host
     }
 
-    /// Whether this backend object still matches `cfg` (else a reload replaces it).
+    /// Whether this backend object still matches `cfg` (else a reload replaces it): the same
+    /// name and URL. Weight, HTTP/2 and the TLS name are not identity: a backend that changes
+    /// them keeps its object, counts and pins ([`Backend::refresh`] takes them).
     pub fn matches(&self, cfg: &BackendConfig) -> bool {
-        // Weight is not identity: a re-weighted backend keeps its object, counts and pins.
-        BackendConfig {
-            weight: cfg.weight,
-            ..self.config.clone()
-        } == *cfg
+        let c = &self.config;
+        (&c.name, &c.scheme, &c.authority, &c.base_path) == (&cfg.name, &cfg.scheme, &cfg.authority, &cfg.base_path)
     }
 
     #[cfg(test)]
@@ -221,8 +339,13 @@ impl Backend {
             authority: Authority::from_static("127.0.0.1:1"),
             base_path: String::new(),
             weight,
+            http2: None,
+            tls_server_name: None,
         };
-        Arc::new(Backend::new(&cfg, None))
+        let upstream = crate::config::Config::parse(std::path::Path::new("t.toml"), "[discovery]\ndns = \"x:1\"\n")
+            .expect("a valid config")
+            .upstream;
+        Arc::new(Backend::new(&cfg, &upstream, None))
     }
 
     /// Counts an answered request in `mrtr_requests_total` and `mrtr_request_duration_seconds`.
@@ -287,7 +410,7 @@ pub struct Incarnation {
 /// A connection to a backend: taken from the pool at once, or still being opened.
 pub enum Connection<'a> {
     Ready(PooledConn),
-    Opening(std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<PooledConn>> + Send + 'a>>),
+    Opening(std::pin::Pin<Box<dyn std::future::Future<Output = Result<PooledConn, ConnectError>> + Send + 'a>>),
 }
 
 /// Milliseconds since the UNIX epoch.

@@ -1,5 +1,6 @@
-//! Active health checks of one backend: a TCP connect, or an HTTP GET of `health.path`
-//! answered 2xx, over the same endpoint and pool as the requests it serves.
+//! Active health checks of one backend: a TCP connect (and the TLS handshake, for an
+//! `https://` backend), or an HTTP GET of `health.path` answered 2xx, over the same endpoint,
+//! TLS, protocol and pool as the requests it serves.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Either, Full};
 
 use super::backend::{Backend, Connection};
-use super::pool::is_local_error;
+use super::tls::ConnectError;
 
 /// What one check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,17 +24,19 @@ pub enum Verdict {
 
 /// One check of `backend` within `timeout`.
 pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> Verdict {
-    let connect_failed = |e: std::io::Error| match is_local_error(&e) {
-        true => Verdict::Unknown,
-        false => Verdict::Down,
+    let connect_failed = |e: ConnectError| {
+        tracing::debug!(backend = %backend.name, error = %e, "health check failed");
+        match e.is_local() {
+            true => Verdict::Unknown,
+            false => Verdict::Down,
+        }
     };
     let attempt = async {
         if path.is_empty() {
-            return backend
-                .endpoint()
-                .connect()
-                .await
-                .map_or_else(connect_failed, |_| Verdict::Up);
+            return match backend.open(backend.is_http2()).await {
+                Ok(_) => Verdict::Up,
+                Err(e) => connect_failed(e),
+            };
         }
         let Ok(Ok(target)) = PathAndQuery::try_from(path).map(|pq| backend.target_for(Some(&pq))) else {
             return Verdict::Down;

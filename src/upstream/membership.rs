@@ -8,10 +8,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::uri::{Authority, Scheme};
+use http::uri::Authority;
 
 use super::backend::Backend;
-use crate::config::BackendConfig;
+use crate::config::{BackendConfig, DiscoveryConfig, UpstreamConfig};
 
 #[derive(Default)]
 pub struct Membership {
@@ -34,10 +34,11 @@ impl Membership {
     /// Makes the serving set the configured backends plus the discovered ones (a configured
     /// name wins). A backend that stays keeps its object; one whose address changed is a new
     /// backend; one no longer wanted drains until `drain_timeout` from now. `create` makes a
-    /// new backend.
+    /// new backend; one that stays takes what `upstream` and its config say now.
     pub fn update(
         &mut self,
         configured: &[BackendConfig],
+        upstream: &UpstreamConfig,
         drain_timeout: Duration,
         create: impl Fn(&BackendConfig) -> Backend,
     ) {
@@ -56,7 +57,7 @@ impl Membership {
                 Some(b) if b.matches(cfg) => b,
                 _ => Arc::new(create(cfg)),
             };
-            backend.set_weight(cfg.weight);
+            backend.refresh(cfg, upstream);
             serving.insert(cfg.name.clone(), backend);
         }
         // What is no longer wanted drains: it keeps its pins but takes nothing new.
@@ -68,19 +69,24 @@ impl Membership {
         self.serving = serving;
     }
 
-    /// Replaces the discovered backends by those at `addrs` (each named `dns:<ip>:<port>`);
-    /// true if the set changed.
-    pub fn set_discovered(&mut self, port: u16, addrs: &[SocketAddr]) -> bool {
+    /// Replaces the discovered backends by those at `addrs` (each named `dns:<ip>:<port>`,
+    /// reached with `d.scheme`; under TLS checked against `d.tls_server_name`, else the DNS
+    /// name); true if the set changed.
+    pub fn set_discovered(&mut self, d: &DiscoveryConfig, addrs: &[SocketAddr]) -> bool {
+        let tls_server_name =
+            (d.scheme == http::uri::Scheme::HTTPS).then(|| d.tls_server_name.clone().unwrap_or_else(|| d.host.clone()));
         let mut found: Vec<BackendConfig> = addrs
             .iter()
             .filter_map(|a| {
-                let addr = SocketAddr::new(a.ip(), port);
+                let addr = SocketAddr::new(a.ip(), d.port);
                 Some(BackendConfig {
                     name: format!("dns:{addr}"),
-                    scheme: Scheme::HTTP,
+                    scheme: d.scheme.clone(),
                     authority: Authority::try_from(addr.to_string().as_str()).ok()?,
                     base_path: String::new(),
                     weight: 1,
+                    http2: None,
+                    tls_server_name: tls_server_name.clone(),
                 })
             })
             .collect();

@@ -1,6 +1,7 @@
-//! Upstream connections: each backend's keep-alive pool of HTTP/1.1 connections, each one
-//! driven by the request that holds it, so a proxied request costs no task hop and no
-//! per-request spawn.
+//! Upstream connections: each backend's keep-alive pool of HTTP/1.1 connections (plain TCP or
+//! TLS), each one driven by the request that holds it, so a proxied request costs no task hop
+//! and no per-request spawn; and the one type a request holds whichever way it goes
+//! ([`PooledConn`]: such a connection, or a stream of an HTTP/2 connection, see `h2`).
 //!
 //! hyper splits a client connection in two: the `SendRequest` handle and the `Connection`
 //! state machine that does the socket I/O. hyper-util's client runs every `Connection` in a
@@ -25,7 +26,9 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::request_body::UpstreamBody;
+use super::exchange::{BoxError, SendError, UpstreamBody};
+use super::h2::{H2Body, H2Lease, H2Pool};
+use super::tls::{ConnectError, Stream};
 use crate::config::defaults;
 
 /// Where a backend's connections go: its URL's host and port, as a socket address needs them.
@@ -58,7 +61,7 @@ impl Endpoint {
     }
 }
 
-type Driver = Pin<Box<http1::Connection<TokioIo<TcpStream>, UpstreamBody>>>;
+type Driver = Pin<Box<http1::Connection<TokioIo<Stream>, UpstreamBody>>>;
 
 /// How long a connection may have been idle and still be taken without a check: a backend that
 /// closes keep-alive connections does so after seconds, not within the moment between two
@@ -95,6 +98,8 @@ impl Conn {
 /// The idle keep-alive connections to one backend, most recently used last.
 pub struct ConnPool {
     idle: parking_lot::Mutex<Vec<(Conn, Instant)>>,
+    /// `[upstream] idle_timeout` in nanoseconds: a connection idle this long is closed, not used.
+    max_idle_nanos: std::sync::atomic::AtomicU64,
     /// `mrtr_upstream_connections_opened_total` for this backend.
     opened: Option<prometheus::IntCounter>,
 }
@@ -103,34 +108,51 @@ impl ConnPool {
     pub fn new(opened: Option<prometheus::IntCounter>) -> Arc<ConnPool> {
         Arc::new(ConnPool {
             idle: parking_lot::Mutex::new(Vec::new()),
+            max_idle_nanos: std::sync::atomic::AtomicU64::new(defaults::UPSTREAM_IDLE_TIMEOUT.as_nanos() as u64),
             opened,
         })
     }
 
-    /// An idle connection that is still open, if there is one. One idle for a while is checked
+    /// Sets `[upstream] idle_timeout`.
+    pub fn set_max_idle(&self, max_idle: Duration) {
+        let nanos = u64::try_from(max_idle.as_nanos()).unwrap_or(u64::MAX);
+        self.max_idle_nanos.store(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn max_idle(&self) -> Duration {
+        Duration::from_nanos(self.max_idle_nanos.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// An idle connection that is still open, if there is one. One idle past `idle_timeout` is
+    /// closed (and with it every other: they have idled longer). One idle for a while is checked
     /// first (the backend may have closed it); a recently released one is not: the request's
     /// first poll of the connection (in [`PooledConn::send`]) takes in a close all the same, and
     /// hands back the request unsent, to go on a new connection.
     pub fn checkout(self: &Arc<Self>) -> Option<PooledConn> {
         loop {
             let (mut conn, since) = self.idle.lock().pop()?;
-            if since.elapsed() < CHECK_AFTER_IDLE || conn.settle() {
+            let idle = since.elapsed();
+            if idle.as_nanos() >= u128::from(self.max_idle_nanos.load(std::sync::atomic::Ordering::Relaxed)) {
+                // Closed outside the lock.
+                let expired = std::mem::take(&mut *self.idle.lock());
+                drop((conn, expired));
+                return None;
+            }
+            if idle < CHECK_AFTER_IDLE || conn.settle() {
                 return Some(self.hold(conn, true));
             }
         }
     }
 
-    /// Opens a new connection to `endpoint`.
-    pub async fn connect(self: &Arc<Self>, endpoint: &Endpoint) -> io::Result<PooledConn> {
-        let stream = endpoint.connect().await?;
-        stream.set_nodelay(true)?;
+    /// Opens a new connection over `stream` (TCP, or TLS over it).
+    pub async fn connect(self: &Arc<Self>, stream: Stream) -> Result<PooledConn, ConnectError> {
         // Head and body copied into one buffer and written with one `write`: for MCP's small
         // bodies cheaper than queueing both for `writev`.
         let (sender, driver) = http1::Builder::new()
             .writev(false)
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(io::Error::other)?;
+            .map_err(|e| ConnectError::connect(io::Error::other(e)))?;
         if let Some(c) = &self.opened {
             c.inc();
         }
@@ -143,8 +165,10 @@ impl ConnPool {
 
     fn hold(self: &Arc<Self>, conn: Conn, reused: bool) -> PooledConn {
         PooledConn {
-            conn: Some(conn),
-            pool: self.clone(),
+            held: Held::Http1 {
+                conn: Some(conn),
+                pool: self.clone(),
+            },
             reused,
         }
     }
@@ -175,25 +199,23 @@ impl ConnPool {
 }
 
 /// A connection taken from a pool; it goes back when dropped if it can carry another request.
+/// Or a stream of an HTTP/2 connection, given back when dropped.
 pub struct PooledConn {
-    conn: Option<Conn>,
-    pool: Arc<ConnPool>,
+    held: Held,
     /// Taken from the pool rather than opened for this request.
     pub reused: bool,
 }
 
-/// Why a request got no answer.
-pub enum SendError {
-    /// The connection ended before the request was written: it can go on another connection.
-    Unsent(Box<Request<UpstreamBody>>, hyper::Error),
-    /// The request may have reached the backend.
-    Failed(hyper::Error),
+enum Held {
+    Http1 { conn: Option<Conn>, pool: Arc<ConnPool> },
+    Http2(H2Lease, Arc<H2Pool>),
 }
 
-impl SendError {
-    pub fn error(&self) -> &hyper::Error {
-        match self {
-            SendError::Unsent(_, e) | SendError::Failed(e) => e,
+impl PooledConn {
+    pub fn http2(lease: H2Lease, pool: &Arc<H2Pool>, reused: bool) -> PooledConn {
+        PooledConn {
+            held: Held::Http2(lease, pool.clone()),
+            reused,
         }
     }
 }
@@ -202,7 +224,10 @@ impl PooledConn {
     /// Sends `req` and waits for the answer's head, driving the connection meanwhile. The
     /// answer's body keeps the connection, drives it as it is read, and puts it back at its end.
     pub async fn send(mut self, req: Request<UpstreamBody>) -> Result<Response<DrivenBody>, SendError> {
-        let conn = self.conn.as_mut().expect("held until dropped");
+        let conn = match &mut self.held {
+            Held::Http1 { conn, .. } => conn.as_mut().expect("held until dropped"),
+            Held::Http2(..) => return self.send_http2(req).await,
+        };
         let mut answer = pin!(conn.sender.try_send_request(req));
         let result = poll_fn(|cx| {
             // The driver first: it writes the request, and reads the answer that completes `answer`.
@@ -211,60 +236,90 @@ impl PooledConn {
         })
         .await;
         match result {
-            Ok(resp) => Ok(resp.map(|inner| DrivenBody { inner, conn: self })),
+            Ok(resp) => Ok(resp.map(|inner| DrivenBody {
+                inner: Inner::Http1(inner),
+                conn: self,
+            })),
             Err(mut e) => match e.take_message() {
-                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
-                None => Err(SendError::Failed(e.into_error())),
+                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error().into())),
+                None => Err(SendError::Failed(e.into_error().into())),
             },
         }
+    }
+
+    /// Boxed: kept out of the HTTP/1.1 request's future.
+    fn send_http2(
+        self,
+        req: Request<UpstreamBody>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<DrivenBody>, SendError>> + Send>> {
+        Box::pin(async move {
+            let Held::Http2(lease, pool) = &self.held else {
+                unreachable!("an HTTP/2 stream")
+            };
+            let resp = lease.send(pool, req).await?;
+            Ok(resp.map(|inner| DrivenBody {
+                inner: Inner::Http2(inner),
+                conn: self,
+            }))
+        })
     }
 }
 
 impl Drop for PooledConn {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.release(conn);
+        if let Held::Http1 { conn, pool } = &mut self.held {
+            if let Some(conn) = conn.take() {
+                pool.release(conn);
+            }
         }
     }
 }
 
-/// An answer's body from a pooled connection: reading it drives the connection.
+/// An answer's body from a pooled connection: reading it drives the connection. Or the body
+/// of an HTTP/2 stream, whose connection its own task drives.
 pub struct DrivenBody {
-    inner: Incoming,
+    inner: Inner,
     conn: PooledConn,
+}
+
+enum Inner {
+    Http1(Incoming),
+    Http2(H2Body),
 }
 
 impl Body for DrivenBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        let inner = match &mut this.inner {
+            Inner::Http1(inner) => inner,
+            Inner::Http2(inner) => return Pin::new(inner).poll_frame(cx).map_err(Into::into),
+        };
         // What the connection has read already is taken without polling it: a small answer
         // usually came whole with its head, and a poll of the connection's state machine
         // (with a read attempt that finds nothing) costs hundreds of instructions.
-        if let ready @ Poll::Ready(_) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return ready;
+        if let Poll::Ready(frame) = Pin::new(&mut *inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        if let Some(conn) = &mut this.conn.conn {
+        if let Held::Http1 { conn: Some(conn), .. } = &mut this.conn.held {
             conn.poll_driver(cx);
         }
-        Pin::new(&mut this.inner).poll_frame(cx)
+        Pin::new(inner).poll_frame(cx).map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Http1(inner) => inner.is_end_stream(),
+            Inner::Http2(inner) => inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Http1(inner) => inner.size_hint(),
+            Inner::Http2(inner) => inner.size_hint(),
+        }
     }
-}
-
-/// Whether a failed connect attempt says something about the backend, or only about this
-/// machine: out of file descriptors, memory, buffers or local ports. Only the backend's own
-/// faults may count toward ejecting it.
-pub fn is_local_error(e: &io::Error) -> bool {
-    // EMFILE, ENFILE, ENOMEM, ENOBUFS, EADDRNOTAVAIL (Linux numbers).
-    matches!(e.raw_os_error(), Some(24 | 23 | 12 | 105 | 99))
 }

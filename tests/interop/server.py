@@ -1,9 +1,10 @@
 """One MCP server instance (official Python SDK, mcp==2.3.0) for the mrtr-router interop tests.
 
     python server.py --port 9001 --name worker-1          # --port 0 picks a free port
+    python server.py --port 0 --name w --tls-cert cert.pem --tls-key key.pem   # HTTPS
     -> prints "READY <port>" on stdout (flushed) once it accepts connections.
 
-Streamable HTTP at http://127.0.0.1:<port>/mcp. The SDK serves the 2025 session protocol
+Streamable HTTP at http://127.0.0.1:<port>/mcp (https:// with --tls-cert/--tls-key). The SDK serves the 2025 session protocol
 (initialize handshake, Mcp-Session-Id) and the 2026-07-28 per-request protocol on the same
 endpoint, chosen per request by the MCP-Protocol-Version header. `requestState` is sealed with
 the SDK's default per-process key, so a retry that reaches another instance gets HTTP 400
@@ -217,12 +218,13 @@ class Tasks(Extension):
 # ---- main ------------------------------------------------------------------------------------
 
 
-async def serve(mcp: MCPServer, port: int) -> None:
+async def serve(mcp: MCPServer, port: int, tls_cert: str | None = None, tls_key: str | None = None) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     app = mcp.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+                                           ssl_certfile=tls_cert, ssl_keyfile=tls_key))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
@@ -237,9 +239,11 @@ def main() -> None:
     ap.add_argument("--name", required=True, help="instance name, returned by whoami/counter")
     ap.add_argument("--state-key", default=None,
                     help="share this requestState key (>= 32 bytes) between instances (default: SDK per-process key)")
+    ap.add_argument("--tls-cert", default=None, help="serve HTTPS with this PEM certificate (with --tls-key)")
+    ap.add_argument("--tls-key", default=None, help="the certificate's PEM private key")
     args = ap.parse_args()
     try:
-        asyncio.run(serve(build(args.name, args.state_key), args.port))
+        asyncio.run(serve(build(args.name, args.state_key), args.port, args.tls_cert, args.tls_key))
     except KeyboardInterrupt:
         pass
     sys.exit(0)
