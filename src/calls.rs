@@ -14,7 +14,7 @@ use memchr::memmem;
 use crate::dialect::{self, Outcome, RequestKeys, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
 use crate::route::{Decision, Matched};
-use crate::sealing::Replacement;
+use crate::sealing::{Replacement, Unsealed};
 use crate::state::{Shared, Snapshot};
 use crate::upstream::Incarnation;
 
@@ -44,6 +44,9 @@ pub struct Call {
     may_create_pin: bool,
     /// The session id exactly as the client sent it (maybe sealed), echoed back in answers.
     client_session: Option<HeaderValue>,
+    /// The task id the request named, as the backend knows it and as the client sent it
+    /// (sealed): answers about that task give the client back its own string.
+    client_task: Option<(String, String)>,
     /// Where the kinds of the pins this call creates are noted (one bit per `PinKind`), when
     /// the request is observed (access log, tracing).
     pins_seen: Option<Arc<AtomicU8>>,
@@ -66,6 +69,7 @@ impl Call {
         decision: &Decision,
         target: Incarnation,
         method: &Method,
+        unsealed: Option<&Unsealed>,
     ) -> Call {
         let mut client_keys = [None, None];
         for (slot, key) in client_keys.iter_mut().zip(keys.client_pin_keys()) {
@@ -88,6 +92,9 @@ impl Call {
             observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
             may_create_pin: keys.may_create_pin(),
             client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
+            client_task: unsealed
+                .and_then(|u| u.task_id.clone())
+                .zip(keys.task_id.as_deref().map(str::to_string)),
             pins_seen: None,
         }
     }
@@ -200,9 +207,19 @@ impl Call {
     pub fn observe_message(&self, msg: &[u8]) -> Observed {
         let c = self;
         let mut seen = Observed::default();
-        // Cheap pre-check: only responses matter, and they carry "result" or "error".
+        // Cheap pre-check: only responses matter, and they carry "result" or "error"; but for
+        // a task's status notifications, whose task ids are sealed too.
         let result_at = RESPONSE_MARKERS[0].find(msg);
         if result_at.is_none() && RESPONSE_MARKERS[1].find(msg).is_none() {
+            if c.snap.sealing.is_some() && TASK_NOTICE.find(msg).is_some() {
+                if let Outcome::TaskNotice(task) = dialect::parse_outcome(msg) {
+                    let (key, sealed) = self.task_handle(&task.task_id);
+                    if task.terminal {
+                        self.finish(key);
+                    }
+                    seen.replacement = sealed.map(|s| Replacement::new(msg, task.at, &s));
+                }
+            }
             return seen;
         }
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
@@ -238,15 +255,29 @@ impl Call {
                     self.finish(m.key);
                 }
             }
-            Outcome::Task { task_id, terminal } => {
-                let key = PinKey::new(PinKind::Task, task_id.as_bytes());
-                if terminal {
+            Outcome::Task(task) => {
+                let (key, sealed) = self.task_handle(&task.task_id);
+                if task.terminal {
                     self.finish(key);
                 } else {
                     seen.created = self.pin(key, rounds);
                 }
+                seen.replacement = sealed.map(|s| Replacement::new(msg, task.at, &s));
                 self.finish_call(prior, None);
             }
+            Outcome::TaskList(tasks) => {
+                // The ids a client may follow up on reach it sealed like any other.
+                for task in tasks {
+                    if let (_, Some(sealed)) = self.task_handle(&task.task_id) {
+                        seen.replacement = Some(match seen.replacement.take() {
+                            Some(r) => r.and(msg, task.at, &sealed),
+                            None => Replacement::new(msg, task.at, &sealed),
+                        });
+                    }
+                }
+                self.finish_call(prior, Some(rounds))
+            }
+            Outcome::TaskNotice(_) => {}
             Outcome::Final => {
                 if let Some(m) = c.matched.filter(|m| m.pin.kind == PinKind::Task && c.is_task_cancel) {
                     self.finish(m.key);
@@ -255,6 +286,18 @@ impl Call {
             }
         }
         seen
+    }
+
+    /// A task id as the client sees it (sealed when tokens are on: the client's own string for
+    /// the task its request named, else the id's stable seal) and the pin key of that handle;
+    /// the sealed form when it differs from the backend's.
+    fn task_handle(&self, task_id: &str) -> (PinKey, Option<String>) {
+        let sealed = self.snap.sealing.as_ref().map(|s| match &self.client_task {
+            Some((original, sent)) if original == task_id => sent.clone(),
+            _ => s.wrap_task(task_id, &self.target.backend.name),
+        });
+        let visible = sealed.as_deref().unwrap_or(task_id);
+        (PinKey::new(PinKind::Task, visible.as_bytes()), sealed)
     }
 
     /// A final answer ends the call under every key it was pinned by.
@@ -273,6 +316,9 @@ impl Call {
 }
 
 // These markers are searched with searchers built once (`memmem::find` builds one per call).
+
+/// The method of a task's status notifications (`notifications/tasks`, `.../tasks/status`).
+static TASK_NOTICE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"notifications/tasks"));
 
 /// Fields one of which every JSON-RPC response carries.
 static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =

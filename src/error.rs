@@ -27,6 +27,8 @@ pub enum RouterError {
     PinCapacity { max: usize },
     #[error("the backend holding call {key:?} is unavailable; restart the call")]
     PinnedBackendUnavailable { key: String, backend: String },
+    #[error("a routing header disagrees with the request body")]
+    HeaderMismatch,
     #[error("no healthy backend")]
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
@@ -71,6 +73,7 @@ impl RouterError {
             TooManyRounds { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "too_many_rounds"),
             PinCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "pin_capacity"),
             PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
+            HeaderMismatch => (StatusCode::BAD_REQUEST, -32020, "header_mismatch"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),

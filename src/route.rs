@@ -147,7 +147,7 @@ pub fn decide(
         let matched = matched.map(|m| call_in_session(m, &mut candidates, find));
         // A backend this router does not know (a replica that never saw it), one ejected, or
         // one ejected since the token was issued (a restarted instance): the pin is lost.
-        let current = usable(key, None).filter(|b| b.issued_since_ejection(u.issued_ms));
+        let current = usable(key, None).filter(|b| u.issued_ms.is_none_or(|t| b.issued_since_ejection(t)));
         match current {
             Some(backend) => {
                 let rounds = admit(matched, u.rounds)?;

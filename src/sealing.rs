@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
-use crate::dialect::RequestKeys;
+use crate::dialect::{self, RequestKeys};
 use crate::token::{self, Claims, Kind, Rejected, TokenKeys};
 
 /// The keys for each kind of sealed value.
@@ -25,9 +25,10 @@ pub struct Sealing {
 pub struct Unsealed {
     /// The backend the (first) token names.
     pub backend: String,
-    /// When that token was issued (milliseconds since the UNIX epoch): one issued before the
-    /// backend's last ejection belongs to an instance that is gone.
-    pub issued_ms: u64,
+    /// When the request's (first) timed token was issued (milliseconds since the UNIX epoch):
+    /// one issued before the backend's last ejection belongs to an instance that is gone. A
+    /// stable task id alone has no issue time.
+    pub issued_ms: Option<u64>,
     /// The call's rounds as its tokens count them (the routing token, a wrapped
     /// `requestState`); `None` without such a token, or in one of the previous format.
     pub rounds: Option<u32>,
@@ -35,37 +36,61 @@ pub struct Unsealed {
     pub session_id: Option<String>,
     /// The backend's own `params.requestState`, when the request's was wrapped.
     pub request_state: Option<String>,
+    /// The backend's own task id, when the request's (`Mcp-Name` and `params.taskId`) was wrapped.
+    pub task_id: Option<String>,
 }
 
-/// A JSON string literal in an answer to replace by a wrapped value. The literal is found by
+/// JSON string literals in an answer to replace by wrapped values. Each literal is found by
 /// its bytes as the backend wrote them (escapes and all) and by which occurrence of those bytes
 /// it is, so that the same literal earlier in the message (a tool echoing the state in its
 /// text) stays, and so that it is found again in an SSE event, whose bytes frame the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replacement {
+    /// By the literal's place in the message, last first: replacing a later literal leaves the
+    /// count of occurrences before an earlier one as it was.
+    edits: Vec<Edit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Edit {
     from: Box<[u8]>,
     nth: usize,
     to: String,
+    place: usize,
 }
 
 impl Replacement {
     /// Replaces the literal at `at` in `message` by `wrapped` (a token: nothing in it needs
     /// escaping).
     pub fn new(message: &[u8], at: Range<usize>, wrapped: &str) -> Replacement {
+        Replacement { edits: Vec::new() }.and(message, at, wrapped)
+    }
+
+    /// This replacement, and the literal at `at` in `message` by `wrapped` too.
+    pub fn and(mut self, message: &[u8], at: Range<usize>, wrapped: &str) -> Replacement {
         // In valid JSON no occurrence can straddle the literal's opening quote (what precedes
         // a string is structure, never a backslash), so counting whole ones before it is exact.
         let nth = memchr::memmem::find_iter(&message[..at.start], &message[at.clone()]).count();
-        Replacement {
+        let edit = Edit {
+            place: at.start,
             from: message[at].into(),
             nth,
             to: format!("\"{wrapped}\""),
-        }
+        };
+        let before = self.edits.partition_point(|e| e.place > edit.place);
+        self.edits.insert(before, edit);
+        self
     }
 
-    /// `body` with the literal replaced, if `body` holds it.
+    /// `body` with the literals replaced, if `body` holds them all.
     pub fn apply(&self, body: &[u8]) -> Option<Bytes> {
-        let at = memchr::memmem::find_iter(body, &self.from).nth(self.nth)?;
-        Some(splice(body, at..at + self.from.len(), self.to.as_bytes()))
+        let mut out: Option<Bytes> = None;
+        for e in &self.edits {
+            let current = out.as_deref().unwrap_or(body);
+            let at = memchr::memmem::find_iter(current, &e.from).nth(e.nth)?;
+            out = Some(splice(current, at..at + e.from.len(), e.to.as_bytes()));
+        }
+        out
     }
 }
 
@@ -84,33 +109,45 @@ impl Sealing {
     pub fn unseal(&self, keys: &RequestKeys, now: SystemTime) -> Result<Option<Unsealed>, Rejected> {
         let mut first: Option<Claims> = None;
         let mut rounds: Option<u32> = None;
-        let mut note = |claims: Claims, counts_rounds: bool| {
+        let mut issued_ms: Option<u64> = None;
+        // `timed`: the token has an issue time (a stable task token has none).
+        let mut note = |claims: Claims, counts_rounds: bool, timed: bool| {
             if counts_rounds {
                 rounds = rounds.max(claims.rounds);
+            }
+            if timed {
+                issued_ms.get_or_insert(claims.issued_ms);
             }
             first.get_or_insert(claims);
         };
         if let Some(h) = keys.header_key.filter(|h| token::is_token(h)) {
-            note(self.calls.verify(Kind::RoutingId, h, now)?, true);
+            note(self.calls.verify(Kind::RoutingId, h, now)?, true, true);
         }
         let mut request_state = None;
         if let Some(s) = keys.request_state.as_deref().filter(|s| token::is_token(s)) {
             let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
-            note(claims, true);
+            note(claims, true, true);
             request_state = Some(original.into_owned());
         }
         let mut session_id = None;
         if let Some(s) = keys.session_id.filter(|s| token::is_token(s)) {
             let (original, claims) = self.sessions.open_value(Kind::Session, s, now)?;
-            note(claims, false);
+            note(claims, false, true);
             session_id = Some(original.into_owned());
+        }
+        let mut task_id = None;
+        if let Some(t) = keys.task_id.as_deref().filter(|t| token::is_token(t)) {
+            let (original, claims) = self.calls.open_value(Kind::Task, t, now)?;
+            note(claims, false, false);
+            task_id = Some(original.into_owned());
         }
         Ok(first.map(|claims| Unsealed {
             backend: claims.backend,
-            issued_ms: claims.issued_ms,
+            issued_ms,
             rounds,
             session_id,
             request_state,
+            task_id,
         }))
     }
 
@@ -123,6 +160,13 @@ impl Sealing {
     /// The session id a client should echo for the backend's `session_id`.
     pub fn wrap_session(&self, session_id: &str, backend: &str, issued: SystemTime) -> String {
         self.sessions.seal_value(Kind::Session, session_id, backend, 0, issued)
+    }
+
+    /// A task id wrapped so that it also names `backend`: the same id always gives the same
+    /// wrapped id (on every replica with the same first key), as a task id must stay one string
+    /// for the task's whole life.
+    pub fn wrap_task(&self, task_id: &str, backend: &str) -> String {
+        self.calls.seal_stable(Kind::Task, task_id, backend)
     }
 
     /// A `requestState` wrapped so that it also names `backend` and the call's `rounds`; any
@@ -142,11 +186,27 @@ fn splice(body: &[u8], at: Range<usize>, with: &[u8]) -> Bytes {
     out.freeze()
 }
 
-/// The request body with the client's wrapped `requestState`, whose literal is at `at`, back to
-/// the backend's own state (the same string; its JSON escapes are serde_json's).
-pub fn restore_request_state(body: &[u8], at: Range<usize>, original: &str) -> Bytes {
-    let literal = serde_json::to_vec(original).expect("a string always serializes");
-    splice(body, at, &literal)
+/// The request body with the client's wrapped `requestState` and task id back to the
+/// backend's own values, where the client's echoes stand (found by the same scan that read the
+/// wrapped values, so they are there); the JSON escapes of what is put back are serde_json's.
+pub fn restore_originals(body: &Bytes, body_field: &str, unsealed: &Unsealed) -> Bytes {
+    let state = unsealed
+        .request_state
+        .as_deref()
+        .and_then(|s| Some((dialect::request_state_at(body, body_field)?, s)));
+    let task = unsealed
+        .task_id
+        .as_deref()
+        .and_then(|t| Some((dialect::task_id_at(body, body_field)?, t)));
+    let mut edits: Vec<(Range<usize>, &str)> = state.into_iter().chain(task).collect();
+    // Last first: an edit leaves the places before it as they were.
+    edits.sort_by(|a, b| b.0.start.cmp(&a.0.start));
+    let mut out = body.clone();
+    for (at, original) in edits {
+        let literal = serde_json::to_vec(original).expect("a string always serializes");
+        out = splice(&out, at, &literal);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -179,14 +239,12 @@ mod tests {
             echo(&wrapped)
         );
         let env = crate::dialect::parse_request(retry.as_bytes(), "messageId").unwrap();
-        let at = crate::dialect::request_state_at(retry.as_bytes(), "messageId").unwrap();
         let headers = http::HeaderMap::new();
         let keys = RequestKeys::new(&headers, &http::HeaderName::from_static("mcp-routing-id"), env);
         let u = s.unseal(&keys, SystemTime::now()).unwrap().unwrap();
         assert_eq!(u.backend, "w1");
-        let original = u.request_state.unwrap();
-        assert_eq!(original, request_state);
-        let restored = restore_request_state(retry.as_bytes(), at, &original);
+        assert_eq!(u.request_state.as_deref(), Some(request_state.as_str()));
+        let restored = restore_originals(&Bytes::from(retry.clone()), "messageId", &u);
         (String::from_utf8(rewritten.to_vec()).unwrap(), restored, wrapped)
     }
 

@@ -25,6 +25,24 @@ pub struct RequestKeys<'a> {
     pub task_id: Option<Cow<'a, str>>,
     /// `Mcp-Session-Id` (2c).
     pub session_id: Option<&'a str>,
+    /// `Mcp-Name` (decoded) and `params.taskId` name different tasks.
+    names_disagree: bool,
+}
+
+/// An `Mcp-Name` value as text: as it is, or decoded from `=?base64?<b64>?=`; `None` when it
+/// is neither text nor a decodable form.
+fn decode_name(raw: &[u8]) -> Option<Cow<'_, str>> {
+    use base64::Engine;
+    let Some(b64) = raw.strip_prefix(b"=?base64?").and_then(|r| r.strip_suffix(b"?=")) else {
+        return std::str::from_utf8(raw).ok().map(Cow::Borrowed);
+    };
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let bytes = engine.decode(b64).ok()?;
+    String::from_utf8(bytes).ok().map(Cow::Owned)
 }
 
 /// A header's first value as text, if it has one.
@@ -72,15 +90,31 @@ impl<'a> RequestKeys<'a> {
                 name.get_or_insert(v);
             }
         }
+        // `Mcp-Name` on `tasks/*` is the task id, in the `=?base64?…?=` form when it is not safe
+        // ASCII (SEP-2243); the body stays the source of truth, so a header that disagrees
+        // with `params.taskId` (or cannot be decoded) is refused, and a missing one is fine.
+        let named = name.map(|v| decode_name(v.as_bytes()));
+        let names_disagree = match (&named, &envelope.task_id) {
+            (Some(None), _) => true,
+            (Some(Some(header)), Some(body)) => header != body,
+            _ => false,
+        };
         RequestKeys {
             method: envelope.method,
             id: envelope.id,
             header_key: header_key.and_then(header_text),
             message_id: envelope.message_id,
             request_state: envelope.request_state,
-            task_id: name.and_then(header_text).map(Cow::Borrowed).or(envelope.task_id),
+            task_id: named.flatten().or(envelope.task_id),
             session_id: session_id.and_then(header_text),
+            names_disagree,
         }
+    }
+
+    /// Whether a routing header the router reads disagrees with the body (SEP-2243): then the
+    /// request is refused (400 `header_mismatch`), as an intermediary that routes on it must.
+    pub fn names_disagree(&self) -> bool {
+        self.names_disagree
     }
 
     /// Takes `key` as if it came in the routing header (for explanations): an empty value is

@@ -140,12 +140,18 @@ pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
     scan_request(body, body_field, false).ok()?.state_at
 }
 
+/// Where the envelope's `params.taskId` literal (quotes included) sits in `body`.
+pub fn task_id_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
+    scan_request(body, body_field, false).ok()?.task_at
+}
+
 /// What one scan finds: the envelope, and beside it (kept out of the envelope, which every
 /// request moves around) where its `params.requestState` literal sits, for the rare request
 /// that needs it, and `params.name` when asked for.
 struct Scanned<'a> {
     envelope: RequestEnvelope<'a>,
     state_at: Option<Range<usize>>,
+    task_at: Option<Range<usize>>,
     name: Option<RawStr<'a>>,
 }
 
@@ -154,6 +160,7 @@ fn scan_request<'a>(body: &'a [u8], body_field: &str, want_name: bool) -> Result
         b: body,
         i: 0,
         state_at: None,
+        task_at: None,
         want_name,
         name: None,
     };
@@ -170,6 +177,7 @@ fn scan_request<'a>(body: &'a [u8], body_field: &str, want_name: bool) -> Result
         Ok(envelope) => Ok(Scanned {
             envelope,
             state_at: s.state_at,
+            task_at: s.task_at,
             name: s.name,
         }),
         Err(Invalid) => Err(NotJson { at: s.i }),
@@ -238,6 +246,7 @@ struct Scanner<'a> {
     i: usize,
     /// Where the request object's `params.requestState` literal sits, once read.
     state_at: Option<Range<usize>>,
+    task_at: Option<Range<usize>>,
     /// Whether `params.name` is read, and the request object's, once read.
     want_name: bool,
     name: Option<RawStr<'a>>,
@@ -319,6 +328,7 @@ impl<'a> Scanner<'a> {
             Ok(())
         })?;
         self.state_at = request_state.map(|r| super::span_in(self.b, r.quoted));
+        self.task_at = task_id.map(|r| super::span_in(self.b, r.quoted));
         self.name = name;
         let decode = |raw: Option<RawStr<'a>>| raw.map(RawStr::value).transpose();
         Ok(RequestEnvelope {

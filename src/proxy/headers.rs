@@ -6,7 +6,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Version};
 use http_body_util::{Either, Full};
 
-use crate::dialect::SESSION_HEADER;
+use crate::dialect::{NAME_HEADER, SESSION_HEADER};
 use crate::upstream::{Backend, ClientBody, UpstreamBody};
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1; `Upgrade` is not proxied).
@@ -122,6 +122,27 @@ fn says_decimal(value: &[u8], mut n: usize) -> bool {
     value == &digits[at..]
 }
 
+/// The backend's own handles, where the client sent wrapped ones: they go back in their headers.
+pub(super) struct Originals<'a> {
+    /// `Mcp-Session-Id`.
+    pub session: Option<&'a str>,
+    /// The task id, in `Mcp-Name` (the body's `params.taskId` is restored with the body).
+    pub task: Option<&'a str>,
+}
+
+/// `Mcp-Name` for `value`: as it is when it is safe ASCII, else `=?base64?…?=` (SEP-2243).
+fn name_header(value: &str) -> HeaderValue {
+    let safe = value.bytes().all(|b| (0x20..0x7f).contains(&b)) && !value.starts_with("=?");
+    match safe.then(|| HeaderValue::from_str(value).ok()).flatten() {
+        Some(v) => v,
+        None => {
+            use base64::Engine;
+            let encoded = base64::engine::general_purpose::STANDARD.encode(value);
+            HeaderValue::from_str(&format!("=?base64?{encoded}?=")).expect("base64 is a valid header value")
+        }
+    }
+}
+
 /// The request for `backend`: the client's headers (moved out of `parts`) less hop-by-hop
 /// ones, plus `Host` and the `X-Forwarded-*` set.
 pub(super) fn build_upstream_request(
@@ -130,13 +151,16 @@ pub(super) fn build_upstream_request(
     backend: &Backend,
     peer: &HeaderValue,
     tls: bool,
-    session_override: Option<&str>,
+    originals: Originals,
 ) -> Result<Request<UpstreamBody>, http::Error> {
     let target = backend.target_for(parts.uri.path_and_query())?;
     let mut headers = std::mem::take(&mut parts.headers);
     strip_hop_by_hop(&mut headers);
-    if let Some(session) = session_override {
+    if let Some(session) = originals.session {
         headers.insert(SESSION_HEADER, HeaderValue::from_str(session)?);
+    }
+    if let (Some(task), true) = (originals.task, headers.contains_key(NAME_HEADER)) {
+        headers.insert(NAME_HEADER, name_header(task));
     }
     let host = headers.insert(header::HOST, backend.host().clone()).or_else(|| {
         parts

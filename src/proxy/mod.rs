@@ -26,7 +26,7 @@ use hyper::body::Incoming;
 use crate::body::ProxyBody;
 use crate::calls::Call;
 use crate::config::defaults;
-use crate::dialect::{self, RequestKeys};
+use crate::dialect::RequestKeys;
 use crate::error::RouterError;
 use crate::route;
 use crate::sealing;
@@ -125,6 +125,9 @@ async fn handle_inner(
         keys
     };
     record.id = keys.id.map(RpcId::new);
+    if keys.names_disagree() {
+        return Err(RouterError::HeaderMismatch);
+    }
 
     // Decide: sealed tokens first, then pins, then the ring.
     let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
@@ -150,7 +153,15 @@ async fn handle_inner(
         .await?;
     // The incarnation the request goes to: an ejection while it is in flight voids any pin
     // its answer makes.
-    let mut call = Call::new(shared, &snap, &keys, &decision, backend.incarnation(), &parts.method);
+    let mut call = Call::new(
+        shared,
+        &snap,
+        &keys,
+        &decision,
+        backend.incarnation(),
+        &parts.method,
+        unsealed.as_ref(),
+    );
     if let Some(obs) = &mut record.obs {
         obs.sent_to(&backend.name);
         call.note_pins_in(obs.pins_created.clone());
@@ -166,21 +177,19 @@ async fn handle_inner(
             let fault = client_fault.insert(FaultCell::default()).clone();
             Either::Right(ClientBody::new(incoming, timeout, fault))
         }
-        // The backend gets back the state it issued, where the client's echo stands (found
-        // by the same scan that read the wrapped state, so it is there).
-        None => Either::Left(
-            unsealed
-                .as_ref()
-                .and_then(|u| u.request_state.as_deref())
-                .and_then(|original| {
-                    let at = dialect::request_state_at(&bytes, &routing.body_field)?;
-                    Some(sealing::restore_request_state(&bytes, at, original))
-                })
-                .unwrap_or_else(|| bytes.clone()),
-        ),
+        // The backend gets back the state and the task id it issued.
+        None => Either::Left(match &unsealed {
+            Some(u) if u.request_state.is_some() || u.task_id.is_some() => {
+                sealing::restore_originals(&bytes, &routing.body_field, u)
+            }
+            _ => bytes.clone(),
+        }),
     };
-    let session = unsealed.as_ref().and_then(|u| u.session_id.as_deref());
-    let mut request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, session)
+    let originals = headers::Originals {
+        session: unsealed.as_ref().and_then(|u| u.session_id.as_deref()),
+        task: unsealed.as_ref().and_then(|u| u.task_id.as_deref()),
+    };
+    let mut request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, originals)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
     if let Some(trace) = record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
         trace.inject(request.headers_mut());
