@@ -200,7 +200,7 @@ pub fn restore_originals(body: &Bytes, body_field: &str, unsealed: &Unsealed) ->
         .and_then(|t| Some((dialect::task_id_at(body, body_field)?, t)));
     let mut edits: Vec<(Range<usize>, &str)> = state.into_iter().chain(task).collect();
     // Last first: an edit leaves the places before it as they were.
-    edits.sort_by(|a, b| b.0.start.cmp(&a.0.start));
+    edits.sort_by_key(|e| std::cmp::Reverse(e.0.start));
     let mut out = body.clone();
     for (at, original) in edits {
         let literal = serde_json::to_vec(original).expect("a string always serializes");
