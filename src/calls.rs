@@ -57,6 +57,9 @@ pub struct Call {
 pub struct Observed {
     /// A new pin was made for this call.
     pub created: bool,
+    /// The answer continues the call (it pinned, or kept pinned, a handle of it): it carries a
+    /// fresh routing token, whose round count is this answer's.
+    pub continues: bool,
     /// A string in the message to seal for the client.
     pub replacement: Option<Replacement>,
 }
@@ -237,6 +240,7 @@ impl Call {
                 for key in c.client_keys.iter().flatten() {
                     seen.created |= self.pin(*key, rounds);
                 }
+                seen.continues = true;
             }
             Outcome::InputRequired { request_state, at } => {
                 // The client echoes the sealed state when sealing is on: pin what it will send.
@@ -249,6 +253,7 @@ impl Call {
                 seen.replacement = wrapped.as_deref().map(|w| Replacement::new(msg, at, w));
                 let key = PinKey::new(PinKind::RequestState, visible.as_bytes());
                 seen.created = self.pin(key, rounds);
+                seen.continues = true;
                 // The previous round's state is done with, unless the server asked again with
                 // the same one: then the pin just made is that state's, and it goes on.
                 if let Some(m) = prior.filter(|m| m.pin.kind == PinKind::RequestState && m.key != key) {

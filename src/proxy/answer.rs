@@ -85,7 +85,7 @@ pub(super) fn json(
     let body = match collected {
         Ok(Collected::Whole(bytes)) => {
             let seen = call.observe_message(&bytes);
-            pinned |= seen.created;
+            pinned |= seen.created || seen.continues;
             let bytes = match seen.replacement {
                 Some(r) => r.apply(&bytes).unwrap_or(bytes),
                 None => bytes,

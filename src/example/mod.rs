@@ -9,6 +9,8 @@
 //! `/status/<code>` (that status). Every answer carries `x-worker: <name>`. Each request's
 //! W3C trace context (`traceparent`, `tracestate`) is kept in [`WorkerState::trace_headers`].
 
+mod tasks;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -49,6 +51,8 @@ pub struct WorkerState {
     /// `traceparent` and `tracestate` of each request, in order (empty when absent); the
     /// latest 1024 or so.
     pub trace_headers: Mutex<Vec<(String, String)>>,
+    /// The tasks this instance holds (`tasks`).
+    tasks: Mutex<tasks::Tasks>,
 }
 
 struct Call {
@@ -70,6 +74,11 @@ impl WorkerState {
             .values()
             .filter(|c| (c.answers.len() as u32) < c.rounds_needed)
             .count()
+    }
+
+    /// Whether this worker holds the task `id` (one it issued, finished or not).
+    pub fn holds_task(&self, id: &str) -> bool {
+        self.tasks.lock().holds(id)
     }
 
     /// Whether this worker holds (or finished) the call with this `messageId`.
@@ -100,6 +109,7 @@ impl Worker {
             streams_closed: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             trace_headers: Mutex::new(Vec::new()),
+            tasks: Mutex::new(tasks::Tasks::default()),
         });
         let (stop, mut stopped) = oneshot::channel();
         let st = state.clone();
@@ -172,6 +182,10 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
             .unwrap_or_default()
     };
     let traced = (header("traceparent"), header("tracestate"));
+    let name_header = req
+        .headers()
+        .get("mcp-name")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     {
         let mut seen = st.trace_headers.lock();
         if seen.len() >= 1024 {
@@ -236,6 +250,27 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
             json_response(&st, StatusCode::OK, &answer(text_result(&st.name)))
         }
         ("tools/call", "stream") => stream_answer(st.clone(), answer, &args),
+        ("tools/call", "task") => {
+            let created = answer(tasks::start(&st, &args));
+            if !args.get("sse").and_then(Value::as_bool).unwrap_or(false) {
+                return json_response(&st, StatusCode::OK, &created);
+            }
+            // Over SSE: the task's status notification first, then the answer.
+            let id = created["result"]["taskId"].as_str().unwrap_or_default();
+            let events = format!("data: {}\n\ndata: {created}\n\n", tasks::notice(id, "working"));
+            let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(events))));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            r
+        }
+        (m, _) if m.starts_with("tasks/") => match tasks::follow_up(&st, m, &params, name_header.as_deref()) {
+            Ok(result) => json_response(&st, StatusCode::OK, &answer(result)),
+            Err((code, message)) => json_response(
+                &st,
+                StatusCode::OK,
+                &rpc_error(&id, mid.as_deref(), code, &message, &st.name),
+            ),
+        },
         ("tools/call", _) | ("confirm", _) => {
             let Some(m) = mid.clone() else {
                 return json_response(
