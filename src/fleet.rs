@@ -6,8 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
-
 use crate::pins::PinKind;
 use crate::state::Shared;
 use crate::upstream::health::{self, Verdict};
@@ -55,33 +53,42 @@ pub fn sweep_once(shared: &Shared) {
     }
 }
 
-/// Active health checks of every known backend (serving and draining), every `[health].interval`.
+/// Active health checks of every known backend (serving and draining), every `[health].interval`
+/// on a fixed cadence: a round starts at each tick whether or not the last one is done (a
+/// check may take up to `health.timeout`), so a backend that stops answering is ejected within
+/// `interval × unhealthy_after + timeout`.
 pub async fn health_checks(shared: Arc<Shared>) {
+    let mut checks = tokio::task::JoinSet::new();
+    let mut every = shared.snapshot().config.health.interval;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        tick.tick().await;
+        while checks.try_join_next().is_some() {}
         let cfg = shared.snapshot().config.health.clone();
-        let backends = shared.backend_states();
-        let checks = backends.iter().map(|(b, _)| health::check(b, &cfg.path, cfg.timeout));
-        let results = join_all(checks).await;
-        let mut changed = false;
-        for ((b, _), verdict) in backends.iter().zip(results) {
-            let change = match verdict {
-                Verdict::Up => b.record_check_success(cfg.healthy_after),
-                Verdict::Down => b.record_failure(cfg.unhealthy_after),
-                Verdict::Unknown => None,
-            };
-            match change {
-                Some(HealthChange::Ejected) => {
-                    tracing::warn!(backend = %b.name, "backend ejected: health checks failing")
+        if cfg.interval != every {
+            every = cfg.interval;
+            tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        for (b, _) in shared.backend_states() {
+            let (shared, cfg) = (shared.clone(), cfg.clone());
+            checks.spawn(async move {
+                let change = match health::check(&b, &cfg.path, cfg.timeout).await {
+                    Verdict::Up => b.record_check_success(cfg.healthy_after),
+                    Verdict::Down => b.record_failure(cfg.unhealthy_after),
+                    Verdict::Unknown => None,
+                };
+                match change {
+                    Some(HealthChange::Ejected) => {
+                        tracing::warn!(backend = %b.name, "backend ejected: health checks failing")
+                    }
+                    Some(HealthChange::Readmitted) => tracing::info!(backend = %b.name, "backend healthy again"),
+                    None => return,
                 }
-                Some(HealthChange::Readmitted) => tracing::info!(backend = %b.name, "backend healthy again"),
-                None => {}
-            }
-            changed |= change.is_some();
+                shared.rebuild();
+            });
         }
-        if changed {
-            shared.rebuild();
-        }
-        tokio::time::sleep(cfg.interval).await;
     }
 }
 

@@ -40,13 +40,15 @@ const THINK_MS: std::ops::Range<u64> = 1200..2200;
 const SIDE_LOOPS: usize = 4;
 /// `[health] interval`: errors of unpinned traffic are allowed only this long after a kill.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(50);
-/// `[routing] pin_idle_ttl`: longer than any think time plus latency.
-const PIN_IDLE_TTL: Duration = Duration::from_secs(4);
+/// `[routing] pin_idle_ttl`: far longer than any think time plus latency, so that no pin can
+/// expire while its call goes on even when the machine is busy (a router that sees a follow-up
+/// only after the ttl rightly forgets the call, and the test would count a misroute).
+const PIN_IDLE_TTL: Duration = Duration::from_secs(12);
 /// A follow-up answered 502 (its worker died under it) is retried this often, this far apart.
 const MAX_502_RETRIES: u32 = 200;
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-const CHAOS_EXTRA: &str = "[routing]\npin_idle_ttl = \"4s\"\nreplay_window = \"200ms\"\n\
+const CHAOS_EXTRA: &str = "[routing]\npin_idle_ttl = \"12s\"\nreplay_window = \"200ms\"\n\
 [health]\ninterval = \"50ms\"\ntimeout = \"200ms\"\nunhealthy_after = 2\nhealthy_after = 2\n";
 
 /// What happens to the fleet, at these offsets (ms) from the start of the storm.

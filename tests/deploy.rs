@@ -865,7 +865,19 @@ fn systemd_unit_verifies_is_hardened_and_outlasts_shutdown_grace() {
     );
     assert!(substituted.contains(&format!("EnvironmentFile={}", env_file.display())));
     std::fs::write(&unit, &substituted).unwrap();
-    let out = run_ok(Command::new(systemd_analyze()).arg("verify").arg(&unit));
+    // The two socket units that hand the router its listeners (socket activation), named as
+    // the router looks them up.
+    let mut sockets = Vec::new();
+    for name in ["proxy", "admin"] {
+        let file = format!("mrtr-router-{name}.socket");
+        let socket = read(&format!("deploy/systemd/{file}"));
+        assert!(socket.contains(&format!("FileDescriptorName={name}\n")), "{file}");
+        assert!(socket.contains("Service=mrtr-router.service"), "{file}");
+        assert!(text.contains(&file), "the service names {file} in Sockets=");
+        std::fs::write(dir.path().join(&file), socket).unwrap();
+        sockets.push(dir.path().join(&file));
+    }
+    let out = run_ok(Command::new(systemd_analyze()).arg("verify").arg(&unit).args(&sockets));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let about_ours: Vec<&str> = stderr.lines().filter(|l| l.contains("mrtr-router")).collect();
     assert!(about_ours.is_empty(), "systemd-analyze verify warns:\n{stderr}");
