@@ -1,5 +1,7 @@
 //! Chaos: 1,300 two- and three-round calls (over 1,000 pending at once) while workers are added,
-//! removed (draining), killed and restarted and the config is reloaded every second.
+//! removed (draining), killed and restarted and the config is reloaded every second; and the
+//! token storm: calls across two replicas carrying only their sealed tokens while workers are
+//! killed and restarted at the same address.
 
 mod support;
 
@@ -769,4 +771,253 @@ async fn chaos_storm_never_misroutes_and_loses_only_calls_of_killed_workers() {
     assert!(growth < 64 * 1024, "RSS grew by {growth} KiB");
 }
 
-// ---- races around a kill and a drain, made deterministic --------------------------------------
+// ---- the token storm: two replicas, tokens echoed, workers killed and restarted -----------------
+
+const TOKEN_CALLS: usize = 300;
+const TOKEN_KEYS: &str = "[tokens]\nkeys = [\"chaos-key-0123456789abcdef0123456789ab\"]\n\
+[routing]\npin_idle_ttl = \"30s\"\n\
+[health]\ninterval = \"30ms\"\ntimeout = \"200ms\"\nunhealthy_after = 2\nhealthy_after = 2\n";
+
+/// A kill as both replicas lived it: from the crash until both re-admitted the restarted
+/// instance (only then may an unpinned request have failed for it).
+#[derive(Clone, Copy)]
+struct KillWindow {
+    slot: usize,
+    from: Instant,
+    until: Instant,
+}
+
+/// What the token storm shares between its calls and its killer.
+struct TokenStorm {
+    replicas: [Fleet; 2],
+    names: Vec<String>,
+    kills_started: Vec<AtomicU64>,
+    windows: Mutex<Vec<KillWindow>>,
+    /// Every instance ever started, by slot.
+    instances: Mutex<Vec<(usize, Arc<WorkerState>)>>,
+}
+
+enum TokenEnd {
+    Done,
+    Lost,
+    StartFailed,
+    Broken(String),
+}
+
+impl TokenStorm {
+    fn during_a_kill(&self, from: Instant, to: Instant) -> bool {
+        self.windows.lock().iter().any(|w| w.from <= to && from <= w.until)
+    }
+
+    /// Kills a slot's instance, waits until both replicas ejected it and sent it nothing more,
+    /// restarts it at the same address and waits until both re-admitted it.
+    async fn kill_and_restart(&self, live: &mut HashMap<usize, Worker>, slot: usize) {
+        let name = &self.names[slot];
+        let worker = live.remove(&slot).unwrap();
+        let addr = worker.addr;
+        self.kills_started[slot].fetch_add(1, SeqCst);
+        let from = Instant::now();
+        self.windows.lock().push(KillWindow {
+            slot,
+            from,
+            until: from + Duration::from_secs(3600),
+        });
+        worker.stop().await;
+        let state = |f: &dyn Fn(&mrtr_router::handle::BackendState) -> bool| {
+            self.replicas
+                .iter()
+                .all(|r| r.handle.backend(name).is_some_and(|b| f(&b)))
+        };
+        eventually(Duration::from_secs(10), "both replicas eject it", || {
+            state(&|b| !b.healthy && b.inflight == 0)
+        })
+        .await;
+        let w = Worker::start(name, TcpListener::bind(addr).await.unwrap());
+        self.instances.lock().push((slot, w.state.clone()));
+        live.insert(slot, w);
+        eventually(Duration::from_secs(10), "both replicas re-admit it", || {
+            state(&|b| b.healthy)
+        })
+        .await;
+        self.windows.lock().last_mut().unwrap().until = Instant::now();
+    }
+}
+
+/// One call of the token storm: each round through a replica picked at random, every
+/// follow-up carrying the routing token of the answer before it (no replica needs a pin).
+async fn token_call(cx: Arc<TokenStorm>, i: usize, delay: Duration, rounds: u32, seed: u64) -> TokenEnd {
+    let mut rng = StdRng::seed_from_u64(seed);
+    tokio::time::sleep(delay).await;
+    let mid = format!("tok-{i}");
+    let kills_before: Vec<u64> = cx.kills_started.iter().map(|k| k.load(SeqCst)).collect();
+    let sent = Instant::now();
+    let a = cx.replicas[rng.gen_range(0..2)]
+        .post(&[], &start_call(&mid, rounds))
+        .await;
+    if a.status != 200 || a.router_error().is_some() {
+        return if cx.during_a_kill(sent, Instant::now()) {
+            TokenEnd::StartFailed
+        } else {
+            TokenEnd::Broken(format!(
+                "{mid}: start failed away from any kill: {} {:?}",
+                a.status,
+                a.router_error()
+            ))
+        };
+    }
+    let worker = a.worker();
+    let Some(slot) = cx.names.iter().position(|n| *n == worker) else {
+        return TokenEnd::Broken(format!("{mid}: unknown worker {worker:?}"));
+    };
+    let killed = || cx.kills_started[slot].load(SeqCst) > kills_before[slot];
+    let mut token = a
+        .headers
+        .get("mcp-routing-id")
+        .expect("a routing token")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for round in 2..=rounds {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let via = &cx.replicas[rng.gen_range(0..2)];
+            let b = via.post(&[("mcp-routing-id", &token)], &confirm(&mid, round)).await;
+            match (b.status.as_u16(), b.router_error()) {
+                (200, None) => {
+                    let r = &b.json()["result"];
+                    let ok = if round < rounds {
+                        r["pending"] == true
+                    } else {
+                        r["content"][0]["text"] == "done"
+                    };
+                    if !ok || r["round"] != round || b.worker() != worker {
+                        return TokenEnd::Broken(format!("{mid} round {round} from {}: {}", b.worker(), b.json()));
+                    }
+                    if round < rounds {
+                        token = b
+                            .headers
+                            .get("mcp-routing-id")
+                            .expect("a fresh token")
+                            .to_str()
+                            .unwrap()
+                            .to_owned();
+                    }
+                    break;
+                }
+                // The holder died under the request and is not ejected yet.
+                (502, Some("upstream_unavailable")) if killed() && tries < 200 => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                (503, Some("pinned_backend_unavailable")) if killed() => return TokenEnd::Lost,
+                (status, reason) => {
+                    return TokenEnd::Broken(format!(
+                        "{mid} round {round} on {worker} (killed: {}): {status} {reason:?} {}",
+                        killed(),
+                        String::from_utf8_lossy(&b.body)
+                    ))
+                }
+            }
+        }
+    }
+    TokenEnd::Done
+}
+
+/// Calls pending across two replicas while two workers are killed and restarted at the same
+/// address: every follow-up carries only its token, through either replica. No old call
+/// reaches a restarted instance (zero unknown follow-ups anywhere), the calls of killed
+/// workers are lost with 503 on both replicas, all others complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_storm_with_restarts_never_reaches_a_restarted_instance() {
+    let mut live = HashMap::new();
+    let mut instances = Vec::new();
+    for slot in 0..3 {
+        let w = start_worker(&format!("t{slot}")).await;
+        instances.push((slot, w.state.clone()));
+        live.insert(slot, w);
+    }
+    let mut specs: Vec<BackendSpec> = (0..3)
+        .map(|slot| BackendSpec {
+            name: format!("t{slot}"),
+            url: format!("http://{}", live[&slot].addr),
+            weight: 1,
+        })
+        .collect();
+    let a = Fleet::start_backends(Vec::new(), &specs, TOKEN_KEYS).await;
+    // Rings that disagree: only the token routes B's follow-ups of A's calls right.
+    specs[0].weight = 5;
+    let b = Fleet::start_backends(Vec::new(), &specs, TOKEN_KEYS).await;
+    let cx = Arc::new(TokenStorm {
+        replicas: [a, b],
+        names: (0..3).map(|s| format!("t{s}")).collect(),
+        kills_started: (0..3).map(|_| AtomicU64::new(0)).collect(),
+        windows: Mutex::new(Vec::new()),
+        instances: Mutex::new(instances),
+    });
+    let mut rng = StdRng::seed_from_u64(SEED ^ 0x70c3);
+    let calls: Vec<_> = (0..TOKEN_CALLS)
+        .map(|i| {
+            let delay = Duration::from_millis(rng.gen_range(0..1500));
+            let rounds = rng.gen_range(3..=5);
+            tokio::spawn(token_call(cx.clone(), i, delay, rounds, rng.gen()))
+        })
+        .collect();
+    let t0 = Instant::now();
+    tokio::time::sleep_until(t0 + Duration::from_millis(500)).await;
+    cx.kill_and_restart(&mut live, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cx.kill_and_restart(&mut live, 2).await;
+    let (mut done, mut lost, mut start_failed, mut broken) = (0, 0, 0, Vec::new());
+    for c in calls {
+        match c.await.unwrap() {
+            TokenEnd::Done => done += 1,
+            TokenEnd::Lost => lost += 1,
+            TokenEnd::StartFailed => start_failed += 1,
+            TokenEnd::Broken(why) => broken.push(why),
+        }
+    }
+    let instances = cx.instances.lock().clone();
+    let unknown: Vec<_> = instances
+        .iter()
+        .map(|(slot, s)| (cx.names[*slot].clone(), s.unknown_followups.load(SeqCst)))
+        .collect();
+    println!("token storm: {done} done, {lost} lost, {start_failed} failed at start, {} broken; unknown follow-ups {unknown:?}", broken.len());
+    assert!(
+        broken.is_empty(),
+        "{} broken calls:\n{}",
+        broken.len(),
+        broken[..broken.len().min(10)].join("\n")
+    );
+    assert!(
+        unknown.iter().all(|(_, n)| *n == 0),
+        "old calls reached restarted instances: {unknown:?}"
+    );
+    assert!(lost > 0, "the kills hit no pending call: the test proved nothing");
+    assert!(done > TOKEN_CALLS / 3, "only {done} calls completed");
+    // The restarted instances take new calls, all of which complete.
+    let fresh: Vec<_> = (0..60)
+        .map(|i| tokio::spawn(token_call(cx.clone(), TOKEN_CALLS + i, Duration::ZERO, 2, i as u64)))
+        .collect();
+    for c in fresh {
+        assert!(
+            matches!(c.await.unwrap(), TokenEnd::Done),
+            "a call after the restarts failed"
+        );
+    }
+    for (slot, s) in instances.iter().skip(3) {
+        assert!(
+            s.executions.load(SeqCst) > 0,
+            "restarted {} took no call",
+            cx.names[*slot]
+        );
+        assert_eq!(s.unknown_followups.load(SeqCst), 0);
+    }
+    for r in &cx.replicas {
+        let m = r.metrics().await;
+        assert!(
+            metric(&m, "mrtr_router_errors_total{reason=\"pinned_backend_unavailable\"}").unwrap_or(0.0) > 0.0,
+            "both replicas answered lost pins:\n{m}"
+        );
+    }
+}

@@ -323,3 +323,77 @@ async fn sdk_traffic_across_two_router_replicas_with_sealed_tokens() {
         assert_eq!(metric(&m, "mrtr_tokens_rejected_total{reason=\"bad_signature\"}"), None);
     }
 }
+
+/// Sends `tools/list` bursts of `BURST` concurrent requests through `fleet`, `gaps` apart (each
+/// burst's requests then wait on `BURST` pooled connections the backend closes after its
+/// keep-alive); returns every answer that was not a 200 from the backend.
+async fn spaced_bursts(fleet: &Fleet, gaps: &[Duration]) -> Vec<String> {
+    const BURST: usize = 4;
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/list"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let body = Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{META}}}}}"#
+    ));
+    let mut failures = Vec::new();
+    for (burst, gap) in std::iter::once(Duration::ZERO).chain(gaps.iter().copied()).enumerate() {
+        tokio::time::sleep(gap).await;
+        let url = fleet.url();
+        let answers = futures_util::future::join_all(
+            (0..BURST).map(|_| send(&fleet.client, Method::POST, &url, &headers, body.clone())),
+        )
+        .await;
+        for a in answers {
+            if a.status != 200 || a.router_error().is_some() || a.json()["result"]["tools"].as_array().is_none() {
+                failures.push(format!(
+                    "burst {burst} after {gap:?}: {} {:?}",
+                    a.status,
+                    a.router_error()
+                ));
+            }
+        }
+    }
+    failures
+}
+
+/// uvicorn (the SDK's server) closes a connection idle for 5 s. With the default
+/// `upstream.idle_timeout` (4 s) the router never offers it a connection that old; with a
+/// longer one it sees the close before reusing the connection. Either way, requests spaced
+/// just around 5 s apart never fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_spaced_around_uvicorns_keep_alive_never_fail() {
+    let servers = start_sdk_servers(1);
+    let default = Fleet::start_backends(Vec::new(), &servers.specs(), "").await;
+    let longer = Fleet::start_backends(Vec::new(), &servers.specs(), "[upstream]\nidle_timeout = \"60s\"\n").await;
+    let ms = Duration::from_millis;
+    let (near_gaps, past_gaps) = (
+        [ms(4900), ms(4980), ms(5000), ms(5020), ms(5100)],
+        [ms(5200), ms(5300), ms(5500)],
+    );
+    // Around the 5 s keep-alive for the default pool; past it (the close has certainly
+    // arrived) for the 60 s one, where a request racing the close could not be told from one
+    // the backend read.
+    let (near, past) = tokio::join!(spaced_bursts(&default, &near_gaps), spaced_bursts(&longer, &past_gaps),);
+    assert!(near.is_empty(), "default idle_timeout: {near:#?}");
+    assert!(past.is_empty(), "idle_timeout 60s: {past:#?}");
+    for (fleet, what, gaps) in [
+        (&default, "default", near_gaps.len()),
+        (&longer, "60s", past_gaps.len()),
+    ] {
+        let m = fleet.metrics().await;
+        assert!(
+            !m.contains("mrtr_upstream_errors_total{"),
+            "{what}: no upstream error:\n{m}"
+        );
+        // Every burst needed a fresh connection: the pool really was emptied (by the router's
+        // idle_timeout, or by uvicorn's close seen at checkout), so the test proved something.
+        let opened = metric(&m, "mrtr_upstream_connections_opened_total{backend=\"sdk-0\"}").unwrap_or(0.0);
+        assert!(
+            opened > gaps as f64,
+            "{what}: {opened} connections opened for {} bursts",
+            gaps + 1
+        );
+    }
+}
