@@ -782,7 +782,6 @@ const TOKEN_KEYS: &str = "[tokens]\nkeys = [\"chaos-key-0123456789abcdef01234567
 /// instance (only then may an unpinned request have failed for it).
 #[derive(Clone, Copy)]
 struct KillWindow {
-    slot: usize,
     from: Instant,
     until: Instant,
 }
@@ -818,7 +817,6 @@ impl TokenStorm {
         self.kills_started[slot].fetch_add(1, SeqCst);
         let from = Instant::now();
         self.windows.lock().push(KillWindow {
-            slot,
             from,
             until: from + Duration::from_secs(3600),
         });
@@ -851,7 +849,7 @@ async fn token_call(cx: Arc<TokenStorm>, i: usize, delay: Duration, rounds: u32,
     let mid = format!("tok-{i}");
     let kills_before: Vec<u64> = cx.kills_started.iter().map(|k| k.load(SeqCst)).collect();
     let sent = Instant::now();
-    let a = cx.replicas[rng.gen_range(0..2)]
+    let a = cx.replicas[rng.random_range(0..2)]
         .post(&[], &start_call(&mid, rounds))
         .await;
     if a.status != 200 || a.router_error().is_some() {
@@ -878,11 +876,11 @@ async fn token_call(cx: Arc<TokenStorm>, i: usize, delay: Duration, rounds: u32,
         .unwrap()
         .to_owned();
     for round in 2..=rounds {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
         let mut tries = 0;
         loop {
             tries += 1;
-            let via = &cx.replicas[rng.gen_range(0..2)];
+            let via = &cx.replicas[rng.random_range(0..2)];
             let b = via.post(&[("mcp-routing-id", &token)], &confirm(&mid, round)).await;
             match (b.status.as_u16(), b.router_error()) {
                 (200, None) => {
@@ -958,9 +956,9 @@ async fn token_storm_with_restarts_never_reaches_a_restarted_instance() {
     let mut rng = StdRng::seed_from_u64(SEED ^ 0x70c3);
     let calls: Vec<_> = (0..TOKEN_CALLS)
         .map(|i| {
-            let delay = Duration::from_millis(rng.gen_range(0..1500));
-            let rounds = rng.gen_range(3..=5);
-            tokio::spawn(token_call(cx.clone(), i, delay, rounds, rng.gen()))
+            let delay = Duration::from_millis(rng.random_range(0..1500));
+            let rounds = rng.random_range(3..=5);
+            tokio::spawn(token_call(cx.clone(), i, delay, rounds, rng.random()))
         })
         .collect();
     let t0 = Instant::now();
