@@ -33,6 +33,8 @@ pub enum RouterError {
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
+    #[error("backend {backend} has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
+    UpstreamBusy { backend: String },
     #[error("backend {backend} is unavailable")]
     UpstreamUnavailable { backend: String },
     #[error("backend {backend} did not answer within upstream_timeout")]
@@ -76,6 +78,7 @@ impl RouterError {
             HeaderMismatch => (StatusCode::BAD_REQUEST, -32020, "header_mismatch"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
+            UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
             UpstreamTls { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_tls"),

@@ -36,6 +36,9 @@ pub struct BackendState {
     pub removed: bool,
     /// Idle keep-alive connections in its pool.
     pub idle_connections: usize,
+    /// HTTP/1.1 connections open to it, idle or busy (at most `max_connections_per_backend`,
+    /// plus one per health check under way).
+    pub open_connections: usize,
 }
 
 /// A pin as the table holds it.
@@ -66,6 +69,7 @@ fn state_of(b: &Backend, removed: bool) -> BackendState {
         draining: removed || b.admin_drained.load(Ordering::Relaxed),
         removed,
         idle_connections: b.pool.idle_len(),
+        open_connections: b.pool.slots.open(),
     }
 }
 

@@ -35,6 +35,10 @@ pub struct Metrics {
     pub(crate) rounds_per_call: Histogram,
     pub(crate) backend_up: IntGaugeVec,
     pub(crate) backend_inflight: IntGaugeVec,
+    /// `mrtr_upstream_connections{backend}`: HTTP/1.1 connections open (idle or busy).
+    pub(crate) upstream_open: IntGaugeVec,
+    /// `mrtr_upstream_queued{backend}`: requests waiting for a connection of a full backend.
+    pub(crate) upstream_queued: IntGaugeVec,
     pub(crate) backend_draining: IntGaugeVec,
     pub(crate) ring_members: IntGauge,
     pub(crate) upstream_errors: IntCounterVec,
@@ -153,6 +157,18 @@ impl Metrics {
                 &["backend"],
             ),
             backend_draining: gauge(&r, "mrtr_backend_draining", "1 while the backend drains", &["backend"]),
+            upstream_open: gauge(
+                &r,
+                "mrtr_upstream_connections",
+                "HTTP/1.1 connections open to the backend, idle or carrying a request (at most upstream.max_connections_per_backend)",
+                &["backend"],
+            ),
+            upstream_queued: gauge(
+                &r,
+                "mrtr_upstream_queued",
+                "Requests waiting for a connection to the backend: it has max_connections_per_backend open and none idle",
+                &["backend"],
+            ),
             upstream_errors: counter(
                 &r,
                 "mrtr_upstream_errors_total",
@@ -217,7 +233,13 @@ impl Metrics {
 
     /// Drops the per-backend gauges of a backend the router forgot.
     pub fn forget_backend(&self, name: &str) {
-        for gauge in [&self.backend_up, &self.backend_draining, &self.backend_inflight] {
+        for gauge in [
+            &self.backend_up,
+            &self.backend_draining,
+            &self.backend_inflight,
+            &self.upstream_open,
+            &self.upstream_queued,
+        ] {
             let _ = gauge.remove_label_values(&[name]);
         }
     }

@@ -42,8 +42,14 @@ pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Idle keep-alive connections kept per backend.
-pub const MAX_IDLE_PER_BACKEND: usize = 1024;
+/// Idle keep-alive connections kept per backend (no more can be open: see below).
+pub const MAX_IDLE_PER_BACKEND: usize = MAX_CONNECTIONS_PER_BACKEND;
+/// `[upstream] max_connections_per_backend`: HTTP/1.1 connections open to one backend (Envoy's
+/// default circuit-breaker figure); a request beyond waits for one.
+pub const MAX_CONNECTIONS_PER_BACKEND: usize = 1024;
+/// `[upstream] queue_timeout`: how long a request waits for a connection of a backend at its
+/// cap before it is answered `upstream_busy`.
+pub const UPSTREAM_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// `[upstream] idle_timeout`: below the 5 s keep-alive of uvicorn and Node, so the router closes
 /// an idle connection before the backend does (and never sends on one the backend is closing).
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);

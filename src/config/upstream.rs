@@ -24,6 +24,10 @@ pub struct UpstreamConfig {
     pub http2: bool,
     /// A pooled connection idle this long is closed, never used again.
     pub idle_timeout: Duration,
+    /// HTTP/1.1 connections open to one backend at most.
+    pub max_connections_per_backend: usize,
+    /// How long a request waits for a connection of a backend at that cap.
+    pub queue_timeout: Duration,
     pub tls: UpstreamTls,
 }
 
@@ -96,10 +100,18 @@ pub(super) fn upstream(mut s: Section) -> Result<UpstreamConfig, ConfigError> {
     let tls = tls_files(&mut s)?;
     let http2 = s.flag("http2", false)?;
     let idle_timeout = s.duration("idle_timeout", defaults::UPSTREAM_IDLE_TIMEOUT)?;
+    let max_connections_per_backend = s.int(
+        "max_connections_per_backend",
+        defaults::MAX_CONNECTIONS_PER_BACKEND as i64,
+        1..=1_000_000,
+    )? as usize;
+    let queue_timeout = s.duration("queue_timeout", defaults::UPSTREAM_QUEUE_TIMEOUT)?;
     s.finish(true)?;
     Ok(UpstreamConfig {
         http2,
         idle_timeout,
+        max_connections_per_backend,
+        queue_timeout,
         tls,
     })
 }

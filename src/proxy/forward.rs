@@ -66,6 +66,15 @@ impl Forward<'_> {
                 Ok(conn) => return Ok((conn, backend, guard)),
                 Err(e) => e,
             };
+            if e.is_busy() {
+                // The router's own cap: the backend is up, and the request waited its turn.
+                if let Some(t) = trace.as_deref_mut() {
+                    t.attempt_failed("busy");
+                }
+                return Err(RouterError::UpstreamBusy {
+                    backend: backend.name.to_string(),
+                });
+            }
             if e.is_local() {
                 // Out of descriptors (or memory, or ports) here: no backend is to blame.
                 tracing::warn!(backend = %backend.name, error = %e, "cannot open an upstream connection: local resources exhausted");
@@ -139,6 +148,10 @@ impl Forward<'_> {
                     _ => RouterError::BodyBroken,
                 })
             }
+            // The resend found the backend at its connection cap.
+            Some(Err("busy")) => Err(RouterError::UpstreamBusy {
+                backend: backend.name.to_string(),
+            }),
             Some(Err(kind)) => {
                 passive_failure(shared, snap, backend, kind);
                 Err(match kind {

@@ -14,7 +14,8 @@ use rustls::pki_types::ServerName;
 use siphasher::sip::SipHasher13;
 
 use super::h2::H2Pool;
-use super::pool::{ConnPool, Endpoint, PooledConn};
+use super::pool::{ConnPool, Endpoint, PooledConn, Room};
+use super::slots::SlotGauges;
 use super::tls::{BackendTls, ConnectError, Stream};
 use crate::config::{defaults, BackendConfig, UpstreamConfig};
 use crate::metrics::Metrics;
@@ -104,6 +105,10 @@ impl Backend {
     pub fn new(cfg: &BackendConfig, upstream: &UpstreamConfig, metrics: Option<&Metrics>) -> Backend {
         let opened = metrics.map(|m| m.upstream_connections.with_label_values(&[&cfg.name]));
         let h2 = H2Pool::new(cfg.scheme.clone(), cfg.authority.clone(), opened.clone());
+        let slot_gauges = metrics.map(|m| SlotGauges {
+            open: m.upstream_open.with_label_values(&[&cfg.name]),
+            queued: m.upstream_queued.with_label_values(&[&cfg.name]),
+        });
         let metrics = metrics.map(|m| BackendMetrics {
             inflight: m.backend_inflight.with_label_values(&[&cfg.name]),
             duration: m.request_duration.with_label_values(&[&cfg.name]),
@@ -117,7 +122,7 @@ impl Backend {
             config: cfg.clone(),
             endpoint: Endpoint::of(&cfg.authority),
             host: HeaderValue::from_str(cfg.authority.as_str()).expect("an authority is a valid header value"),
-            pool: ConnPool::new(opened),
+            pool: ConnPool::new(opened, slot_gauges),
             h2,
             http2: AtomicBool::new(false),
             tls: ArcSwapOption::empty(),
@@ -145,6 +150,8 @@ impl Backend {
         self.set_weight(cfg.weight);
         self.http2.store(cfg.http2.unwrap_or(upstream.http2), Ordering::Relaxed);
         self.pool.set_max_idle(upstream.idle_timeout);
+        self.pool
+            .set_limits(upstream.max_connections_per_backend, upstream.queue_timeout);
         if cfg.scheme != Scheme::HTTPS {
             return;
         }
@@ -255,7 +262,18 @@ impl Backend {
         match self.pool.checkout() {
             Some(conn) => Connection::Ready(conn),
             // Boxed: a cold path, kept out of every request's future.
-            None => Connection::Opening(Box::pin(self.open_http1())),
+            None => Connection::Opening(Box::pin(self.open_http1(true))),
+        }
+    }
+
+    /// A connection for an active health check: as [`Backend::connection`], but one beyond
+    /// `max_connections_per_backend` when the backend is at it (a backend busy with long calls
+    /// is up, and its check must not wait behind them).
+    pub fn check_connection(&self) -> Connection<'_> {
+        match (self.is_http2(), self.pool.checkout()) {
+            (true, _) => self.http2_connection(),
+            (false, Some(conn)) => Connection::Ready(conn),
+            (false, None) => Connection::Opening(Box::pin(self.open_http1(false))),
         }
     }
 
@@ -264,7 +282,7 @@ impl Backend {
     pub fn reconnect(&self) -> Connection<'_> {
         match self.is_http2() {
             true => self.http2_connection(),
-            false => Connection::Opening(Box::pin(self.open_http1())),
+            false => Connection::Opening(Box::pin(self.open_http1(true))),
         }
     }
 
@@ -279,9 +297,19 @@ impl Backend {
         }
     }
 
-    async fn open_http1(&self) -> Result<PooledConn, ConnectError> {
+    /// A new HTTP/1.1 connection, under the backend's cap when `bounded`: past it, the request
+    /// waits for a slot or for a connection put back (`queue_timeout`), then is refused as busy.
+    async fn open_http1(&self, bounded: bool) -> Result<PooledConn, ConnectError> {
+        let slot = match bounded {
+            true => match self.pool.room().await {
+                Room::Slot(slot) => slot,
+                Room::Idle(conn) => return Ok(conn),
+                Room::Busy => return Err(ConnectError::busy()),
+            },
+            false => self.pool.slots.take_beyond_limit(),
+        };
         let stream = self.open(false).await?;
-        self.pool.connect(stream).await
+        self.pool.connect(stream, slot).await
     }
 
     /// A new connection's byte stream: TCP, under TLS for an `https://` backend (ALPN `h2` or

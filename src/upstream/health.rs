@@ -49,7 +49,7 @@ pub async fn check(backend: &Backend, path: &str, timeout: Duration) -> Verdict 
         else {
             return Verdict::Down;
         };
-        let conn = match backend.connection() {
+        let conn = match backend.check_connection() {
             Connection::Ready(conn) => conn,
             Connection::Opening(opening) => match opening.await {
                 Ok(conn) => conn,

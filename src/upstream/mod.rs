@@ -11,6 +11,7 @@ pub mod health;
 mod membership;
 mod pool;
 mod request_body;
+mod slots;
 mod tls;
 
 pub use backend::{Backend, BackendKey, Connection, HealthChange, Incarnation, InflightGuard};

@@ -28,6 +28,7 @@ use tokio::net::TcpStream;
 
 use super::exchange::{BoxError, SendError, UpstreamBody};
 use super::h2::{H2Body, H2Lease, H2Pool};
+use super::slots::{ConnSlots, Slot, SlotGauges, Wait};
 use super::tls::{ConnectError, Stream};
 use crate::config::defaults;
 
@@ -73,6 +74,8 @@ struct Conn {
     sender: http1::SendRequest<UpstreamBody>,
     /// The socket I/O; `None` once the connection has ended.
     driver: Option<Driver>,
+    /// Its share of `max_connections_per_backend`, given back when it is dropped.
+    _slot: Slot,
 }
 
 impl Conn {
@@ -102,15 +105,64 @@ pub struct ConnPool {
     max_idle_nanos: std::sync::atomic::AtomicU64,
     /// `mrtr_upstream_connections_opened_total` for this backend.
     opened: Option<prometheus::IntCounter>,
+    /// The cap on open connections, and the requests waiting under it.
+    pub slots: Arc<ConnSlots>,
+    /// `[upstream] queue_timeout` in nanoseconds.
+    queue_nanos: std::sync::atomic::AtomicU64,
+}
+
+/// Room for one more request on a backend's HTTP/1.1 connections.
+pub enum Room {
+    /// An idle connection, put back while the request waited.
+    Idle(PooledConn),
+    /// A slot to open a connection with.
+    Slot(Slot),
+    /// The backend stayed at its cap for `queue_timeout`.
+    Busy,
 }
 
 impl ConnPool {
-    pub fn new(opened: Option<prometheus::IntCounter>) -> Arc<ConnPool> {
+    pub fn new(opened: Option<prometheus::IntCounter>, gauges: Option<SlotGauges>) -> Arc<ConnPool> {
         Arc::new(ConnPool {
             idle: parking_lot::Mutex::new(Vec::new()),
             max_idle_nanos: std::sync::atomic::AtomicU64::new(defaults::UPSTREAM_IDLE_TIMEOUT.as_nanos() as u64),
             opened,
+            slots: ConnSlots::new(gauges),
+            queue_nanos: std::sync::atomic::AtomicU64::new(defaults::UPSTREAM_QUEUE_TIMEOUT.as_nanos() as u64),
         })
+    }
+
+    /// Sets `[upstream] max_connections_per_backend` and `queue_timeout`.
+    pub fn set_limits(&self, max_connections: usize, queue_timeout: Duration) {
+        self.slots.set_limit(max_connections);
+        let nanos = u64::try_from(queue_timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.queue_nanos.store(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Room for a request that found no idle connection: a slot under the cap at once, else
+    /// whichever comes first within `queue_timeout` — a freed slot or a connection put back.
+    pub async fn room(self: &Arc<Self>) -> Room {
+        if let Some(slot) = self.slots.try_take() {
+            return Room::Slot(slot);
+        }
+        self.wait_for_room().await
+    }
+
+    /// The cold half of [`ConnPool::room`].
+    async fn wait_for_room(self: &Arc<Self>) -> Room {
+        let patience = Duration::from_nanos(self.queue_nanos.load(std::sync::atomic::Ordering::Relaxed));
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            match self.slots.wait(deadline, || !self.idle.lock().is_empty()).await {
+                Wait::Slot(slot) => return Room::Slot(slot),
+                Wait::Busy => return Room::Busy,
+                Wait::Retry => {
+                    if let Some(conn) = self.checkout() {
+                        return Room::Idle(conn);
+                    }
+                }
+            }
+        }
     }
 
     /// Sets `[upstream] idle_timeout`.
@@ -144,8 +196,8 @@ impl ConnPool {
         }
     }
 
-    /// Opens a new connection over `stream` (TCP, or TLS over it).
-    pub async fn connect(self: &Arc<Self>, stream: Stream) -> Result<PooledConn, ConnectError> {
+    /// Opens a new connection over `stream` (TCP, or TLS over it), taking `slot`.
+    pub async fn connect(self: &Arc<Self>, stream: Stream, slot: Slot) -> Result<PooledConn, ConnectError> {
         // Head and body copied into one buffer and written with one `write`: for MCP's small
         // bodies cheaper than queueing both for `writev`.
         let (sender, driver) = http1::Builder::new()
@@ -159,6 +211,7 @@ impl ConnPool {
         let conn = Conn {
             sender,
             driver: Some(Box::pin(driver)),
+            _slot: slot,
         };
         Ok(self.hold(conn, false))
     }
@@ -174,12 +227,16 @@ impl ConnPool {
     }
 
     fn release(&self, mut conn: Conn) {
-        if !conn.settle() {
+        // One opened beyond the cap (for a health check, or before a reload lowered it) is
+        // closed rather than kept: the pool never holds more than the cap allows.
+        if !conn.settle() || self.slots.over_limit() {
             return;
         }
         let mut idle = self.idle.lock();
         if idle.len() < defaults::MAX_IDLE_PER_BACKEND {
             idle.push((conn, Instant::now()));
+            drop(idle);
+            self.slots.connection_released();
         }
     }
 

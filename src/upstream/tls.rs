@@ -141,6 +141,19 @@ impl ConnectError {
         }
     }
 
+    /// The backend has `max_connections_per_backend` connections open, all busy, and none
+    /// came free within `queue_timeout`: the router's own limit, nothing against the backend.
+    pub fn busy() -> ConnectError {
+        ConnectError {
+            kind: "busy",
+            error: io::Error::other("every connection allowed to the backend is busy"),
+        }
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.kind == "busy"
+    }
+
     pub fn is_tls(&self) -> bool {
         self.kind == "tls"
     }
