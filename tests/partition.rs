@@ -292,11 +292,15 @@ async fn a_black_holed_backend_times_out_is_ejected_loses_its_pins_only_and_come
         handle.backend("far").unwrap().healthy
     })
     .await;
+    println!(
+        "partition: in-flight call answered 504 after {took:?}, far ejected {after:?} after the cut (bound {bound:?})"
+    );
     let back = fleet.post(&[], &whoami(&key_on("far", "after"))).await;
     assert_eq!(back.worker(), "far", "{back:?}");
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     assert!(served.load(Ordering::Relaxed) > 0);
+    println!("partition: {} requests to the near backend meanwhile, none failed", served.load(Ordering::Relaxed));
     assert_eq!(
         failed.load(Ordering::Relaxed),
         0,
