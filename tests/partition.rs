@@ -300,7 +300,10 @@ async fn a_black_holed_backend_times_out_is_ejected_loses_its_pins_only_and_come
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     assert!(served.load(Ordering::Relaxed) > 0);
-    println!("partition: {} requests to the near backend meanwhile, none failed", served.load(Ordering::Relaxed));
+    println!(
+        "partition: {} requests to the near backend meanwhile, none failed",
+        served.load(Ordering::Relaxed)
+    );
     assert_eq!(
         failed.load(Ordering::Relaxed),
         0,
