@@ -253,7 +253,7 @@ fn sse_events_do_not_depend_on_chunking() {
         select(vec!["", "\n", "\r", "data: end"]),
         vec(any::<usize>(), 0..6),
     );
-    let [several] = run(1024, strategy, |(lines, tail, cuts)| {
+    let [several] = run(512, strategy, |(lines, tail, cuts)| {
         let mut stream = Vec::new();
         for (field, value, end) in &lines {
             stream.extend_from_slice(field.as_bytes());
@@ -265,13 +265,13 @@ fn sse_events_do_not_depend_on_chunking() {
         stream.extend_from_slice(tail.as_bytes());
         [checks::check_sse(&stream, &cuts) > 1]
     });
-    assert!(several > 300, "{several} streams of several events");
+    assert!(several > 150, "{several} streams of several events");
 }
 
 // ---- Tokens ----------------------------------------------------------------------------------------
 
 #[test]
-fn any_text_is_no_token_and_never_panics() {
+fn any_text_opens_as_one_kind_at_most_and_never_panics() {
     // Tokens sealed for the checks' keys, damaged, beside random text shaped like tokens.
     let (keys, _) = checks::token_keys();
     let sealed = keys.seal_value(checks::KINDS[1], "state-1", "worker-1", 1, checks::now());
@@ -296,7 +296,7 @@ fn any_text_is_no_token_and_never_panics() {
 fn a_changed_bit_never_passes() {
     let strategy = (
         0..checks::KINDS.len(),
-        prop_oneof![4 => "\\PC{0,16}", 1 => "[a-z]{200,300}"],
+        prop_oneof![7 => "\\PC{0,16}", 1 => "[a-z]{210,220}"],
         proptest::option::of(prop_oneof!["[!-~]{0,24}", "\\PC{0,12}"]),
         any::<u32>(),
         proptest::bool::weighted(0.2),
