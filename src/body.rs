@@ -345,6 +345,25 @@ impl SseSplitter {
     }
 }
 
+/// For tests and fuzz targets (re-exported in `internals`), not the request path: `chunks` fed
+/// through an [`SseSplitter`] whose sink only records. Returns the data of each event the sink
+/// saw, in order, and the bytes sent on.
+pub fn split_sse(chunks: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let mut splitter = SseSplitter::new(Box::new(move |data: &[u8]| {
+        sink.lock().unwrap().push(data.to_vec());
+        None
+    }));
+    let mut out = Vec::new();
+    for chunk in chunks {
+        out.extend_from_slice(&splitter.feed(chunk));
+    }
+    out.extend_from_slice(&splitter.finish());
+    let events = std::mem::take(&mut *seen.lock().unwrap());
+    (events, out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,6 +75,7 @@ use state::Shared;
 /// The inner types benches, fuzz targets and tests exercise directly. Not a stable interface.
 pub mod internals {
     pub use crate::balance::HashRing;
+    pub use crate::body::split_sse;
     pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
     pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};

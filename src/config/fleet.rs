@@ -153,12 +153,12 @@ pub(super) fn discovery(mut s: Section) -> Result<Option<DiscoveryConfig>, Confi
     let text = dns.value.trim();
     let parsed = text
         .rsplit_once(':')
-        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
         .filter(|(h, p)| !h.is_empty() && *p != 0);
     let Some((host, port)) = parsed else {
         return s.err(dns.span, format!("discovery.dns: {text:?} must be \"name:port\""));
     };
-    let host = host.trim_matches(['[', ']']).to_string();
+    let host = host.to_string();
     let shown = match host.contains(':') {
         true => format!("[{host}]:{port}"),
         false => format!("{host}:{port}"),

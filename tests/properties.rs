@@ -1,0 +1,430 @@
+//! The fuzz targets' properties (`fuzz/src/lib.rs`, compiled here as `checks`) on proptest's
+//! inputs, with bounded case counts, in the normal `cargo test`: the envelope scanner against
+//! serde_json, the token codec, the config printout, the SSE splitter under any chunking, the
+//! answer-outcome parser. Inputs are generated near the shapes the parsers read (envelope keys,
+//! token prefixes, config sections) and then damaged, so both sides of every verdict are reached.
+
+#[path = "../fuzz/src/lib.rs"]
+mod checks;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::sample::select;
+use proptest::test_runner::TestRunner;
+
+// ---- JSON texts near the envelope ----------------------------------------------------------------
+
+/// String contents: plain, escaped (surrogate pairs, a lone surrogate), non-ASCII, tokens.
+fn string_literal() -> impl Strategy<Value = String> {
+    let contents = prop_oneof![
+        select(vec![
+            "",
+            "tools/call",
+            "transfer-1",
+            r#"a\"b"#,
+            r"line\nbreak\t\\",
+            r"\u00e9t\u00E9",
+            r"\ud83d\ude00",
+            r"\ud800",
+            "é ü 漢字",
+            r"\/slash",
+            "mrt2.AAAA.state",
+        ])
+        .prop_map(str::to_owned),
+        "[a-z0-9 /._-]{0,12}",
+    ];
+    contents.prop_map(|s| format!("\"{s}\""))
+}
+
+fn number_literal() -> impl Strategy<Value = String> {
+    prop_oneof![
+        select(vec![
+            "0",
+            "-0",
+            "42",
+            "-17",
+            "3.25",
+            "1e9",
+            "2.5E-3",
+            "1E+2",
+            "1e400",
+            "123456789012"
+        ])
+        .prop_map(str::to_owned),
+        any::<i64>().prop_map(|n| n.to_string()),
+    ]
+}
+
+fn key() -> impl Strategy<Value = String> {
+    select(vec![
+        "id",
+        "method",
+        "params",
+        "messageId",
+        "requestState",
+        "taskId",
+        "name",
+        "jsonrpc",
+        r"m\u0065thod",
+        r"task\u0049d",
+        "x",
+    ])
+    .prop_map(|k| format!("\"{k}\""))
+}
+
+fn space() -> impl Strategy<Value = &'static str> {
+    select(vec!["", "", "", " ", "\n  ", "\t\r\n"])
+}
+
+fn json_value() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        3 => string_literal(),
+        2 => number_literal(),
+        1 => select(vec!["true", "false", "null"]).prop_map(str::to_owned),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            vec((space(), inner.clone()), 0..4).prop_map(|items| {
+                let items: Vec<String> = items.into_iter().map(|(s, v)| format!("{s}{v}")).collect();
+                format!("[{}]", items.join(","))
+            }),
+            vec((key(), space(), inner), 0..6).prop_map(|members| {
+                let members: Vec<String> = members.into_iter().map(|(k, s, v)| format!("{k}{s}:{s}{v}")).collect();
+                format!("{{{}}}", members.join(","))
+            }),
+        ]
+    })
+}
+
+/// A request object: envelope keys, often repeated, `params` mostly an object.
+fn request_object() -> impl Strategy<Value = String> {
+    let param = prop_oneof![
+        2 => (key(), json_value()),
+        1 => (select(vec!["\"requestState\"", "\"taskId\""]).prop_map(str::to_owned), string_literal()),
+    ];
+    let envelope_key = select(vec!["\"id\"", "\"method\"", "\"messageId\""]).prop_map(str::to_owned);
+    let member = prop_oneof![
+        2 => (key(), json_value()),
+        2 => (envelope_key, prop_oneof![string_literal(), number_literal()]),
+        2 => vec(param, 0..5).prop_map(|members| {
+            let members: Vec<String> = members.into_iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            ("\"params\"".to_owned(), format!("{{{}}}", members.join(",")))
+        }),
+    ];
+    (vec((member, space()), 0..7), space()).prop_map(|(members, end)| {
+        let members: Vec<String> = members
+            .into_iter()
+            .map(|((k, v), s)| format!("{s}{k}:{v}{s}"))
+            .collect();
+        format!("{{{}{end}}}", members.join(","))
+    })
+}
+
+fn request_body() -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => request_object(),
+        1 => (request_object(), json_value()).prop_map(|(first, second)| format!("[{first},{second}]")),
+        1 => json_value(),
+    ]
+}
+
+/// Damage done to a body: truncation, and bytes replaced, removed or inserted (structural ones,
+/// and bytes that are not UTF-8).
+#[derive(Debug, Clone)]
+enum Damage {
+    Truncate(usize),
+    Replace(usize, u8),
+    Remove(usize),
+    Insert(usize, u8),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    let byte = select(b"{}[]\",:\\ 0123456789.-+eEaflnrstu\x01\x1f\x7f\x80\xbf\xc3\xed\xf0\xff".to_vec());
+    prop_oneof![
+        any::<usize>().prop_map(Damage::Truncate),
+        (any::<usize>(), byte.clone()).prop_map(|(at, b)| Damage::Replace(at, b)),
+        any::<usize>().prop_map(Damage::Remove),
+        (any::<usize>(), byte).prop_map(|(at, b)| Damage::Insert(at, b)),
+    ]
+}
+
+fn damaged(text: &str, damage: &[Damage]) -> Vec<u8> {
+    let mut b = text.as_bytes().to_vec();
+    for d in damage {
+        let n = b.len();
+        match *d {
+            Damage::Truncate(at) => b.truncate(at % (n + 1)),
+            Damage::Replace(at, c) if n > 0 => b[at % n] = c,
+            Damage::Remove(at) if n > 0 => drop(b.remove(at % n)),
+            Damage::Insert(at, c) => b.insert(at % (n + 1), c),
+            _ => {}
+        }
+    }
+    b
+}
+
+/// Runs `test` on `cases` inputs drawn from `strategy` (failures shrink and panic with the
+/// smallest input found), and counts, per flag, the inputs for which `test` raised it: a
+/// property proves little if its inputs never reach both sides of the verdict.
+fn run<S: Strategy, const N: usize>(cases: u32, strategy: S, test: impl Fn(S::Value) -> [bool; N]) -> [u32; N] {
+    let seen: [AtomicU32; N] = std::array::from_fn(|_| AtomicU32::new(0));
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&strategy, |input| {
+        for (n, flag) in seen.iter().zip(test(input)) {
+            n.fetch_add(u32::from(flag), Ordering::Relaxed);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    seen.map(|n| n.into_inner())
+}
+
+#[test]
+fn envelope_scan_agrees_with_serde_json() {
+    let [json, not_json, method, key, state, task] = run(
+        1024,
+        (request_body(), prop_oneof![Just(vec![]), vec(damage(), 1..3)]),
+        |(body, harm)| {
+            let fields = checks::check_envelope(&damaged(&body, &harm));
+            let f = fields.as_ref();
+            let has = |field: fn(&checks::Fields) -> &Option<String>| f.is_some_and(|f| field(f).is_some());
+            [
+                fields.is_some(),
+                fields.is_none(),
+                has(|f| &f.method),
+                has(|f| &f.message_id),
+                has(|f| &f.request_state),
+                has(|f| &f.task_id),
+            ]
+        },
+    );
+    assert!(json > 200 && not_json > 200, "{json} JSON, {not_json} not");
+    assert!(
+        [method, key, state, task].iter().all(|&n| n > 20),
+        "method, key, requestState, taskId read: {:?}",
+        [method, key, state, task]
+    );
+}
+
+#[test]
+fn outcome_state_is_where_it_says() {
+    let strategy = (
+        prop_oneof![string_literal(), json_value()],
+        select(vec!["\"input_required\"", "\"task\"", "1", "\"input_\\u0072equired\""]),
+        vec((key(), json_value()), 0..3),
+        vec(damage(), 0..2),
+    );
+    let [input_required] = run(1024, strategy, |(state, result_type, before, harm)| {
+        let before: String = before.iter().map(|(k, v)| format!("{k}:{v},")).collect();
+        let message = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{{before}"resultType":{result_type},"inputRequests":{{}},"requestState" : {state}}}}}"#
+        );
+        [checks::check_outcome(&damaged(&message, &harm))]
+    });
+    assert!(input_required > 100, "{input_required} input_required");
+}
+
+#[test]
+fn sse_events_do_not_depend_on_chunking() {
+    let line = (
+        select(vec![
+            "data:",
+            "data: ",
+            "event: message",
+            ": ping",
+            "id: 7",
+            "retry: 10",
+            "",
+            "data",
+        ]),
+        "[a-z{}\":]{0,6}",
+        select(vec!["\n", "\r\n", "\r"]),
+    );
+    let strategy = (
+        vec(line, 0..12),
+        select(vec!["", "\n", "\r", "data: end"]),
+        vec(any::<usize>(), 0..6),
+    );
+    let [several] = run(512, strategy, |(lines, tail, cuts)| {
+        let mut stream = Vec::new();
+        for (field, value, end) in &lines {
+            stream.extend_from_slice(field.as_bytes());
+            if !field.is_empty() {
+                stream.extend_from_slice(value.as_bytes());
+            }
+            stream.extend_from_slice(end.as_bytes());
+        }
+        stream.extend_from_slice(tail.as_bytes());
+        [checks::check_sse(&stream, &cuts) > 1]
+    });
+    assert!(several > 150, "{several} streams of several events");
+}
+
+// ---- Tokens ----------------------------------------------------------------------------------------
+
+#[test]
+fn any_text_opens_as_one_kind_at_most_and_never_panics() {
+    // Tokens sealed for the checks' keys, damaged, beside random text shaped like tokens.
+    let (keys, _) = checks::token_keys();
+    let sealed = keys.seal_value(checks::KINDS[1], "state-1", "worker-1", 1, checks::now());
+    let strategy = (
+        prop_oneof![
+            vec(any::<u8>(), 0..64),
+            "mrt[12]\\.[A-Za-z0-9_-]{0,160}(\\.[ -~]{0,24})?".prop_map(String::into_bytes),
+            Just(sealed.into_bytes()),
+        ],
+        vec(damage(), 0..2),
+    );
+    let [accepted] = run(512, strategy, |(text, harm)| {
+        [checks::check_token_text(&damaged(
+            &String::from_utf8_lossy(&text),
+            &harm,
+        ))]
+    });
+    assert!(accepted > 20, "{accepted} accepted");
+}
+
+#[test]
+fn a_changed_bit_never_passes() {
+    let strategy = (
+        0..checks::KINDS.len(),
+        prop_oneof![7 => "\\PC{0,16}", 1 => "[a-z]{210,220}"],
+        proptest::option::of(prop_oneof!["[!-~]{0,24}", "\\PC{0,12}"]),
+        any::<u32>(),
+        proptest::bool::weighted(0.2),
+    );
+    run(256, strategy, |(kind, backend, value, rounds, previous)| {
+        checks::check_token_bit_flips(checks::KINDS[kind], &backend, value.as_deref(), rounds, previous, None);
+        []
+    });
+}
+
+// ---- Config ----------------------------------------------------------------------------------------
+
+/// `key = value` lines a section may hold: the keys it knows (and one it does not), with values
+/// that are valid, need escaping, or (written `!…`, drawn one time in six) are refused: out of
+/// range, of the wrong type, malformed.
+fn section(
+    name: &'static str,
+    keys: &'static [(&'static str, &'static [&'static str])],
+) -> impl Strategy<Value = String> {
+    let line = select(keys.to_vec()).prop_flat_map(|(key, values)| {
+        let good: Vec<&str> = values.iter().copied().filter(|v| !v.starts_with('!')).collect();
+        let bad: Vec<&str> = values.iter().filter_map(|v| v.strip_prefix('!')).collect();
+        let (good, bad) = match (good.is_empty(), bad.is_empty()) {
+            (true, _) => (bad.clone(), bad),
+            (_, true) => (good.clone(), good),
+            _ => (good, bad),
+        };
+        prop_oneof![5 => select(good), 1 => select(bad)].prop_map(move |v| format!("{key} = {v}\n"))
+    });
+    vec(line, 0..4).prop_map(move |lines| format!("[{name}]\n{}", lines.concat()))
+}
+
+#[rustfmt::skip]
+const DURATIONS: &[&str] = &[
+    r#""10s""#, r#""5m""#, r#""1h 30m""#, r#""61s""#, r#""1y""#, r#""3650days""#, r#""2h""#,
+    r#""250ms""#, r#""1ms 3ns""#, r#""3m 7us""#, r#""1s 1ns""#,
+    r#"!"3651days""#, r#"!"0s""#, r#"!"ten""#, "!10",
+];
+
+/// `server.stream_idle_timeout`: at least 60 s.
+const LONG_DURATIONS: &[&str] = &[r#""60s""#, r#""90s 5ms""#, r#""1y 3ns""#, r#""3650days""#, r#"!"59s""#];
+
+#[rustfmt::skip]
+fn config_text() -> impl Strategy<Value = String> {
+    let server = section("server", &[
+        ("listen", &[r#""127.0.0.1:8080""#, r#""[::]:80""#, r#""[::ffff:1.2.3.4]:1""#, r#"!"x""#, r#"!"127.0.0.1:9090""#]),
+        ("max_body_bytes", &["64", "0x10000", "1_048_576", "!63", "!1.5", "!-1"]),
+        ("header_read_timeout", DURATIONS),
+        ("upstream_timeout", DURATIONS),
+        ("stream_idle_timeout", LONG_DURATIONS),
+        ("max_connections", &["1", "10000", "!0"]),
+        ("h2_max_concurrent_streams", &["100", "!10001"]),
+        ("bogus", &["!1"]),
+    ]);
+    let routing = section("routing", &[
+        ("header", &[r#""Mcp-Routing-Id""#, r#""X-Key""#, r#"!"bad header""#]),
+        ("body_field", &[r#""messageId""#, r#"'say "hi" \ bye'"#, r#""\u00e9\t""#, r#"!"""#]),
+        ("virtual_nodes", &["160", "640", "!10"]),
+        ("load_factor", &["0", "1.25", "1e300", "1.0000000000000002", "2", "!0.5", "!inf", "!nan"]),
+        ("pin_idle_ttl", DURATIONS),
+        ("replay_window", DURATIONS),
+        ("max_rounds", &["1", "32", "!1000001"]),
+        ("max_pins", &["4294967296", "1"]),
+        ("on_pin_lost", &[r#""strict""#, r#""rehash""#, r#"!"drop""#]),
+    ]);
+    let health = section("health", &[
+        ("interval", DURATIONS),
+        ("path", &[r#""""#, r#""/healthz""#, r#""/q?x=1""#, r#"!"/a b""#, r#"!"healthz""#]),
+        ("unhealthy_after", &["3", "!0"]),
+        ("healthy_after", &["2", "!1001"]),
+    ]);
+    let tokens = section("tokens", &[
+        ("keys", &[
+            r#"["0123456789abcdef0123456789abcdef"]"#,
+            r#"["${HOME}0123456789abcdef0123456789abcdef", 'b"b\\b0123456789abcdef0123456789']"#,
+            r#"!["short"]"#, "![]", r#"!["${UNSET_MRTR_FUZZ}"]"#,
+        ]),
+        ("token_ttl", DURATIONS),
+        ("session_ttl", DURATIONS),
+    ]);
+    let discovery = section("discovery", &[
+        ("dns", &[r#""mcp.svc:8000""#, r#""[::1]:8000""#, r#""::1:80""#, r#"" x :80""#, r#"!"workers""#, r#"!"a:0""#, r#"!"[]:5""#]),
+        ("interval", DURATIONS),
+    ]);
+    // `[[backend]]`: the section name is written inside `[…]`.
+    let backend = section("[backend]", &[
+        ("name", &[r#""a""#, r#"" b ""#, r#"'a"b\c'"#, r#""é""#, r#"!"""#, r#"!"x,y""#]),
+        ("url", &[r#""http://127.0.0.1:9001""#, r#""http://w:1/p/""#, r#""http://h""#, r#"!"ftp://x""#, r#"!"http://h/?q""#]),
+        ("weight", &["0", "3", "!1001"]),
+    ]);
+    let log = section("log", &[("format", &[r#""text""#, r#""json""#, r#"!"xml""#]), ("access", &["true", r#"!"yes""#])]);
+    let tracing = section("tracing", &[
+        ("otlp_endpoint", &[r#""http://127.0.0.1:4318""#, r#""http://c:4318/""#, r#""http://gw/otlp/v1/traces""#, r#"!"https://c""#]),
+        ("service_name", &[r#""edge""#, r#"!" ""#]),
+        ("sample_ratio", &["0.25", "1", "0", "!1.5"]),
+    ]);
+    let one = prop_oneof![server, routing, health, tokens, discovery, backend, log, tracing];
+    let named_backend = "[a-z]{1,3}".prop_map(|n| format!("[[backend]]\nname = \"{n}\"\nurl = \"http://127.0.0.1:9001\"\n"));
+    (
+        proptest::option::weighted(0.85, named_backend.clone()),
+        vec(prop_oneof![3 => one, 1 => named_backend], 0..4),
+        prop_oneof![3 => Just(vec![]), 1 => vec(damage(), 1..3)],
+    )
+        .prop_map(|(first, sections, harm): (Option<String>, Vec<String>, Vec<Damage>)| {
+            let text = first.unwrap_or_default() + &sections.concat();
+            String::from_utf8_lossy(&damaged(&text, &harm)).into_owned()
+        })
+}
+
+#[test]
+fn a_parsed_config_prints_what_parses_back_the_same() {
+    let [parsed, not] = run(512, config_text(), |text| {
+        let parsed = checks::check_config(&text);
+        [parsed, !parsed]
+    });
+    assert!(parsed > 50 && not > 50, "{parsed} configs, {not} not");
+}
+
+/// Inputs a property once failed on.
+#[test]
+fn regressions() {
+    // `discovery.dns = "[]:5"` was accepted with an empty host and printed as ":5", which is
+    // refused: the host is checked once its brackets are off.
+    for dns in ["[]:5", "[:5", "]]:5"] {
+        assert!(
+            !checks::check_config(&format!("[discovery]\ndns = \"{dns}\"\n")),
+            "{dns}"
+        );
+    }
+    assert!(checks::check_config("[discovery]\ndns = \"[::1]:5\"\n"));
+}
