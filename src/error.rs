@@ -6,6 +6,9 @@ use http::{header, HeaderValue, Response, StatusCode};
 /// Response header naming why the router answered itself.
 pub const ROUTER_ERROR_HEADER: &str = "mcp-router-error";
 
+/// The methods MCP's Streamable HTTP uses, named by the `Allow` of a 405.
+pub const ALLOWED_METHODS: &str = "GET, POST, DELETE";
+
 /// A request the router answers itself instead of forwarding.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouterError {
@@ -31,6 +34,8 @@ pub enum RouterError {
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
+    #[error("the router does not forward {method} requests")]
+    MethodNotAllowed { method: &'static str },
     #[error("backend {backend} is unavailable")]
     UpstreamUnavailable { backend: String },
     #[error("backend {backend} did not answer within upstream_timeout")]
@@ -65,6 +70,7 @@ impl RouterError {
             PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
+            MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, -32600, "method_not_allowed"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
         }
@@ -98,6 +104,9 @@ impl RouterError {
         h.insert(ROUTER_ERROR_HEADER, HeaderValue::from_static(reason));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            h.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
         }
         resp
     }
