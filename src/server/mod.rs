@@ -23,8 +23,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::{service_fn, Service};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncWrite, Interest};
 use tokio::net::{TcpListener, TcpStream};
@@ -519,8 +518,26 @@ async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
 }
 
 /// Serves the admin endpoints until `stop` starts.
+///
+/// HTTP/1.1 only (Prometheus, probes and curl speak it), each connection with the
+/// `admin.header_read_timeout` of the config running when it was accepted (hyper's own: it
+/// bounds each request head and each idle keep-alive wait); `admin.body_read_timeout` bounds a
+/// request body. At most `admin.max_connections` are open: one more closes the oldest, so slow
+/// or idle clients can never keep a probe or a scrape out (a connection that sends its request
+/// at once is served before it could become the oldest).
 pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<Shutdown>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let local = listener.local_addr().ok();
+    let loopback = local.is_some_and(|a| a.ip().is_loopback());
+    if shared.snapshot().config.admin.token.is_none() && !loopback {
+        tracing::warn!(
+            admin = ?local,
+            "admin.token is not set and the admin listener is not on loopback: POST /backends/* answers 403"
+        );
+    }
+    let metrics = &shared.metrics;
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    // The open connections, oldest first.
+    let mut open: std::collections::VecDeque<tokio::task::AbortHandle> = std::collections::VecDeque::new();
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -529,14 +546,36 @@ pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<S
             },
             () = stop.started() => return,
         };
+        let snap = shared.snapshot();
+        let admin = &snap.config.admin;
+        open.retain(|c| !c.is_finished());
+        while open.len() >= admin.max_connections {
+            let Some(oldest) = open.pop_front() else { break };
+            oldest.abort();
+            metrics.connections_refused.with_label_values(&["admin_cap"]).inc();
+            let cap = admin.max_connections;
+            warn_at_most_every_10s(&mut last_warning, || {
+                tracing::warn!(cap, "admin.max_connections open: closing the oldest admin connection")
+            });
+        }
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(admin.header_read_timeout)
+            .max_headers(snap.config.server.max_headers)
+            .max_buf_size(MAX_HEAD_BYTES);
+        drop(snap);
         let shared = shared.clone();
         let service = service_fn(move |req| {
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(admin::handle(&shared, req).await) }
+            async move { Ok::<_, Infallible>(admin::handle(&shared, req, loopback).await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        open.push_back(
+            tokio::spawn(async move {
+                let _ = conn.await;
+            })
+            .abort_handle(),
+        );
     }
 }
