@@ -94,7 +94,10 @@ impl RouterProcess {
     /// The router's "started" log line, read past the lines logged before it (at most 10).
     fn started_line(&self) -> String {
         for _ in 0..10 {
-            let line = self.stderr.recv_timeout(Duration::from_secs(10)).expect("a log line within 10 s");
+            let line = self
+                .stderr
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a log line within 10 s");
             if line.contains("mrtr-router started") {
                 return line;
             }
