@@ -26,6 +26,11 @@
 //! and that no poll has followed for `stream_idle_timeout`, sits behind a client that reads
 //! nothing. That ends the connection too (two relaxed atomic writes per body poll).
 //!
+//! HTTP/2 has the same watch per stream rather than per connection ([`StreamExecutor`]): each
+//! stream's answer counts hyper's polls of it, and a stream whose answer has waited with its
+//! data in hyper's hands for `stream_idle_timeout` is reset, its request upstream dropped. The
+//! connection's other streams go on.
+//!
 //! Over TLS the peek is at the TCP socket under the TLS stream: it sees the client's FIN or
 //! reset as it would in cleartext (TLS records are bytes like any others, and a peek takes
 //! none of them). A client that sends a `close_notify` alert before its FIN leaves those bytes
