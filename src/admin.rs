@@ -1,4 +1,5 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz` and `/debug/route`.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz` and `/debug/route`, and who may
+//! use which (`admin.token`, `admin.protect_reads`).
 
 use std::sync::atomic::Ordering;
 
@@ -21,7 +22,73 @@ fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>)
     resp
 }
 
-pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody> {
+/// Who may use an endpoint.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Anyone who reaches the listener: `/metrics`, `/healthz`, `/readyz` (Prometheus and
+    /// probes carry no token).
+    Nothing,
+    /// `/backends`, `/debug/route`: the token when `admin.protect_reads` is on.
+    Read,
+    /// `POST /backends/*`: the token; with none configured, a loopback listener.
+    Change,
+}
+
+/// The answer refusing a request that lacks what `need` asks, or `None` to serve it.
+/// `loopback`: the admin listener's address is a loopback one.
+fn refuse(shared: &Shared, headers: &HeaderMap, need: Need, loopback: bool) -> Option<Response<ProxyBody>> {
+    if need == Need::Nothing {
+        return None;
+    }
+    let snap = shared.snapshot();
+    let admin = &snap.config.admin;
+    let Some(token) = &admin.token else {
+        return (need == Need::Change && !loopback).then(|| {
+            reply(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "set admin.token to change backends through an admin listener that is not on loopback\n",
+            )
+        });
+    };
+    if need == Need::Read && !admin.protect_reads {
+        return None;
+    }
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| bearer(v.as_bytes()));
+    let challenge = match presented {
+        Some(p) if token.matches(p) => return None,
+        Some(_) => "Bearer realm=\"mrtr-router admin\", error=\"invalid_token\"",
+        None => "Bearer realm=\"mrtr-router admin\"",
+    };
+    let mut resp = reply(
+        StatusCode::UNAUTHORIZED,
+        "text/plain",
+        "admin.token required: Authorization: Bearer <token>\n",
+    );
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    Some(resp)
+}
+
+/// The token of an `Authorization: Bearer <token>` value (the scheme in any case).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| rest.trim_ascii())
+        .filter(|t| !t.is_empty())
+}
+
+/// Serves one admin request; `loopback`: the admin listener's address is a loopback one.
+pub async fn handle(shared: &Shared, req: Request<Incoming>, loopback: bool) -> Response<ProxyBody> {
+    let need = match (req.method(), req.uri().path()) {
+        (&Method::POST, path) if path.starts_with("/backends/") => Need::Change,
+        (_, "/backends" | "/debug/route") => Need::Read,
+        _ => Need::Nothing,
+    };
+    if let Some(refused) = refuse(shared, req.headers(), need, loopback) {
+        return refused;
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             shared.update_pin_gauges();
@@ -102,15 +169,24 @@ fn backends(shared: &Shared) -> Response<ProxyBody> {
 /// Explains how a request would be routed, without changing any pin. `?key=K` explains a
 /// client key; a POST explains its own JSON body and MCP headers.
 async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody> {
-    let limit = shared.snapshot().config.server.max_body_bytes;
+    let snap = shared.snapshot();
+    let (limit, timeout) = (snap.config.server.max_body_bytes, snap.config.admin.body_read_timeout);
+    drop(snap);
     let query_key = req
         .uri()
         .query()
         .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")).map(percent_decode));
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
+    let body = match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
+        Err(_) => {
+            return reply(
+                StatusCode::REQUEST_TIMEOUT,
+                "text/plain",
+                "body not received within admin.body_read_timeout\n",
+            )
+        }
     };
     match explain(shared, &parts.headers, query_key.as_deref(), &body) {
         Ok(out) => reply(StatusCode::OK, "application/json", format!("{out:#}\n")),

@@ -6,6 +6,9 @@ use http::{header, HeaderValue, Response, StatusCode};
 /// Response header naming why the router answered itself.
 pub const ROUTER_ERROR_HEADER: &str = "mcp-router-error";
 
+/// The methods MCP's Streamable HTTP uses, named by the `Allow` of a 405.
+pub const ALLOWED_METHODS: &str = "GET, POST, DELETE";
+
 /// A request the router answers itself instead of forwarding.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouterError {
@@ -35,6 +38,8 @@ pub enum RouterError {
     Overloaded,
     #[error("backend {backend} has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
     UpstreamBusy { backend: String },
+    #[error("the router does not forward {method} requests")]
+    MethodNotAllowed { method: &'static str },
     #[error("backend {backend} is unavailable")]
     UpstreamUnavailable { backend: String },
     #[error("backend {backend} did not answer within upstream_timeout")]
@@ -79,6 +84,7 @@ impl RouterError {
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
+            MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, -32600, "method_not_allowed"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
             UpstreamTls { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_tls"),
@@ -113,6 +119,9 @@ impl RouterError {
         h.insert(ROUTER_ERROR_HEADER, HeaderValue::from_static(reason));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            h.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
         }
         resp
     }

@@ -1,6 +1,7 @@
 //! Prometheus metrics (DESIGN §7): one registry per router, so routers started side by side in
 //! one process (tests, `demo`) keep separate counts.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 
 use prometheus::{
@@ -23,6 +24,35 @@ pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
     .expect("valid metric")
 });
+
+/// Request-body bytes the router holds now across all connections (POST bodies being read, or
+/// read and waiting for their answer), checked against `server.max_body_buffer_bytes` as each
+/// frame is read; shown as `mrtr_body_buffer_bytes`.
+#[derive(Default)]
+pub struct BodyBuffer {
+    held: AtomicUsize,
+}
+
+impl BodyBuffer {
+    /// Takes `n` more bytes if the total stays within `limit`; else takes nothing.
+    pub fn try_reserve(&self, n: usize, limit: usize) -> bool {
+        // Relaxed: a budget, not a lock; two readers racing at the limit may both be refused.
+        let before = self.held.fetch_add(n, Ordering::Relaxed);
+        if before + n > limit {
+            self.held.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    pub fn release(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
 
 /// Every metric the router exports.
 pub struct Metrics {
@@ -54,6 +84,9 @@ pub struct Metrics {
     /// Times the proxy listener could not take a connection: `cap` (max_connections open: it
     /// waits until one closes), `fds` (accept failed for lack of descriptors or memory).
     pub(crate) connections_refused: IntCounterVec,
+    /// The request-body budget's bytes in use, and the gauge that shows them when rendered.
+    pub(crate) body_buffer: BodyBuffer,
+    body_buffer_bytes: IntGauge,
     pub(crate) tokens_rejected: IntCounterVec,
     pub(crate) discovery_resolutions: IntCounterVec,
     /// Ended spans that never reached the collector: the export queue was full, or the export
@@ -121,7 +154,7 @@ impl Metrics {
         r.register(Box::new(pins_lost.clone())).expect("unique metric");
         let client_aborts = IntCounter::new(
             "mrtr_client_aborts_total",
-            "Requests given up because their HTTP/1 client closed the connection while they were in flight, or took nothing of the answer for stream_idle_timeout",
+            "Requests given up because their HTTP/1 client closed the connection while they were in flight, or their client (HTTP/1 or HTTP/2) took nothing of the answer for stream_idle_timeout",
         )
         .expect("valid metric");
         r.register(Box::new(client_aborts.clone())).expect("unique metric");
@@ -135,6 +168,12 @@ impl Metrics {
         .expect("valid metric");
         r.register(Box::new(spans_dropped.clone())).expect("unique metric");
         r.register(Box::new(LOG_LINES_DROPPED.clone())).expect("unique metric");
+        let body_buffer_bytes = IntGauge::new(
+            "mrtr_body_buffer_bytes",
+            "Request-body bytes held across all connections (bounded by server.max_body_buffer_bytes)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(body_buffer_bytes.clone())).expect("unique metric");
         Metrics {
             requests_total: counter(
                 &r,
@@ -203,7 +242,7 @@ impl Metrics {
             connections_refused: counter(
                 &r,
                 "mrtr_connections_refused_total",
-                "Times the proxy listener could not take a connection: cap (max_connections open), fds (no descriptors)",
+                "Times a listener could not take a connection as it came: cap (proxy: max_connections open, it waits), fds (no descriptors), admin_cap (admin.max_connections open: the oldest admin connection was closed)",
                 &["reason"],
             ),
             discovery_resolutions: counter(
@@ -227,6 +266,8 @@ impl Metrics {
             client_aborts,
             ring_members,
             spans_dropped,
+            body_buffer: BodyBuffer::default(),
+            body_buffer_bytes,
             registry: r,
         }
     }
@@ -246,6 +287,8 @@ impl Metrics {
 
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
+        self.body_buffer_bytes
+            .set(i64::try_from(self.body_buffer.held()).unwrap_or(i64::MAX));
         let mut buf = Vec::with_capacity(8192);
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)

@@ -97,7 +97,10 @@ fn yaml(rel: &str) -> Value {
 /// `mrtr-router check` on `config` with `env`: the effective config it prints.
 fn check_config(config: &Path, env: &[(&str, &str)]) -> toml::Table {
     let mut cmd = Command::new(BIN);
-    cmd.args(["check", "--config"]).arg(config).env_remove("MRTR_TOKEN_KEY");
+    cmd.args(["check", "--config"])
+        .arg(config)
+        .env_remove("MRTR_TOKEN_KEY")
+        .env_remove("MRTR_ADMIN_TOKEN");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -118,6 +121,8 @@ fn port_of(effective: &toml::Table, section: &str) -> u16 {
 }
 
 const TOKEN_KEY: &str = "deploy-test-token-key-0123456789abcdef";
+/// The admin token the Kubernetes config reads from the environment.
+const ADMIN_TOKEN: &str = "deploy-test-admin-token";
 
 // ---- Dockerfile -------------------------------------------------------------------------------
 
@@ -202,7 +207,7 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
         .collect();
     let base = check_config(
         &repo().join("deploy/kubernetes/base/config.toml"),
-        &[("MRTR_TOKEN_KEY", TOKEN_KEY)],
+        &[("MRTR_TOKEN_KEY", TOKEN_KEY), ("MRTR_ADMIN_TOKEN", ADMIN_TOKEN)],
     );
     let ports = BTreeSet::from([port_of(&base, "server"), port_of(&base, "admin")]);
     assert_eq!(
@@ -392,6 +397,7 @@ fn check_configmap(objects: &[Value], dir: &Path) -> (toml::Table, String) {
         .args(["check", "--config"])
         .arg(&path)
         .env_remove("MRTR_TOKEN_KEY")
+        .env("MRTR_ADMIN_TOKEN", ADMIN_TOKEN)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&bare.stderr);
@@ -399,7 +405,8 @@ fn check_configmap(objects: &[Value], dir: &Path) -> (toml::Table, String) {
         !bare.status.success() && err.contains("MRTR_TOKEN_KEY is not set"),
         "{err}"
     );
-    (check_config(&path, &[("MRTR_TOKEN_KEY", TOKEN_KEY)]), text.to_string())
+    let env = [("MRTR_TOKEN_KEY", TOKEN_KEY), ("MRTR_ADMIN_TOKEN", ADMIN_TOKEN)];
+    (check_config(&path, &env), text.to_string())
 }
 
 #[test]
@@ -553,6 +560,16 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
         }
         let key = &env.iter().find(|e| e["name"] == "MRTR_TOKEN_KEY").unwrap()["valueFrom"]["secretKeyRef"];
         assert_eq!(key, &json!({"name": "mrtr-router", "key": "token-key"}));
+        // The admin listener is on the pod address: drains need the admin token, from the Secret.
+        assert_eq!(
+            effective["admin"]["token"].as_str(),
+            Some("<redacted>"),
+            "{}",
+            ctx("admin.token")
+        );
+        let admin = env.iter().find(|e| e["name"] == "MRTR_ADMIN_TOKEN");
+        let admin = &admin.unwrap_or_else(|| panic!("{}", ctx("env MRTR_ADMIN_TOKEN")))["valueFrom"]["secretKeyRef"];
+        assert_eq!(admin, &json!({"name": "mrtr-router", "key": "admin-token"}));
 
         // Shutdown: SIGTERM after the preStop sleep, then shutdown_grace within the grace period.
         let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();

@@ -17,6 +17,13 @@ pub const MAX_HEADERS: usize = 100;
 /// `server::limits`).
 pub const MAX_CONNECTIONS: usize = 10_000;
 pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
+/// Request-body bytes held at once across all connections while POST bodies are read: 256
+/// bodies of the default `max_body_bytes`.
+pub const MAX_BODY_BUFFER_BYTES: usize = 256 * 1024 * 1024;
+/// The admin listener's own limits: Prometheus, probes and operators need few connections.
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub const ADMIN_BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ROUTING_HEADER: &str = "Mcp-Routing-Id";
 pub const BODY_FIELD: &str = "messageId";
 pub const VIRTUAL_NODES: usize = 160;

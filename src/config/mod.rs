@@ -20,7 +20,7 @@ pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
 pub use log::{LogConfig, LogFormat};
 pub use routing::{OnPinLost, RoutingConfig};
-pub use server::{AdminConfig, ServerConfig, TlsConfig};
+pub use server::{AdminConfig, AdminToken, ServerConfig, TlsConfig};
 pub use tokens::TokensConfig;
 pub use tracing::TracingConfig;
 pub use upstream::{TlsClients, UpstreamConfig, UpstreamTls};
@@ -287,6 +287,51 @@ mod tests {
         // And what it printed is a TOML document on its own.
         let doc: toml::Table = printed.parse().unwrap();
         assert_eq!(doc["backend"][0]["name"].as_str(), Some(r#"a"b\c \" d"#));
+    }
+
+    #[test]
+    fn the_admin_token_comes_from_the_environment_and_is_never_printed() {
+        std::env::set_var("MRTR_TEST_ADMIN_TOKEN", "s3cret-admin-token");
+        let c = parse(&format!(
+            "{ONE}[admin]\ntoken = \"${{MRTR_TEST_ADMIN_TOKEN}}\"\nprotect_reads = true\nmax_connections = 8\n"
+        ))
+        .unwrap();
+        let token = c.admin.token.as_ref().unwrap();
+        assert!(token.matches(b"s3cret-admin-token"));
+        assert!(!token.matches(b"s3cret-admin-tokem") && !token.matches(b""));
+        assert!(c.admin.protect_reads);
+        assert_eq!(c.admin.max_connections, 8);
+        let printed = c.to_toml();
+        assert!(
+            !printed.contains("s3cret") && printed.contains("token = \"<redacted>\""),
+            "{printed}"
+        );
+        assert!(!format!("{c:?}").contains("s3cret"));
+        // Defaults: no token, reads open, the admin listener's own limits.
+        let c = parse(ONE).unwrap();
+        assert_eq!(
+            (c.admin.token.is_none(), c.admin.protect_reads, c.admin.max_connections),
+            (true, false, 64)
+        );
+        assert_eq!(c.server.max_body_buffer_bytes, 256 << 20);
+        for (bad, names) in [
+            (
+                "[admin]\nprotect_reads = true\n",
+                "admin.protect_reads: needs admin.token",
+            ),
+            (
+                "[admin]\ntoken = \"${MRTR_SURELY_UNSET_VAR}\"\n",
+                "MRTR_SURELY_UNSET_VAR",
+            ),
+            ("[admin]\ntoken = \"\"\n", "admin.token: empty"),
+            (
+                "[server]\nmax_body_bytes = 4096\nmax_body_buffer_bytes = 1024\n",
+                "must be at least server.max_body_bytes",
+            ),
+        ] {
+            let e = parse(&format!("{ONE}{bad}")).unwrap_err();
+            assert!(e.to_string().contains(names), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Streams one HTTP/2 client connection may have open at once.
     pub h2_max_concurrent_streams: u32,
+    /// Request-body bytes the router holds at once across all connections while it reads POST
+    /// bodies; a body that would go past it is answered 503 `router_overloaded`.
+    pub max_body_buffer_bytes: usize,
     /// `tls_cert` + `tls_key`: the proxy listener speaks TLS (HTTP/1.1 and HTTP/2 by ALPN).
     pub tls: Option<TlsConfig>,
 }
@@ -67,6 +70,51 @@ impl fmt::Debug for TlsConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+    /// The bearer token `POST /backends/*` needs (and, with `protect_reads`, `/backends` and
+    /// `/debug/route`). Unset: the mutating endpoints answer only on a loopback listener.
+    pub token: Option<AdminToken>,
+    /// The token is required for `/backends` and `/debug/route` too.
+    pub protect_reads: bool,
+    /// Admin connections open at once; past it, the oldest is closed to make room.
+    pub max_connections: usize,
+    /// Time an admin client has to send a request head (also the limit on an idle keep-alive
+    /// connection).
+    pub header_read_timeout: Duration,
+    /// Time an admin client has to send a request body (`POST /debug/route`).
+    pub body_read_timeout: Duration,
+}
+
+/// `admin.token`: only its SHA-256 is kept, and a presented token is compared with it in
+/// constant time; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    digest: [u8; 32],
+}
+
+impl AdminToken {
+    pub fn new(token: &[u8]) -> AdminToken {
+        AdminToken {
+            digest: digest(&[token]),
+        }
+    }
+
+    /// Whether `presented` is the token. The time taken depends on neither value: both are
+    /// hashed, and every byte of the digests is compared.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let other = digest(&[presented]);
+        let diff = self
+            .digest
+            .iter()
+            .zip(other.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
 }
 
 pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
@@ -85,8 +133,23 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
             defaults::H2_MAX_CONCURRENT_STREAMS.into(),
             1..=10_000,
         )? as u32,
+        max_body_buffer_bytes: s.int(
+            "max_body_buffer_bytes",
+            defaults::MAX_BODY_BUFFER_BYTES as i64,
+            64..=1 << 40,
+        )? as usize,
         tls: tls(&mut s)?,
     };
+    if server.max_body_buffer_bytes < server.max_body_bytes {
+        let span = s.span();
+        return s.err(
+            span,
+            format!(
+                "server.max_body_buffer_bytes ({}) must be at least server.max_body_bytes ({})",
+                server.max_body_buffer_bytes, server.max_body_bytes
+            ),
+        );
+    }
     s.finish(true)?;
     Ok(server)
 }
@@ -171,6 +234,31 @@ pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig
     if listen == server.listen {
         return s.err(span, "admin.listen: must differ from server.listen");
     }
+    let token = match s.text("token")? {
+        None => None,
+        Some(text) => {
+            let value = super::tokens::expand_env(text.value)
+                .or_else(|e| s.err(text.span.clone(), format!("admin.token: {e}")))?;
+            if value.is_empty() {
+                return s.err(text.span, "admin.token: empty (unset the key to have no token)");
+            }
+            s.print("token", format!("{}   # value hidden", quoted("<redacted>")));
+            Some(AdminToken::new(value.as_bytes()))
+        }
+    };
+    let protect_reads = s.bool("protect_reads", false)?;
+    if protect_reads && token.is_none() {
+        let span = s.span();
+        return s.err(span, "admin.protect_reads: needs admin.token");
+    }
+    let admin = AdminConfig {
+        listen,
+        token,
+        protect_reads,
+        max_connections: s.int("max_connections", defaults::ADMIN_MAX_CONNECTIONS as i64, 1..=100_000)? as usize,
+        header_read_timeout: s.duration("header_read_timeout", defaults::ADMIN_HEADER_READ_TIMEOUT)?,
+        body_read_timeout: s.duration("body_read_timeout", defaults::ADMIN_BODY_READ_TIMEOUT)?,
+    };
     s.finish(true)?;
-    Ok(AdminConfig { listen })
+    Ok(admin)
 }

@@ -79,7 +79,7 @@ pub(super) fn tokens(mut s: Section) -> Result<Option<TokensConfig>, ConfigError
 }
 
 /// Replaces `${NAME}` with the environment variable NAME (which must be set).
-fn expand_env(text: &str) -> Result<String, String> {
+pub(super) fn expand_env(text: &str) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {

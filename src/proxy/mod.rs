@@ -99,10 +99,23 @@ async fn handle_inner(
         record.obs = Some(Observation::begin(&parts, peer, started, access, snap.tracing.as_ref()));
     }
 
-    // Read: a POST's body whole (bounded in size and time); other methods stream theirs.
-    let (bytes, stream) = match parts.method == Method::POST {
-        true => (read::read_body(body, &snap).await?, None),
-        false => (Bytes::new(), Some(body)),
+    // Read: a POST's body whole (bounded in size and time, and held within the budget all
+    // bodies share until the request ends); other methods stream theirs. CONNECT and TRACE
+    // are no MCP methods: answered here, never forwarded.
+    let (bytes, stream, _held) = match parts.method == Method::POST {
+        true => {
+            let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer).await?;
+            (bytes, None, held)
+        }
+        false if parts.method == Method::CONNECT || parts.method == Method::TRACE => {
+            let method = if parts.method == Method::CONNECT {
+                "CONNECT"
+            } else {
+                "TRACE"
+            };
+            return Err(RouterError::MethodNotAllowed { method });
+        }
+        false => (Bytes::new(), Some(body), read::Held::nothing()),
     };
 
     // Keys: every handle the headers and the body carry.

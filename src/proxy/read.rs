@@ -1,6 +1,7 @@
 //! Reading bodies within their limits: a client's POST body whole (`max_body_bytes`,
-//! `body_read_timeout`; the rest of a refused one drained so the client reads the 413), and a
-//! backend's JSON answer whole (within the upstream deadline) so its outcome can be observed.
+//! `body_read_timeout`, and the budget all bodies being read share, `max_body_buffer_bytes`;
+//! the rest of a refused one drained so the client reads the 413 or 503), and a backend's JSON
+//! answer whole (within the upstream deadline) so its outcome can be observed.
 
 use std::pin::Pin;
 
@@ -14,6 +15,7 @@ use tokio::time::Sleep;
 use super::forward::within;
 use crate::body::MAX_OBSERVED_EVENT;
 use crate::error::RouterError;
+use crate::metrics::BodyBuffer;
 use crate::state::Snapshot;
 use crate::upstream::DrivenBody;
 
@@ -46,10 +48,47 @@ impl BodyBuf {
     }
 }
 
-/// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`.
-pub(super) async fn read_body(mut body: Incoming, snap: &Snapshot) -> Result<Bytes, RouterError> {
-    let result = read_limited(&mut body, snap).await;
-    if let Err(RouterError::BodyTooLarge { .. }) = result {
+/// A body's share of `max_body_buffer_bytes`, given back when dropped (the request ends).
+pub(super) struct Held<'a> {
+    budget: Option<&'a BodyBuffer>,
+    bytes: usize,
+}
+
+impl<'a> Held<'a> {
+    pub(super) fn nothing() -> Held<'a> {
+        Held { budget: None, bytes: 0 }
+    }
+
+    /// Takes `n` more bytes of `budget` (of `limit` in all), or answers `router_overloaded`.
+    fn take(&mut self, budget: &'a BodyBuffer, n: usize, limit: usize) -> Result<(), RouterError> {
+        if !budget.try_reserve(n, limit) {
+            return Err(RouterError::Overloaded);
+        }
+        self.budget = Some(budget);
+        self.bytes += n;
+        Ok(())
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(budget) = self.budget {
+            budget.release(self.bytes);
+        }
+    }
+}
+
+/// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`, each frame
+/// taken from the budget all bodies share (`max_body_buffer_bytes`) as it is read.
+pub(super) async fn read_body<'a>(
+    mut body: Incoming,
+    snap: &Snapshot,
+    budget: &'a BodyBuffer,
+) -> Result<(Bytes, Held<'a>), RouterError> {
+    let mut held = Held::nothing();
+    let result = read_limited(&mut body, snap, budget, &mut held).await;
+    if let Err(RouterError::BodyTooLarge { .. } | RouterError::Overloaded) = result {
+        drop(held);
         // A lingering close: read and drop what the client is still sending (bounded), so
         // that it reads the 413 instead of a connection reset.
         let drain = async {
@@ -62,28 +101,37 @@ pub(super) async fn read_body(mut body: Incoming, snap: &Snapshot) -> Result<Byt
             }
         };
         let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+        return result.map(|b| (b, Held::nothing()));
     }
-    result
+    result.map(|b| (b, held))
 }
 
-/// How much of a refused body is read and dropped before the 413 goes out, and for how long.
+/// How much of a refused body is read and dropped (not kept) before the 413 or 503 goes out,
+/// and for how long.
 const LINGER_BYTES: usize = 16 * 1024 * 1024;
 const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
-async fn read_limited(body: &mut Incoming, snap: &Snapshot) -> Result<Bytes, RouterError> {
+async fn read_limited<'a>(
+    body: &mut Incoming,
+    snap: &Snapshot,
+    budget: &'a BodyBuffer,
+    held: &mut Held<'a>,
+) -> Result<Bytes, RouterError> {
     let limit = snap.config.server.max_body_bytes;
+    let budget_limit = snap.config.server.max_body_buffer_bytes;
     // hyper has parsed `Content-Length` already: a declared length is the body's exact size.
     if body.size_hint().exact().is_some_and(|n| n > limit as u64) {
         return Err(RouterError::BodyTooLarge { limit });
     }
     let mut acc = BodyBuf::default();
-    let push = |acc: &mut BodyBuf, frame: Result<http_body::Frame<Bytes>, hyper::Error>| {
+    let mut push = |acc: &mut BodyBuf, frame: Result<http_body::Frame<Bytes>, hyper::Error>| {
         let Ok(data) = frame.map_err(|_| RouterError::BodyBroken)?.into_data() else {
             return Ok(());
         };
         if acc.len() + data.len() > limit {
             return Err(RouterError::BodyTooLarge { limit });
         }
+        held.take(budget, data.len(), budget_limit)?;
         acc.push(data);
         Ok(())
     };

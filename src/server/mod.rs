@@ -23,8 +23,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::{service_fn, Service};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncWrite, Interest};
 use tokio::net::{TcpListener, TcpStream};
@@ -56,7 +55,7 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// accepted (header read timeout, header limits, TLS certificate): a reload changes them for
 /// the connections accepted after it.
 pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let mut builders = Arc::new(Builders::new(&shared.snapshot().config.server));
+    let mut builders = Arc::new(Builders::new(&shared.snapshot().config.server, &shared));
     let shutdown_conns = Arc::new(Shutdown::default());
     let configured = shared.snapshot().config.server.max_connections;
     let fd_limit = limits::open_file_limit();
@@ -110,7 +109,7 @@ pub async fn serve_proxy(shared: Arc<Shared>, listener: TcpListener, shutdown: i
         {
             let snap = shared.snapshot();
             if builders.server != snap.config.server {
-                builders = Arc::new(Builders::new(&snap.config.server));
+                builders = Arc::new(Builders::new(&snap.config.server, &shared));
             }
         }
         let conn = Connection {
@@ -208,7 +207,7 @@ impl Connection {
                     let conn = self
                         .builders
                         .http1
-                        .serve_connection(TokioIo::new(stream), self.service(false));
+                        .serve_connection(TokioIo::new(stream), self.service(false, false));
                     let served = serve(conn, &self.shutdown, &self.activity, self.limits(), client).await;
                     self.http1_ended(served, |c| {
                         let p = c.into_parts();
@@ -268,7 +267,7 @@ impl Connection {
                 let conn = self
                     .builders
                     .http1
-                    .serve_connection(TokioIo::new(stream), self.service(true));
+                    .serve_connection(TokioIo::new(stream), self.service(true, false));
                 let served = serve(conn, &self.shutdown, &self.activity, self.limits(), Some(client)).await;
                 self.http1_ended(served, |c| {
                     let p = c.into_parts();
@@ -296,7 +295,7 @@ impl Connection {
         let conn = self
             .builders
             .http2
-            .serve_connection(TokioIo::new(io), self.service(tls));
+            .serve_connection(TokioIo::new(io), self.service(tls, true));
         let timeout = self.builders.header_read_timeout;
         match serve(conn, &self.shutdown, &self.activity, self.limits(), None).await {
             Served::Ended(r) => r,
@@ -336,10 +335,12 @@ impl Connection {
         }
     }
 
-    /// The connection's service: each request to [`proxy::handle`], counted in its activity.
+    /// The connection's service: each request to [`proxy::handle`], counted in its activity;
+    /// an HTTP/2 stream's answer also counts hyper's polls of it for [`watchdog::StreamExecutor`].
     fn service(
         &self,
         tls: bool,
+        h2: bool,
     ) -> impl Service<
         Request<Incoming>,
         Response = Response<watchdog::Tracked<ProxyBody>>,
@@ -353,7 +354,11 @@ impl Connection {
             let done = activity.start();
             // Small: `proxy::handle` boxes the large part of the request's future itself.
             let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls);
-            async move { Ok::<_, Infallible>(answer.await.map(|body| watchdog::Tracked::new(body, done))) }
+            async move {
+                // First polled inside the stream's task (HTTP/2), where its polls are found.
+                let stream = if h2 { watchdog::stream_polls() } else { None };
+                Ok::<_, Infallible>(answer.await.map(|body| watchdog::Tracked::new(body, done, stream)))
+            }
         })
     }
 }
@@ -426,7 +431,7 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// every later read; a TLS connection goes where ALPN says.
 struct Builders {
     http1: hyper::server::conn::http1::Builder,
-    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    http2: hyper::server::conn::http2::Builder<watchdog::StreamExecutor>,
     /// How long a new connection may stay silent (or take for its TLS handshake), and an
     /// HTTP/1 request head may take ([`watchdog`] keeps it; hyper's own would cost a timer
     /// per request).
@@ -438,7 +443,7 @@ struct Builders {
 }
 
 impl Builders {
-    fn new(cfg: &ServerConfig) -> Builders {
+    fn new(cfg: &ServerConfig, shared: &Shared) -> Builders {
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1
             .max_headers(cfg.max_headers)
@@ -450,7 +455,8 @@ impl Builders {
             // connection's timer looks for that (`watchdog`). A client that half-closes
             // while its request is in flight is still taken as gone, as hyper would.
             .half_close(true);
-        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        let streams = watchdog::StreamExecutor::new(cfg.stream_idle_timeout, shared.metrics.client_aborts.clone());
+        let mut http2 = hyper::server::conn::http2::Builder::new(streams);
         http2
             .timer(TokioTimer::new())
             .max_concurrent_streams(cfg.h2_max_concurrent_streams)
@@ -512,8 +518,26 @@ async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Protocol> {
 }
 
 /// Serves the admin endpoints until `stop` starts.
+///
+/// HTTP/1.1 only (Prometheus, probes and curl speak it), each connection with the
+/// `admin.header_read_timeout` of the config running when it was accepted (hyper's own: it
+/// bounds each request head and each idle keep-alive wait); `admin.body_read_timeout` bounds a
+/// request body. At most `admin.max_connections` are open: one more closes the oldest, so slow
+/// or idle clients can never keep a probe or a scrape out (a connection that sends its request
+/// at once is served before it could become the oldest).
 pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<Shutdown>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let local = listener.local_addr().ok();
+    let loopback = local.is_some_and(|a| a.ip().is_loopback());
+    if shared.snapshot().config.admin.token.is_none() && !loopback {
+        tracing::warn!(
+            admin = ?local,
+            "admin.token is not set and the admin listener is not on loopback: POST /backends/* answers 403"
+        );
+    }
+    let metrics = &shared.metrics;
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    // The open connections, oldest first.
+    let mut open: std::collections::VecDeque<tokio::task::AbortHandle> = std::collections::VecDeque::new();
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -522,14 +546,36 @@ pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<S
             },
             () = stop.started() => return,
         };
+        let snap = shared.snapshot();
+        let admin = &snap.config.admin;
+        open.retain(|c| !c.is_finished());
+        while open.len() >= admin.max_connections {
+            let Some(oldest) = open.pop_front() else { break };
+            oldest.abort();
+            metrics.connections_refused.with_label_values(&["admin_cap"]).inc();
+            let cap = admin.max_connections;
+            warn_at_most_every_10s(&mut last_warning, || {
+                tracing::warn!(cap, "admin.max_connections open: closing the oldest admin connection")
+            });
+        }
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(admin.header_read_timeout)
+            .max_headers(snap.config.server.max_headers)
+            .max_buf_size(MAX_HEAD_BYTES);
+        drop(snap);
         let shared = shared.clone();
         let service = service_fn(move |req| {
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(admin::handle(&shared, req).await) }
+            async move { Ok::<_, Infallible>(admin::handle(&shared, req, loopback).await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        open.push_back(
+            tokio::spawn(async move {
+                let _ = conn.await;
+            })
+            .abort_handle(),
+        );
     }
 }

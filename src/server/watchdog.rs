@@ -26,6 +26,11 @@
 //! and that no poll has followed for `stream_idle_timeout`, sits behind a client that reads
 //! nothing. That ends the connection too (two relaxed atomic writes per body poll).
 //!
+//! HTTP/2 has the same watch per stream rather than per connection ([`StreamExecutor`]): each
+//! stream's answer counts hyper's polls of it, and a stream whose answer has waited with its
+//! data in hyper's hands for `stream_idle_timeout` is reset, its request upstream dropped. The
+//! connection's other streams go on.
+//!
 //! Over TLS the peek is at the TCP socket under the TLS stream: it sees the client's FIN or
 //! reset as it would in cleartext (TLS records are bytes like any others, and a peek takes
 //! none of them). A client that sends a `close_notify` alert before its FIN leaves those bytes
@@ -64,11 +69,34 @@ pub struct Activity {
     started: AtomicU64,
     /// Answers written whole, or given up (their body was dropped).
     finished: AtomicU64,
-    /// Polls of answer bodies by hyper: it polls for more as long as it can write.
-    body_polls: AtomicU64,
-    /// The last poll handed hyper data, so the next one is hyper's to make once that data is
-    /// written: no poll for long then means the client takes nothing.
+    /// How hyper polls the answers' bodies (HTTP/1: one answer at a time).
+    polls: BodyPolls,
+}
+
+/// How hyper has polled an answer's body (or, for HTTP/1, the connection's answers): it asks
+/// for more only once it has written what it was handed, so a body whose last poll handed it
+/// data and that no poll has followed for long sits behind a client that takes nothing.
+#[derive(Default)]
+pub struct BodyPolls {
+    /// Polls of the body by hyper.
+    count: AtomicU64,
+    /// The last poll handed hyper data.
     holding: AtomicBool,
+}
+
+impl BodyPolls {
+    fn record(&self, handed_data: bool) {
+        // Relaxed: read by a timer on the same task (HTTP/2) or a quarter timeout later (HTTP/1).
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.holding.store(handed_data, Ordering::Relaxed);
+    }
+
+    /// `Some(polls so far)` while the last poll handed hyper data.
+    fn holding(&self) -> Option<u64> {
+        self.holding
+            .load(Ordering::Relaxed)
+            .then(|| self.count.load(Ordering::Relaxed))
+    }
 }
 
 impl Activity {
@@ -103,39 +131,213 @@ impl Drop for RequestDone {
     }
 }
 
-/// An answer's body, carrying its request's [`RequestDone`] until hyper has written it.
+/// An answer's body, carrying its request's [`RequestDone`] until hyper has written it, and
+/// counting hyper's polls of it: in the connection's [`Activity`] (HTTP/1), or in the
+/// stream's own [`BodyPolls`] (HTTP/2, see [`StreamExecutor`]).
 pub struct Tracked<B> {
     inner: B,
     _done: RequestDone,
+    stream: Option<Arc<BodyPolls>>,
+    /// HTTP/2: what is left of the last frame, handed on [`H2_SLICE`] at a time.
+    rest: Option<Bytes>,
 }
 
 impl<B> Tracked<B> {
-    pub fn new(inner: B, done: RequestDone) -> Tracked<B> {
-        Tracked { inner, _done: done }
+    pub fn new(inner: B, done: RequestDone, stream: Option<Arc<BodyPolls>>) -> Tracked<B> {
+        Tracked {
+            inner,
+            _done: done,
+            stream,
+            rest: None,
+        }
     }
 }
 
-impl<B: Body + Unpin> Body for Tracked<B> {
-    type Data = B::Data;
+/// The most of an answer an HTTP/2 stream hands hyper at a time (one DATA frame's worth): h2
+/// takes whatever it is handed, beyond the client's window, and hyper asks for more only once
+/// h2 has sent it all. So a stream's next poll comes once its client has taken this much, and
+/// one that does not come for `stream_idle_timeout` means a client taking less than that.
+const H2_SLICE: usize = 16 * 1024;
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Tracked<B> {
+    type Data = Bytes;
     type Error = B::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        let activity = &this._done.0;
-        activity.body_polls.fetch_add(1, Ordering::Relaxed);
-        activity
-            .holding
-            .store(matches!(polled, Poll::Ready(Some(Ok(_)))), Ordering::Relaxed);
+        let Some(stream) = &this.stream else {
+            let polled = Pin::new(&mut this.inner).poll_frame(cx);
+            this._done.0.polls.record(matches!(polled, Poll::Ready(Some(Ok(_)))));
+            return polled;
+        };
+        let polled = match this.rest.take() {
+            Some(mut rest) => {
+                if rest.len() > H2_SLICE {
+                    let piece = rest.split_to(H2_SLICE);
+                    this.rest = Some(rest);
+                    rest_piece(piece)
+                } else {
+                    rest_piece(rest)
+                }
+            }
+            None => {
+                let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(frame))) = &mut polled {
+                    if let Some(data) = frame.data_mut().filter(|d| d.len() > H2_SLICE) {
+                        this.rest = Some(data.split_off(H2_SLICE));
+                    }
+                }
+                polled
+            }
+        };
+        stream.record(matches!(polled, Poll::Ready(Some(Ok(_)))));
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.rest {
+            None => self.inner.size_hint(),
+            Some(rest) => {
+                let inner = self.inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + rest.len() as u64);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + rest.len() as u64);
+                }
+                hint
+            }
+        }
+    }
+}
+
+fn rest_piece<E>(piece: Bytes) -> Poll<Option<Result<Frame<Bytes>, E>>> {
+    Poll::Ready(Some(Ok(Frame::data(piece))))
+}
+
+tokio::task_local! {
+    /// The [`BodyPolls`] of the HTTP/2 stream whose task is being polled for the first time.
+    static STREAM_POLLS: Arc<BodyPolls>;
+}
+
+/// The [`BodyPolls`] of the HTTP/2 stream being served, for its answer's [`Tracked`] body. Only
+/// within the first poll of a stream's task, where the stream's service future first runs.
+pub fn stream_polls() -> Option<Arc<BodyPolls>> {
+    STREAM_POLLS.try_with(Arc::clone).ok()
+}
+
+/// The executor hyper's HTTP/2 server spawns each stream's task on: a stream whose answer's
+/// body handed hyper data, and that hyper has not polled again for `stall_limit`, waits for a
+/// client that takes nothing (it never opens its flow-control window: hyper polls a body only
+/// once it has room to send what it was handed). Such a stream's task is dropped: h2 resets
+/// the stream (`RST_STREAM` `CANCEL`), and the request upstream is dropped with the body, as
+/// the connection watchdog drops an HTTP/1 connection whose client takes nothing.
+///
+/// A stream costs a [`BodyPolls`] (one allocation) and no timer while its client reads: the
+/// timer is armed only when a poll of the task ends with the body's data still with hyper.
+#[derive(Clone)]
+pub struct StreamExecutor {
+    stall_limit: Duration,
+    aborts: prometheus::IntCounter,
+}
+
+impl StreamExecutor {
+    /// `aborts` counts the streams reset for it.
+    pub fn new(stall_limit: Duration, aborts: prometheus::IntCounter) -> StreamExecutor {
+        StreamExecutor { stall_limit, aborts }
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for StreamExecutor
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(Watched {
+            inner: fut,
+            polls: Arc::new(BodyPolls::default()),
+            first: true,
+            stall_limit: self.stall_limit,
+            stall: None,
+            timer: None,
+            aborts: self.aborts.clone(),
+        });
+    }
+}
+
+/// An HTTP/2 stream's task under [`StreamExecutor`]'s watch.
+struct Watched<F> {
+    inner: F,
+    polls: Arc<BodyPolls>,
+    first: bool,
+    stall_limit: Duration,
+    /// The body's poll count when the task was last found waiting with its data with hyper,
+    /// and since when.
+    stall: Option<(u64, tokio::time::Instant)>,
+    /// Armed at the first such wait; left in place (and re-aimed when it fires) after.
+    timer: Option<Pin<Box<Sleep>>>,
+    aborts: prometheus::IntCounter,
+}
+
+impl<F: Future<Output = ()>> Future for Watched<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: `inner` is never moved out of the pinned `Watched`; nothing else is pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
+        let polled = match std::mem::take(&mut this.first) {
+            true => STREAM_POLLS.sync_scope(this.polls.clone(), || inner.poll(cx)),
+            false => inner.poll(cx),
+        };
+        if polled.is_ready() {
+            return Poll::Ready(());
+        }
+        let Some(count) = this.polls.holding() else {
+            this.stall = None;
+            return Poll::Pending;
+        };
+        match this.stall {
+            Some((seen, since)) if seen == count => {
+                let Some(timer) = this.timer.as_mut() else {
+                    return Poll::Pending;
+                };
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                // The timer was aimed at this stall or an earlier one.
+                let deadline = since + this.stall_limit;
+                if tokio::time::Instant::now() >= deadline {
+                    this.aborts.inc();
+                    tracing::debug!("HTTP/2 client took nothing of its answer for stream_idle_timeout: stream reset");
+                    return Poll::Ready(());
+                }
+                timer.as_mut().reset(deadline);
+                let _ = timer.as_mut().poll(cx);
+            }
+            _ => {
+                let now = tokio::time::Instant::now();
+                this.stall = Some((count, now));
+                let deadline = now + this.stall_limit;
+                match &mut this.timer {
+                    None => {
+                        let mut timer = Box::pin(tokio::time::sleep_until(deadline));
+                        let _ = timer.as_mut().poll(cx);
+                        this.timer = Some(timer);
+                    }
+                    Some(timer) if timer.is_elapsed() => {
+                        timer.as_mut().reset(deadline);
+                        let _ = timer.as_mut().poll(cx);
+                    }
+                    // Aimed at an earlier stall: it fires sooner, and is aimed at this one then.
+                    Some(_) => {}
+                }
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -225,15 +427,15 @@ impl Watchdog {
         if in_flight && self.client.is_some_and(client_left) {
             return Poll::Ready(Expiry::ClientLeft);
         }
-        let polls = activity.body_polls.load(Ordering::Relaxed);
-        if in_flight && self.client.is_some() && activity.holding.load(Ordering::Relaxed) && polls == self.seen_polls {
+        let holding = activity.polls.holding();
+        if in_flight && self.client.is_some() && holding.is_some_and(|polls| polls == self.seen_polls) {
             self.stalled += 1;
             if self.stalled >= self.stall_checks {
                 return Poll::Ready(Expiry::Stalled);
             }
         } else {
             self.stalled = 0;
-            self.seen_polls = polls;
+            self.seen_polls = activity.polls.count.load(Ordering::Relaxed);
         }
         let next = self.tick.deadline() + self.period;
         self.tick.as_mut().reset(next);
