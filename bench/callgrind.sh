@@ -7,6 +7,9 @@
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
 #   BENCH_CG_PEERS="mrtr haproxy nginx floor" bench/callgrind.sh   # nginx as the proxy too
 #   BENCH_CG_LOAD=body BENCH_CG_PEERS=mrtr bench/callgrind.sh       # body-keyed (key only in messageId)
+#   BENCH_CG_UPSTREAM=tls BENCH_CG_PEERS="mrtr haproxy nginx" bench/callgrind.sh   # HTTPS to the backends
+#     (as bench/run.py's *-upstream-tls rows: a test CA made here, the certificate for bench.test,
+#     verified); BENCH_CG_UPSTREAM=h2c: HTTP/2 with prior knowledge (mrtr and haproxy only)
 #   BENCH_CG_ROUTER_EXTRA=$'[log]\naccess = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh   # config appended
 #     to the router's (the backends' nginx also takes OTLP exports at /v1/traces, so
 #     BENCH_CG_ROUTER_EXTRA=$'[tracing]\notlp_endpoint = "http://127.0.0.1:<BASE+1>"' measures tracing on)
@@ -25,6 +28,7 @@ ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
 FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
 LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument: header or body
+UPSTREAM=${BENCH_CG_UPSTREAM:-h1}  # what the proxies speak to the backends: h1, tls or h2c
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
 # Ports of their own (BENCH_CG_PORT_BASE, default 27100), so a bench run elsewhere on the machine
 # cannot answer in the measured proxy's place.
@@ -39,6 +43,36 @@ for tool in valgrind callgrind_control wrk nginx haproxy curl; do
 done
 [[ -x $ROUTER_BIN ]] || die "no router binary at $ROUTER_BIN (cargo build --release)"
 mkdir -p "$OUT/tmp"
+
+# The backends' listen flag, and each proxy's lines for the upstream protocol.
+BACKEND_LISTEN="" BACKEND_TLS="" ROUTER_SCHEME=http ROUTER_UPSTREAM="" ROUTER_BACKEND_EXTRA=""
+HAPROXY_SERVER_OPTS="" NGINX_SCHEME=http NGINX_UPSTREAM_TLS=""
+case $UPSTREAM in
+  h1) ;;
+  tls)
+    command -v openssl >/dev/null 2>&1 || die "openssl not found (apt-get install openssl)"
+    EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2)
+    openssl req -x509 "${EC[@]}" -keyout "$OUT/ca.key" -out "$OUT/ca.pem" -subj "/CN=callgrind test CA" \
+      >/dev/null 2>&1 || die "openssl: test CA"
+    openssl req -x509 "${EC[@]}" -keyout "$OUT/backend.key" -out "$OUT/backend.pem" -subj "/CN=bench.test" \
+      -CA "$OUT/ca.pem" -CAkey "$OUT/ca.key" -addext "subjectAltName=DNS:bench.test" \
+      -addext "basicConstraints=critical,CA:FALSE" -addext "extendedKeyUsage=serverAuth" \
+      >/dev/null 2>&1 || die "openssl: backend certificate"
+    BACKEND_LISTEN=" ssl"
+    BACKEND_TLS="ssl_certificate $OUT/backend.pem; ssl_certificate_key $OUT/backend.key; ssl_protocols TLSv1.2 TLSv1.3;"
+    ROUTER_SCHEME=https
+    ROUTER_UPSTREAM=$(printf '[upstream]\ntls_ca = "%s"' "$OUT/ca.pem")
+    ROUTER_BACKEND_EXTRA='tls_server_name = "bench.test"'
+    HAPROXY_SERVER_OPTS=" ssl verify required ca-file $OUT/ca.pem sni str(bench.test) verifyhost bench.test alpn http/1.1"
+    NGINX_SCHEME=https
+    NGINX_UPSTREAM_TLS="proxy_ssl_verify on; proxy_ssl_trusted_certificate $OUT/ca.pem; proxy_ssl_name bench.test;
+      proxy_ssl_server_name on; proxy_ssl_session_reuse on; proxy_ssl_protocols TLSv1.2 TLSv1.3;" ;;
+  h2c)
+    BACKEND_LISTEN=" http2"
+    ROUTER_UPSTREAM=$(printf '[upstream]\nhttp2 = true')
+    HAPROXY_SERVER_OPTS=" proto h2" ;;
+  *) die "BENCH_CG_UPSTREAM must be h1, tls or h2c, not '$UPSTREAM'" ;;
+esac
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -61,7 +95,9 @@ error_log $OUT/nginx-error.log warn;
 ${NGINX_HTTP_START}
   default_type application/json;
   server {
-    listen 127.0.0.1:${PORTS[0]}; listen 127.0.0.1:${PORTS[1]}; listen 127.0.0.1:${PORTS[2]};
+    listen 127.0.0.1:${PORTS[0]}$BACKEND_LISTEN; listen 127.0.0.1:${PORTS[1]}$BACKEND_LISTEN;
+    listen 127.0.0.1:${PORTS[2]}$BACKEND_LISTEN;
+    $BACKEND_TLS
     location = /mcp { return 200 '{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}'; }
     location = /v1/traces { client_max_body_size 64m; return 200 ''; }
   }
@@ -75,9 +111,11 @@ cat >"$OUT/router.toml" <<EOF
 listen = "127.0.0.1:$PROXY_PORT"
 [admin]
 listen = "127.0.0.1:$ADMIN_PORT"
+$ROUTER_UPSTREAM
 EOF
 for i in 0 1 2; do
-  printf '[[backend]]\nname = "b%d"\nurl = "http://127.0.0.1:%d"\n' "$i" "${PORTS[$i]}" >>"$OUT/router.toml"
+  printf '[[backend]]\nname = "b%d"\nurl = "%s://127.0.0.1:%d"\n%s\n' "$i" "$ROUTER_SCHEME" "${PORTS[$i]}" \
+    "$ROUTER_BACKEND_EXTRA" >>"$OUT/router.toml"
 done
 # Extra router config (e.g. [log] access = true, or [tracing]), from BENCH_CG_ROUTER_EXTRA.
 printf '%s\n' "${BENCH_CG_ROUTER_EXTRA:-}" >>"$OUT/router.toml"
@@ -98,9 +136,9 @@ frontend fe
 backend be
   balance hdr(Mcp-Routing-Id)
   hash-type consistent
-  server b0 127.0.0.1:${PORTS[0]}
-  server b1 127.0.0.1:${PORTS[1]}
-  server b2 127.0.0.1:${PORTS[2]}
+  server b0 127.0.0.1:${PORTS[0]}$HAPROXY_SERVER_OPTS
+  server b1 127.0.0.1:${PORTS[1]}$HAPROXY_SERVER_OPTS
+  server b2 127.0.0.1:${PORTS[2]}$HAPROXY_SERVER_OPTS
 EOF
 
 # nginx as the proxy, as in bench/run.sh's nginx-header row; one process (no master) so that
@@ -123,10 +161,11 @@ ${NGINX_HTTP_START}
   server {
     listen 127.0.0.1:$PROXY_PORT;
     location / {
-      proxy_pass http://mcp;
+      proxy_pass $NGINX_SCHEME://mcp;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_buffering off;
+      $NGINX_UPSTREAM_TLS
     }
   }
 }
@@ -157,15 +196,18 @@ measure() {  # measure <name> <command...>
   # This run's dump only: valgrind keeps the pid, and $OUT may hold older runs' files.
   ir=$(grep -h '^summary:\|^totals:' "$OUT/$name.$vp.1" | tail -1 | awk '{print $2}')
   [[ -n $req && $req -gt 0 && -n $ir ]] || die "$name: no measurement (see $OUT)"
-  printf '%-10s %-6s requests %7d   instructions/request %7d\n' "$name" "$LOAD" "$req" $((ir / req))
+  printf '%-10s %-6s %-4s requests %7d   instructions/request %7d\n' "$name" "$LOAD" "$UPSTREAM" "$req" $((ir / req))
 }
 
 for peer in $PEERS; do
   case $peer in
     mrtr) MRTR_WORKER_THREADS=1 measure mrtr "$ROUTER_BIN" --config "$OUT/router.toml" ;;
     haproxy) measure haproxy haproxy -f "$OUT/haproxy.cfg" -db ;;
-    nginx) measure nginx nginx -p "$OUT/nginx-proxy" -c "$OUT/nginx-proxy.conf" ;;
+    nginx)
+      [[ $UPSTREAM != h2c ]] || die "nginx cannot proxy HTTP/2 to its backends (BENCH_CG_UPSTREAM=h2c)"
+      measure nginx nginx -p "$OUT/nginx-proxy" -c "$OUT/nginx-proxy.conf" ;;
     floor)
+      [[ $UPSTREAM == h1 ]] || die "hyper-floor speaks HTTP/1.1 in clear text only (BENCH_CG_UPSTREAM=$UPSTREAM)"
       [[ -x $FLOOR_BIN ]] || die "no $FLOOR_BIN (cargo build --release --example hyper_floor)"
       measure floor "$FLOOR_BIN" "127.0.0.1:$PROXY_PORT" \
         "127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}" ;;

@@ -2,6 +2,9 @@
 held streams) and each row's proxy, configured from the templates in bench/peers/, started on
 its own core, checked ready (and, for TLS rows, that it speaks TLS 1.3), and stopped.
 
+The backend nginx answers on three ports per upstream protocol (rows.UPSTREAMS): HTTP/1.1 in
+clear text, HTTPS with a certificate for `bench.test` from a test CA made at run time, and h2c.
+
 A proxy that cannot start is the row's failure (PeerError), not the run's; a backend that cannot
 start ends the run (SettingError: the bench cannot measure anything without it).
 """
@@ -31,6 +34,9 @@ class Ports:
     def __init__(self, offset=0):
         o = offset
         self.backend = (19001 + o, 19002 + o, 19003 + o)   # nginx: JSON-RPC answers, $connection log
+        self.backend_tls = (19021 + o, 19022 + o, 19023 + o)  # the same nginx over HTTPS (bench.test)
+        self.backend_h2c = (19031 + o, 19032 + o, 19033 + o)  # the same nginx over h2c only
+        self.upstream = {rows.UP_H1: self.backend, rows.UP_TLS: self.backend_tls, rows.UP_H2C: self.backend_h2c}
         self.sse = (19011 + o, 19012 + o, 19013 + o)       # clients/sse_backend.py: held streams
         self.router, self.router_admin = 18080 + o, 18090 + o
         self.haproxy, self.nginx, self.floor = 18081 + o, 18082 + o, 18083 + o
@@ -38,8 +44,12 @@ class Ports:
                       rows.FLOOR: self.floor}
 
     def all(self):
-        return self.backend + self.sse + (self.router, self.router_admin, self.haproxy, self.nginx, self.floor)
+        return self.backend + self.backend_tls + self.backend_h2c + self.sse + (self.router, self.router_admin, self.haproxy, self.nginx, self.floor)
 
+
+# The name in the backends' certificate, and the only one: a proxy must be told to check it (it
+# reaches them by IP), and one that checked 127.0.0.1 instead would fail the handshake.
+BACKEND_TLS_NAME = "bench.test"
 
 READY_BODY = '{"jsonrpc":"2.0","id":0,"messageId":"bench-ready","method":"tools/call","params":{"name":"x"}}'
 
@@ -95,12 +105,19 @@ def tls_client_context(alpn=None):
     return ctx
 
 
-def post(url, timeout=1.0, headers=None, body=READY_BODY):
-    """One POST; (status, headers, body, tls info). Raises OSError/HTTPException."""
+def post(url, timeout=1.0, headers=None, body=READY_BODY, verify=None):
+    """One POST; (status, headers, body, tls info). verify=(ca file, name): the server's
+    certificate is checked against that CA for that name (sent as SNI). Raises
+    OSError/HTTPException."""
     m = re.match(r"(https?)://([^:/]+):(\d+)(/.*)?$", url)
     scheme, host, port, path = m.group(1), m.group(2), int(m.group(3)), m.group(4) or "/"
     if scheme == "https":
-        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=tls_client_context())
+        ctx = tls_client_context()
+        if verify:
+            ctx = ssl.create_default_context(cafile=str(verify[0]))
+            conn = _NamedHTTPSConnection(host, port, timeout=timeout, context=ctx, server_name=verify[1])
+        else:
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx)
     else:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
@@ -116,6 +133,19 @@ def post(url, timeout=1.0, headers=None, body=READY_BODY):
         return resp.status, dict(resp.getheaders()), data, tls
     finally:
         conn.close()
+
+
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to an address, the certificate checked for another name (as the proxies reach the
+    backends: by IP, checking bench.test)."""
+
+    def __init__(self, host, port, server_name, **kw):
+        super().__init__(host, port, **kw)
+        self.server_name = server_name
+
+    def connect(self):
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.server_name)
 
 
 def get(host, port, path, timeout=2.0):
@@ -143,6 +173,7 @@ class Peers:
         self.backend_dir = self.tmp / "backend"
         self.sse_backend = None    # clients/sse_backend.py
         self._cert = None
+        self._backend_ca = None
         self.user_line = "user root;" if os.geteuid() == 0 else ""
 
     # --- templates and files -----------------------------------------------------------------
@@ -169,6 +200,30 @@ class Peers:
             self._cert = (cert, key, both)
         return self._cert
 
+    def backend_ca(self):
+        """A test CA and the backends' certificate for BACKEND_TLS_NAME signed by it (both ECDSA
+        P-256, openssl, once per run): (ca.pem, cert.pem, key.pem). The proxies trust ca.pem
+        only; the certificate has no IP address, so each proxy must check the name."""
+        if self._backend_ca is None:
+            d = self.tmp / "backend-tls"
+            d.mkdir(exist_ok=True)
+            ca, ca_key, cert, key = d / "ca.pem", d / "ca.key", d / "cert.pem", d / "key.pem"
+            ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"]
+            for cmd in (["openssl", "req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca),
+                         "-subj", "/CN=mrtr-router bench test CA"],
+                        ["openssl", "req", "-x509", *ec, "-keyout", str(key), "-out", str(cert),
+                         "-subj", f"/CN={BACKEND_TLS_NAME}", "-CA", str(ca), "-CAkey", str(ca_key),
+                         "-addext", f"subjectAltName=DNS:{BACKEND_TLS_NAME}",
+                         "-addext", "basicConstraints=critical,CA:FALSE",
+                         "-addext", "keyUsage=critical,digitalSignature",
+                         "-addext", "extendedKeyUsage=serverAuth"]):
+                r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                if r.returncode != 0:
+                    raise SettingError("openssl could not make the backends' test CA and certificate: "
+                                       + r.stdout.decode()[-300:])
+            self._backend_ca = (ca, cert, key)
+        return self._backend_ca
+
     def ready_body(self):
         p = self.tmp / "ready-body.json"
         if not p.exists():
@@ -180,25 +235,44 @@ class Peers:
         """One nginx, one worker, on the load cpus, listening on the backend ports."""
         d = self.backend_dir
         (d / "tmp").mkdir(parents=True, exist_ok=True)
-        conf = self.render("nginx-backend.conf.in", d / "nginx.conf", user_line=self.user_line,
-                           dir=d, host=HOST, port1=self.ports.backend[0], port2=self.ports.backend[1],
-                           port3=self.ports.backend[2], rlimit=self.fd_limit,
-                           worker_connections=self.fd_limit)
+        conf = self.backend_config(d)
         self._nginx_check(d, conf, fatal=True)
         self.backend = self.procs.spawn(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf)],
                                         cpus=self.s.load_cpus, log=d / "stdout.log")
         deadline = time.monotonic() + 10
+        ca = self.backend_ca()[0]
+        last = None
         while time.monotonic() < deadline:
             try:
-                if all(post(f"http://{HOST}:{p}/mcp")[0] == 200 for p in self.ports.backend):
-                    return
-            except (OSError, http.client.HTTPException):
-                pass
+                # Every port, in its own protocol: the TLS ones with the certificate checked as the
+                # proxies will check it (ca.pem, the name bench.test); the h2c ones by h2load.
+                if (all(post(f"http://{HOST}:{p}/mcp")[0] == 200 for p in self.ports.backend)
+                        and all(post(f"https://{HOST}:{p}/mcp", verify=(ca, BACKEND_TLS_NAME))[0] == 200
+                                for p in self.ports.backend_tls)):
+                    for p in self.ports.backend_h2c:
+                        ok, last = h2_ready(f"http://{HOST}:{p}/mcp", self.ready_body())
+                        if not ok:
+                            break
+                    else:
+                        return
+            except (OSError, http.client.HTTPException, subprocess.TimeoutExpired) as e:
+                last = repr(e)
             if self.backend.poll() is not None:
                 break
             time.sleep(0.1)
-        raise SettingError(f"backend nginx did not come up on ports {self.ports.backend}: "
+        ports = self.ports.backend + self.ports.backend_tls + self.ports.backend_h2c
+        raise SettingError(f"backend nginx did not come up on ports {ports} ({last}): "
                            + _tail(d / "error.log") + _tail(d / "stdout.log"))
+
+    def backend_config(self, d):
+        ca, cert, key = self.backend_ca()
+        b, t, h = self.ports.backend, self.ports.backend_tls, self.ports.backend_h2c
+        return self.render("nginx-backend.conf.in", d / "nginx.conf", user_line=self.user_line,
+                           dir=d, host=HOST, port1=b[0], port2=b[1], port3=b[2],
+                           tls_port1=t[0], tls_port2=t[1], tls_port3=t[2],
+                           h2c_port1=h[0], h2c_port2=h[1], h2c_port3=h[2],
+                           tls_cert=cert, tls_key=key, rlimit=self.fd_limit,
+                           worker_connections=self.fd_limit)
 
     def start_sse_backend(self):
         """clients/sse_backend.py on the load cpus, listening on the SSE ports."""
@@ -218,7 +292,7 @@ class Peers:
 
     # --- proxies -----------------------------------------------------------------------------
     def _backends_of(self, row):
-        ports = self.ports.sse if row.load == rows.STREAMS else self.ports.backend
+        ports = self.ports.sse if row.load == rows.STREAMS else self.ports.upstream[row.upstream]
         return {f"backend{i + 1}": f"{HOST}:{p}" for i, p in enumerate(ports)}
 
     def _many_conns(self, row):
@@ -226,8 +300,8 @@ class Peers:
 
     def start(self, row):
         """Starts the row's proxy and waits until it answers; a Peer, or PeerError."""
-        if row.upstream != "h1":
-            raise PeerError(f"upstream={row.upstream} is not built yet (see rows.py)")
+        if row.upstream not in rows.UPSTREAMS or (row.upstream == rows.UP_H2C and row.peer == rows.NGINX):
+            raise PeerError(f"{row.peer} cannot speak upstream={row.upstream} (see rows.py)")
         if row.peer == rows.DIRECT:
             return Peer(row, None, self.ports.backend[0], f"http://{HOST}:{self.ports.backend[0]}/mcp")
         d = self.tmp / row.name
@@ -261,8 +335,16 @@ class Peers:
         if row.body_bytes:
             # A 1 MiB body must fit under the limit with room to spare; the default is 1 MiB.
             extra.append(f"max_body_bytes = {max(2 * 1024 * 1024, 2 * row.body_bytes)}")
+        scheme, upstream, backend_extra = "http", "", ""
+        if row.upstream == rows.UP_TLS:
+            scheme = "https"
+            upstream = f'[upstream]\ntls_ca = "{self.backend_ca()[0]}"'
+            backend_extra = f'tls_server_name = "{BACKEND_TLS_NAME}"'
+        elif row.upstream == rows.UP_H2C:
+            upstream = "[upstream]\nhttp2 = true"
         return self.render("router.toml.in", d / "config.toml", listen=f"{HOST}:{self.ports.router}",
                            admin_listen=f"{HOST}:{self.ports.router_admin}", server_extra="\n".join(extra),
+                           upstream=upstream, scheme=scheme, backend_extra=backend_extra,
                            **self._backends_of(row))
 
     def haproxy_config(self, row, d):
@@ -293,9 +375,19 @@ class Peers:
             balance = ("  option http-buffer-request\n"
                        "  http-request set-var(txn.rk) req.body,json_query('$.messageId')\n"
                        "  balance hash var(txn.rk)")
+        server_opts = ""
+        if row.upstream == rows.UP_TLS:
+            # Verified (the test CA only, the name bench.test), HTTP/1.1 by ALPN; HAProxy resumes
+            # its server-side TLS sessions by default (no-ssl-reuse turns it off).
+            n = BACKEND_TLS_NAME
+            server_opts = (f" ssl verify required ca-file {self.backend_ca()[0]} sni str({n}) verifyhost {n}"
+                           " alpn http/1.1")
+        elif row.upstream == rows.UP_H2C:
+            server_opts = " proto h2"
         return self.render("haproxy.cfg.in", d / "haproxy.cfg", maxconn=maxconn,
                            global_extra="\n".join(global_extra), defaults_extra="\n".join(defaults_extra),
-                           bind=bind, frontend_rules=rules, balance=balance, **self._backends_of(row))
+                           bind=bind, frontend_rules=rules, balance=balance, server_opts=server_opts,
+                           **self._backends_of(row))
 
     def nginx_config(self, row, d):
         (d / "tmp").mkdir(parents=True, exist_ok=True)
@@ -315,10 +407,26 @@ class Peers:
         keepalive = self.s.nginx_keepalive
         if row.h2 and "nginx_keepalive" not in self.s.explicit:
             keepalive = 3 * self.s.h2_connections * self.s.h2_streams
+        if row.upstream == rows.UP_H2C:
+            raise PeerError("nginx cannot proxy HTTP/2 to its backends (proxy_http_version: 1.0 or 1.1)")
+        scheme, upstream_tls = "http", ""
+        if row.upstream == rows.UP_TLS:
+            # Verified (the test CA only, the name bench.test, sent as SNI), sessions resumed on
+            # new connections. nginx 1.22's default proxy_ssl_protocols lack TLSv1.3 (1.23.4
+            # added it): without this line it would speak TLS 1.2 to backends that offer 1.3.
+            scheme = "https"
+            upstream_tls = "\n".join([
+                "      proxy_ssl_verify on;",
+                f"      proxy_ssl_trusted_certificate {self.backend_ca()[0]};",
+                f"      proxy_ssl_name {BACKEND_TLS_NAME};",
+                "      proxy_ssl_server_name on;",
+                "      proxy_ssl_session_reuse on;",
+                "      proxy_ssl_protocols TLSv1.2 TLSv1.3;"])
         return self.render("nginx-proxy.conf.in", d / "nginx.conf", user_line=self.user_line, dir=d,
                            rlimit_line=f"worker_rlimit_nofile {self.fd_limit};" if many else "",
                            worker_connections=2 * self.fd_limit if many else 8192, listen=listen, tls=tls,
-                           keepalive=keepalive, **self._backends_of(row))
+                           keepalive=keepalive, scheme=scheme, upstream_tls=upstream_tls,
+                           **self._backends_of(row))
 
     def check_config(self, row, conf):
         """haproxy -c / nginx -t on a rendered config; PeerError with their complaint."""

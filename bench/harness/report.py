@@ -84,6 +84,13 @@ def aggregate(row, rounds, n_rounds):
         })
         if row.load == rows.HANDSHAKE:
             e["resumed_pct"] = med("resumed_pct", 1)
+        ups = [r["upstream"] for r in rounds if r.get("upstream")]
+        e["upstream"] = {"kind": row.upstream, "plain_row": row.plain or None,
+                         "protocols": _merge(u["protocols"] for u in ups),
+                         "ciphers": _merge(u["ciphers"] for u in ups)}
+        if any("tls_conns" in u for u in ups):
+            e["upstream"]["tls_conns"] = sum(u.get("tls_conns", 0) for u in ups)
+            e["upstream"]["tls_resumed"] = sum(u.get("tls_resumed", 0) for u in ups)
         if any(r.get("sse_probe") for r in rounds):
             sp = [r["sse_probe"] for r in rounds if r.get("sse_probe")]
             m = lambda f: _r(measure.median([f(x) for x in sp if f(x) is not None]), 3)
@@ -102,6 +109,14 @@ def aggregate(row, rounds, n_rounds):
     return e
 
 
+def _merge(dicts):
+    out = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def _ratio(a, b):
     if a is None or b in (None, 0):
         return None
@@ -118,6 +133,16 @@ def add_ratios(entries):
         if "rps" in e:
             e["rps_vs_baseline"] = _ratio(e["rps"], base["rps"]) if usable else None
             e["cpu_vs_baseline"] = _ratio(e["proxy_cpu_us_per_req"], base["proxy_cpu_us_per_req"]) if usable else None
+        up = e.get("upstream") or {}
+        if up.get("plain_row"):
+            # the upstream rows against the same peer's plain-HTTP/1.1 row of the same run
+            plain = by.get(up["plain_row"])
+            ok = plain is not None and plain["status"] in OK and e["status"] in OK
+            cpu = e["proxy_cpu_us_per_req"]
+            pcpu = plain["proxy_cpu_us_per_req"] if ok else None
+            up["rps_vs_plain"] = _ratio(e["rps"], plain["rps"]) if ok else None
+            up["cpu_vs_plain"] = _ratio(cpu, pcpu) if ok else None
+            up["cpu_added_us"] = round(cpu - pcpu, 2) if ok and None not in (cpu, pcpu) else None
         if "memory" in e:
             kind = "streams" if e["kind"] == rows.STREAMS else "idle-conns"
             for peer, key in (("haproxy", "mem_vs_haproxy"), ("nginx", "mem_vs_nginx")):
@@ -167,6 +192,29 @@ def print_tables(settings, entries, out):
         out.write("errors: sum over the rounds. rps/hap, cpu/hap: ratio of the medians to the row's HAProxy "
                   "row (haproxy-header for the short-request rows; see bench/README.md). direct has no proxy: "
                   "its new-up are wrk's own connections.\n")
+
+    ups = [e for e in entries if (e.get("upstream") or {}).get("plain_row")]
+    if ups:
+        fmt = f"%-{w}s %-17s %8s %8s %9s %9s %8s %8s %8s %8s %10s\n"
+        out.write("\nBackend TLS and HTTP/2 (the plain row: the same peer's *-header row of this run; medians over rounds)\n")
+        out.write(fmt % ("peer", "backends saw", "req/s", "rps/plain", "CPU us/r", "+us/r", "cpu/plain",
+                         "p99 ms", "plain p99", "cpu/hap", "TLS conns"))
+        by = {e["peer"]: e for e in entries}
+        for e in ups:
+            up = e["upstream"]
+            plain = by.get(up["plain_row"])
+            seen = ",".join(sorted(up["protocols"])) or "-"
+            conns = "-"
+            if "tls_conns" in up:
+                conns = f"{up['tls_conns']} ({up['tls_resumed']} r)"
+            out.write(fmt % (e["peer"], seen, _show(e["rps"]), _show(up["rps_vs_plain"]),
+                             _show(e["proxy_cpu_us_per_req"]), _show(up["cpu_added_us"]), _show(up["cpu_vs_plain"]),
+                             _show(e["p99_ms"]), _show(plain["p99_ms"] if plain else None),
+                             _show(e["cpu_vs_baseline"]), conns))
+        out.write("backends saw: $server_protocol and $ssl_protocol of every request at the backend nginx. +us/r: CPU "
+                  "us/r minus the plain row's. TLS conns: upstream TLS connections that carried requests from "
+                  "start-up to the end of the run, summed over the rounds, (r) of them resumed a session. nginx "
+                  "has no h2 row: it proxies HTTP/1.x only.\n")
 
     hs = [e for e in entries if e["kind"] == rows.HANDSHAKE]
     if hs:

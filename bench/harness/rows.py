@@ -16,6 +16,12 @@ H2 = "h2"                # h2load: HTTP/2 clients (h2c, or TLS with ALPN h2)
 HANDSHAKE = "handshake"  # clients/tls_load.py: a new TLS connection per request
 STREAMS = "streams"      # clients/sse_load.py: held SSE streams, memory per stream, event latency
 IDLE = "idle"            # clients/sse_load.py: idle keep-alive connections, memory per connection
+# upstream: what the proxy speaks to the backend nginx (bench/README.md, "TLS and HTTP/2 to the
+# backends"); each has its own three backend ports (peers.Ports)
+UP_H1 = "h1"             # HTTP/1.1 in clear text, kept alive: every row before issue #18
+UP_TLS = "tls"           # HTTPS (HTTP/1.1 over TLS), the certificate checked for bench.test
+UP_H2C = "h2c"           # HTTP/2 with prior knowledge, in clear text
+UPSTREAMS = (UP_H1, UP_TLS, UP_H2C)
 
 KIB = 1024
 
@@ -29,7 +35,7 @@ class Row:
     key: str = "header"          # header: Mcp-Routing-Id (+ messageId); body: messageId only
     tls: bool = False            # the proxy's listener speaks TLS 1.3 (ECDSA P-256 certificate)
     h2: bool = False             # clients speak HTTP/2: h2c, or ALPN h2 when tls
-    upstream: str = "h1"         # proxy -> backend protocol; only "h1" exists (see below)
+    upstream: str = UP_H1        # proxy -> backend protocol: UP_H1, UP_TLS or UP_H2C
     workers: int = 1             # the router's MRTR_WORKER_THREADS
     fwd: bool = False            # HAProxy adds the X-Forwarded-* headers the router adds
     paced: bool = False          # mix rows: a pause per connection between answer and request
@@ -39,6 +45,7 @@ class Row:
     resume: bool = False         # handshake rows: offer the previous session (TLS resumption)
     expect_miss: bool = False    # a known correctness gap, shown; its misroutes do not fail the run
     baseline: str = "haproxy-header"  # the row the rps/hap and cpu/hap columns divide by
+    plain: str = ""              # upstream rows: the same peer's plain-HTTP/1.1 row (the cost over it)
 
 
 def _r(*a, **k):
@@ -98,17 +105,15 @@ ROWS = [
     _r("haproxy-idle-conns", HAPROXY, IDLE, "HAProxy, idle keep-alive client connections after one request each", baseline="haproxy-idle-conns"),
     _r("nginx-idle-conns", NGINX, IDLE, "nginx, idle keep-alive client connections after one request each", baseline="haproxy-idle-conns"),
 
-    # --- later: TLS and HTTP/2 to the BACKENDS ------------------------------------------------
-    # These need the router's [upstream] tls_ca / http2 keys (DESIGN.md §7), not built yet. When
-    # they exist, each row is one line here with `upstream=` set, e.g.
-    #   _r("mrtr-upstream-tls", ROUTER, MCP, "...", upstream="tls", baseline="haproxy-upstream-tls"),
-    #   _r("haproxy-upstream-tls", HAPROXY, MCP, "...", upstream="tls", baseline="haproxy-upstream-tls"),
-    #   _r("mrtr-upstream-h2c", ROUTER, H2, "...", h2=True, upstream="h2c", baseline="haproxy-upstream-h2c"),
-    # and peers.py renders the rest from `upstream`: a TLS (or http2) listener on the backend
-    # nginx (@{port*} lines of nginx-backend.conf.in), `https://` backend URLs plus
-    # [upstream] tls_ca in router.toml.in, `ssl verify required ca-file ...` / `proto h2` on
-    # HAProxy's server lines, `proxy_pass https://` with `proxy_ssl_trusted_certificate` for nginx.
-    # peers.py refuses any other value today.
+    # --- issue #18: TLS and HTTP/2 to the BACKENDS, the *-header load (wrk, mcp.lua header) ----
+    # Plain HTTP/1.1 client -> proxy -> backend nginx over HTTPS (test CA, certificate for
+    # bench.test only, verified; kept alive, sessions resumed) or over h2c. nginx has no h2 row:
+    # its proxy module speaks HTTP/1.0 and 1.1 upstream only (bench/README.md).
+    _r("mrtr-upstream-tls", ROUTER, MCP, "mrtr-router, header-keyed, HTTPS to the backends ([upstream] tls_ca, tls_server_name bench.test)", upstream=UP_TLS, baseline="haproxy-upstream-tls", plain="mrtr-header"),
+    _r("haproxy-upstream-tls", HAPROXY, MCP, "HAProxy header-keyed, server ... ssl verify required ca-file, sni/verifyhost bench.test, alpn http/1.1", upstream=UP_TLS, baseline="haproxy-upstream-tls", plain="haproxy-header"),
+    _r("nginx-upstream-tls", NGINX, MCP, "nginx header-keyed, proxy_pass https://, proxy_ssl_verify on, proxy_ssl_name bench.test, proxy_ssl_session_reuse on", upstream=UP_TLS, baseline="haproxy-upstream-tls", plain="nginx-header"),
+    _r("mrtr-upstream-h2", ROUTER, MCP, "mrtr-router, header-keyed, HTTP/2 to the backends over h2c ([upstream] http2 = true)", upstream=UP_H2C, baseline="haproxy-upstream-h2", plain="mrtr-header"),
+    _r("haproxy-upstream-h2", HAPROXY, MCP, "HAProxy header-keyed, server ... proto h2 (h2c)", upstream=UP_H2C, baseline="haproxy-upstream-h2", plain="haproxy-header"),
 ]
 
 BY_NAME = {r.name: r for r in ROWS}

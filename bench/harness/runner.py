@@ -9,7 +9,9 @@ the proxy. Two measuring flows cover every row:
 
 The failure rules are bench/run.sh's: a proxy that does not start, any error of the load tool
 (connect, read, write, timeout, non-2xx), a misroute, or an SSE answer that is not an event
-stream fails the row. An expected-miss row's misroutes are shown, not failed on.
+stream fails the row. An expected-miss row's misroutes are shown, not failed on. Since the
+upstream rows, a request that reached the backend nginx in another protocol than the row's
+(EXPECTED_UPSTREAM: HTTP version, and TLS 1.3 or none) fails it too.
 """
 
 import http.client
@@ -20,6 +22,47 @@ from . import load, measure, peers, rows
 from .load import LoadError
 from .peers import HOST, PeerError
 from .tools import log
+
+
+# What the backend nginx logs ($server_protocol $ssl_protocol) for every request of a row, by the
+# row's upstream: TLS rows must have chosen TLS 1.3 (the backends offer 1.2 too).
+EXPECTED_UPSTREAM = {rows.UP_H1: "HTTP/1.1 -", rows.UP_TLS: "HTTP/1.1 TLSv1.3", rows.UP_H2C: "HTTP/2.0 -"}
+
+
+def backend_log_stats(text, tag_from, tag_to, c0=None, c1=None, skip_uris=("/mcp?sse-direct",)):
+    """The backend nginx's access log (bench/peers/nginx-backend.conf.in's `bench` format)
+    between the requests /probe?tag=<tag_from> and /probe?tag=<tag_to>, probes and skip_uris
+    left out:
+    - shares: requests per backend port;
+    - conns: the distinct $connection numbers that carried a request, only those in (c0, c1)
+      when given (the one worker numbers accepted connections in order: new-up);
+    - protocols: requests per "$server_protocol $ssl_protocol";
+    - ciphers: requests per TLS cipher;
+    - tls_conns, tls_resumed: of those connections, the TLS ones, and how many of them resumed
+      a session ($ssl_session_reused "r")."""
+    on, shares, protocols, ciphers, conns = False, {}, {}, {}, {}
+    for line in text.splitlines():
+        parts = line.split(" ", 6)
+        if len(parts) < 7:
+            continue
+        conn, port, proto, tls, cipher, reused, uri = parts
+        if uri == f"/probe?tag={tag_from}":
+            on = True
+            continue
+        if uri == f"/probe?tag={tag_to}":
+            break
+        if not on or uri.startswith("/probe") or uri in skip_uris:
+            continue
+        shares[port] = shares.get(port, 0) + 1
+        key = f"{proto} {tls}"
+        protocols[key] = protocols.get(key, 0) + 1
+        if cipher != "-":
+            ciphers[cipher] = ciphers.get(cipher, 0) + 1
+        if c0 is None or c0 < int(conn) < c1:
+            conns[conn] = (tls != "-", reused == "r")
+    tls_conns = [v for v in conns.values() if v[0]]
+    return {"shares": shares, "conns": len(conns), "protocols": protocols, "ciphers": ciphers,
+            "tls_conns": len(tls_conns), "tls_resumed": sum(1 for v in tls_conns if v[1])}
 
 
 def _round(x, n):
@@ -44,7 +87,13 @@ class Runner:
         d = self.ctx.tmp / "rows" / row.name / f"r{rnd}"
         d.mkdir(parents=True, exist_ok=True)
         peer = None
+        self._begin_tag = None
         try:
+            if row.upstream == rows.UP_TLS:
+                # The upstream TLS connections of the start-up and warm-up are counted too (those
+                # of the measured run alone are few): from this probe on (bench/README.md).
+                self._begin_tag = f"{row.name}-{rnd}-begin-{time.time_ns()}"
+                self._probe(self._begin_tag)
             peer = self.peers.start(row)
             if peer.tls:
                 r["tls"] = peer.tls
@@ -87,6 +136,9 @@ class Runner:
                f"cpu {r['proxy_cpu_us_per_req']} us/req, new upstream conns {r['new_upstream_conns']}")
         if r.get("resumed_pct") is not None:
             out += f", resumed {r['resumed_pct']}%"
+        up = r.get("upstream")
+        if up and up.get("tls_conns") is not None:
+            out += f", upstream TLS connections {up['tls_conns']} ({up['tls_resumed']} resumed)"
         if r["status"] == "expected-miss":
             out += f" ({r['note']})"
         return out
@@ -175,27 +227,13 @@ class Runner:
             time.sleep(0.05)
         raise LoadError("backend access log not flushed")
 
-    def _conn_stats(self, t0, t1, c0, c1):
-        """new-up: distinct $connection numbers in (c0, c1) that carried a request (the one
-        worker numbers accepted connections in order); shares: requests per backend port.
-        Probe requests and the direct SSE probe's (/mcp?sse-direct) are left out."""
-        on, seen, shares = False, set(), {str(p): 0 for p in self.peers.ports.backend}
-        for line in self._backend_log().read_text(errors="replace").splitlines():
-            parts = line.split(" ", 2)
-            if len(parts) < 3:
-                continue
-            conn, port, uri = parts
-            if uri == f"/probe?tag={t0}":
-                on = True
-                continue
-            if uri == f"/probe?tag={t1}":
-                break
-            if not on or uri.startswith("/probe") or uri == "/mcp?sse-direct":
-                continue
-            shares[port] = shares.get(port, 0) + 1
-            if c0 < int(conn) < c1:
-                seen.add(conn)
-        return len(seen), shares
+    def _conn_stats(self, row, t0, t1, c0, c1):
+        """backend_log_stats of the measured run, with every port of the row's backends in
+        shares (0 when none reached it)."""
+        st = backend_log_stats(self._backend_log().read_text(errors="replace"), t0, t1, c0, c1)
+        ports = self.peers.ports.upstream[row.upstream]
+        st["shares"] = {**{str(p): 0 for p in ports}, **st["shares"]}
+        return st
 
     def _metrics(self, peer):
         if peer.admin_port is None:
@@ -254,6 +292,12 @@ class Runner:
                 fn(self.s.warmup, "warmup", False)
             except LoadError as e:
                 raise LoadError(f"warm-up: {e}")
+        warm = None
+        if self._begin_tag:
+            tag = f"{row.name}-{r['round']}-warm-{time.time_ns()}"
+            self._probe(tag)
+            self._wait_tag(tag)
+            warm = backend_log_stats(self._backend_log().read_text(errors="replace"), self._begin_tag, tag)
         t0, t1 = f"{row.name}-{r['round']}-start-{time.time_ns()}", f"{row.name}-{r['round']}-end-{time.time_ns()}"
         self._backend_log().write_bytes(b"")  # nginx appends (O_APPEND): the log stays small
         c0 = self._probe(t0)
@@ -266,7 +310,13 @@ class Runner:
         m1 = self._metrics(peer)
         c1 = self._probe(t1)
         self._wait_tag(t1)
-        new_up, shares = self._conn_stats(t0, t1, c0, c1)
+        st = self._conn_stats(row, t0, t1, c0, c1)
+        new_up, shares = st["conns"], st["shares"]
+        r["upstream"] = {"protocols": st["protocols"], "ciphers": st["ciphers"]}
+        if warm is not None:
+            # start-up and warm-up, then the measured run's new connections
+            r["upstream"]["tls_conns"] = warm["tls_conns"] + st["tls_conns"]
+            r["upstream"]["tls_resumed"] = warm["tls_resumed"] + st["tls_resumed"]
 
         req = res["requests"]
         errors = dict(res["errors"])
@@ -326,6 +376,10 @@ class Runner:
             if sse_msg:
                 msg += ("; " if msg else "") + sse_msg
             return self._fail(r, msg)
+        want = EXPECTED_UPSTREAM[row.upstream]
+        other = {k: v for k, v in st["protocols"].items() if k != want}
+        if other:
+            return self._fail(r, f"requests reached the backends as {json.dumps(other)}, not {want!r} only")
         if row.load == rows.HANDSHAKE:
             if row.resume and (r["resumed_pct"] or 0) < 50:
                 return self._fail(r, f"sessions were not resumed ({r['resumed']} of {conns} connections)")

@@ -93,7 +93,7 @@ _INTS = [
     ("h2-connections", "BENCH_H2_CONNECTIONS", 4, 8, "h2 rows: h2load connections"),
     ("h2-streams", "BENCH_H2_STREAMS", 8, 16, "h2 rows: concurrent streams per connection"),
     ("tls-clients", "BENCH_TLS_CLIENTS", 2, 8, "handshake rows: client threads"),
-    ("port-offset", "BENCH_PORT_OFFSET", 0, 0, "added to every port (19001-19013, 18080-18090)"),
+    ("port-offset", "BENCH_PORT_OFFSET", 0, 0, "added to every port (19001-19033, 18080-18090)"),
 ]
 
 

@@ -48,7 +48,22 @@ class Rows(unittest.TestCase):
             self.assertEqual(rows.BY_NAME[r.baseline].peer, rows.HAPROXY, r.name)
             if r.name not in OLD_ROWS:  # bench/run.sh divided every row by haproxy-header
                 self.assertEqual(rows.BY_NAME[r.baseline].load, r.load, r.name)
-            self.assertEqual(r.upstream, "h1")
+                self.assertEqual(rows.BY_NAME[r.baseline].upstream, r.upstream, r.name)
+
+    def test_upstream_rows(self):
+        """Each upstream kind has a row per peer that speaks it (nginx: no h2), with the load of
+        *-header, and names that peer's plain *-header row."""
+        self.assertEqual(set(rows.UPSTREAMS), {r.upstream for r in rows.ROWS})
+        got = sorted(r.name for r in rows.ROWS if r.upstream != rows.UP_H1)
+        self.assertEqual(got, ["haproxy-upstream-h2", "haproxy-upstream-tls", "mrtr-upstream-h2",
+                               "mrtr-upstream-tls", "nginx-upstream-tls"])
+        for r in rows.ROWS:
+            if r.upstream == rows.UP_H1:
+                self.assertEqual(r.plain, "", r.name)
+                continue
+            plain = rows.BY_NAME[r.plain]
+            self.assertEqual((plain.peer, plain.load, plain.key, plain.upstream, plain.tls, plain.h2),
+                             (r.peer, r.load, r.key, rows.UP_H1, r.tls, r.h2), r.name)
 
     def test_select_names_and_patterns_in_the_order_given(self):
         got = [r.name for r in rows.select("nginx-header mrtr-tls-*,direct")]
@@ -92,7 +107,7 @@ class Configs(unittest.TestCase):
     def test_every_row(self):
         have_openssl = shutil.which("openssl") is not None
         for r in rows.ROWS:
-            if r.tls and not have_openssl:
+            if (r.tls or r.upstream == rows.UP_TLS) and not have_openssl:
                 continue
             d = self.tmp / r.name
             d.mkdir()
@@ -108,10 +123,54 @@ class Configs(unittest.TestCase):
                 self.assertEqual("option http-no-delay" in text, r.load == rows.STREAMS, r.name)
             if r.peer == rows.ROUTER:
                 self.assertEqual("tls_cert" in text, r.tls, r.name)
+            # the upstream rows, and only they, speak TLS or HTTP/2 to the backends
+            up_tls, up_h2 = r.upstream == rows.UP_TLS, r.upstream == rows.UP_H2C
+            ports = self.peers.ports.upstream[r.upstream] if r.load != rows.STREAMS else self.peers.ports.sse
+            for port in ports:
+                self.assertIn(f"127.0.0.1:{port}", text, r.name)
+            if r.peer == rows.ROUTER:
+                self.assertEqual(text.count('url = "https://'), 3 if up_tls else 0, r.name)
+                self.assertEqual(text.count('tls_server_name = "bench.test"'), 3 if up_tls else 0, r.name)
+                self.assertEqual("tls_ca = " in text, up_tls, r.name)
+                self.assertEqual("http2 = true" in text, up_h2, r.name)
+            if r.peer == rows.HAPROXY:
+                self.assertEqual(text.count(" ssl verify required ca-file "), 3 if up_tls else 0, r.name)
+                self.assertEqual(text.count("verifyhost bench.test alpn http/1.1\n"), 3 if up_tls else 0, r.name)
+                servers = [l for l in text.splitlines() if l.startswith("  server ")]
+                self.assertEqual(sum(l.endswith(" proto h2") for l in servers), 3 if up_h2 else 0, r.name)
+            if r.peer == rows.NGINX:
+                self.assertEqual("proxy_pass https://mcp;" in text, up_tls, r.name)
+                for line in ("proxy_ssl_verify on;", "proxy_ssl_name bench.test;", "proxy_ssl_server_name on;",
+                             "proxy_ssl_session_reuse on;", "proxy_ssl_protocols TLSv1.2 TLSv1.3;"):
+                    self.assertEqual(line in text, up_tls, (r.name, line))
             tool = {rows.HAPROXY: "haproxy", rows.NGINX: "nginx"}.get(r.peer)
             if tool and shutil.which(tool) or tool and os.path.exists(f"/usr/sbin/{tool}"):
                 with mock.patch.dict(os.environ, {"PATH": os.environ["PATH"] + ":/usr/sbin"}):
                     self.peers.check_config(r, conf)
+
+    def test_nginx_has_no_h2_upstream(self):
+        row = rows.Row("nginx-upstream-h2", rows.NGINX, rows.MCP, "x", upstream=rows.UP_H2C)
+        with self.assertRaises(peers.PeerError):
+            self.peers.config(row, self.tmp)
+
+    @unittest.skipUnless(shutil.which("openssl"), "needs openssl")
+    def test_backend_certificate_verifies_for_bench_test_only(self):
+        """The test CA verifies the backends' certificate for bench.test, and for no address (the
+        proxies reach the backends by IP and must be told the name)."""
+        import subprocess
+        ca, cert, _ = self.peers.backend_ca()
+        ok = subprocess.run(["openssl", "verify", "-CAfile", str(ca), "-verify_hostname", "bench.test",
+                             "-purpose", "sslserver", str(cert)], capture_output=True)
+        self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
+        bad = subprocess.run(["openssl", "verify", "-CAfile", str(ca), "-verify_ip", "127.0.0.1", str(cert)],
+                             capture_output=True)
+        self.assertNotEqual(bad.returncode, 0)
+        text = self.peers.backend_config(self.tmp).read_text()
+        self.assertNotIn("@{", text)
+        for port in self.peers.ports.backend_tls:
+            self.assertIn(f"listen 127.0.0.1:{port} ssl;", text)
+        for port in self.peers.ports.backend_h2c:
+            self.assertIn(f"listen 127.0.0.1:{port} http2;", text)
 
     def test_old_rows_render_as_bench_run_sh_did(self):
         d = self.tmp / "h"
@@ -150,6 +209,35 @@ class Measure(unittest.TestCase):
                          {"route_decisions": {"ring": 15, "pin": 3}, "pins_created": 3,
                           "upstream_errors": 0, "router_errors": 0})
         self.assertIsNone(runner.metrics_delta("", "other 1\n"))
+
+
+class BackendLog(unittest.TestCase):
+    LOG = """\
+7 19001 HTTP/1.1 - - - /probe?tag=old
+9 19021 HTTP/1.1 TLSv1.3 TLS_AES_256_GCM_SHA384 . /mcp
+10 19001 HTTP/1.1 - - - /probe?tag=t0
+9 19021 HTTP/1.1 TLSv1.3 TLS_AES_256_GCM_SHA384 . /mcp
+11 19022 HTTP/1.1 TLSv1.3 TLS_AES_256_GCM_SHA384 r /mcp
+11 19022 HTTP/1.1 TLSv1.3 TLS_AES_256_GCM_SHA384 r /mcp
+12 19023 HTTP/1.1 TLSv1.2 ECDHE-ECDSA-AES256-GCM-SHA384 . /mcp
+13 19001 HTTP/1.1 - - - /mcp?sse-direct
+14 19001 HTTP/1.1 - - - /probe?tag=t1
+15 19021 HTTP/1.1 TLSv1.3 TLS_AES_256_GCM_SHA384 . /mcp
+"""
+
+    def test_window_new_connections_protocols_and_resumptions(self):
+        st = runner.backend_log_stats(self.LOG, "t0", "t1", 10, 14)
+        self.assertEqual(st["shares"], {"19021": 1, "19022": 2, "19023": 1})
+        self.assertEqual(st["conns"], 2)  # 9 was open before the run: not new
+        self.assertEqual(st["protocols"], {"HTTP/1.1 TLSv1.3": 3, "HTTP/1.1 TLSv1.2": 1})
+        self.assertEqual(st["ciphers"], {"TLS_AES_256_GCM_SHA384": 3, "ECDHE-ECDSA-AES256-GCM-SHA384": 1})
+        self.assertEqual((st["tls_conns"], st["tls_resumed"]), (2, 1))
+        everything = runner.backend_log_stats(self.LOG, "old", "t1")
+        self.assertEqual((everything["conns"], everything["tls_conns"], everything["tls_resumed"]), (3, 3, 1))
+
+    def test_expected_protocols(self):
+        self.assertEqual(set(runner.EXPECTED_UPSTREAM), set(rows.UPSTREAMS))
+        self.assertEqual(runner.EXPECTED_UPSTREAM[rows.UP_H2C], "HTTP/2.0 -")
 
 
 class FakeTransport:
