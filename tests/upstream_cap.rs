@@ -95,14 +95,10 @@ fn call(i: usize) -> serde_json::Value {
     json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "echo", "arguments": {}}})
 }
 
-/// Forty clients at once on a backend capped at eight: eight connections carry requests, the
-/// other thirty-two wait (shown by `mrtr_upstream_queued`), and all forty are answered once the
-/// backend answers, over at most eight connections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_beyond_the_cap_wait_for_a_connection() {
-    let backend = held_backend("capped").await;
-    let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&backend.spec), &config("30s")).await;
-    let calls: Vec<_> = (0..40)
+/// `n` calls sent at once, each on a client of its own, in the background; returns once the
+/// backend holds `CAP` of them.
+async fn send_calls(fleet: &Fleet, backend: &HeldBackend, n: usize) -> Vec<tokio::task::JoinHandle<support::Answer>> {
+    let calls: Vec<_> = (0..n)
         .map(|i| {
             let (client, url) = (client(), fleet.url());
             tokio::spawn(async move {
@@ -112,10 +108,21 @@ async fn requests_beyond_the_cap_wait_for_a_connection() {
         })
         .collect();
     let held = backend.held.clone();
-    eventually(Duration::from_secs(10), "the backend holds eight requests", || {
+    eventually(Duration::from_secs(10), "the backend holds the cap's requests", || {
         held.load(Ordering::SeqCst) == CAP
     })
     .await;
+    calls
+}
+
+/// Forty clients at once on a backend capped at eight: eight connections carry requests, the
+/// other thirty-two wait (shown by `mrtr_upstream_queued`), and all forty are answered once the
+/// backend answers, over at most eight connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_cap_wait_for_a_connection() {
+    let backend = held_backend("capped").await;
+    let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&backend.spec), &config("30s")).await;
+    let calls = send_calls(&fleet, &backend, 40).await;
     let handle = fleet.handle.clone();
     eventually(Duration::from_secs(10), "the other 32 wait in the router", || {
         handle.backend("capped").unwrap().inflight == 40
@@ -150,19 +157,7 @@ async fn requests_beyond_the_cap_wait_for_a_connection() {
 async fn a_request_that_waits_out_queue_timeout_is_answered_busy_and_ejects_nothing() {
     let backend = held_backend("full").await;
     let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&backend.spec), &config("300ms")).await;
-    let holders: Vec<_> = (0..CAP)
-        .map(|i| {
-            let (client, url) = (client(), fleet.url());
-            tokio::spawn(
-                async move { send(&client, http::Method::POST, &url, &[], Bytes::from(call(i).to_string())).await },
-            )
-        })
-        .collect();
-    let held = backend.held.clone();
-    eventually(Duration::from_secs(10), "the backend holds eight requests", || {
-        held.load(Ordering::SeqCst) == CAP
-    })
-    .await;
+    let holders = send_calls(&fleet, &backend, CAP).await;
     for i in 0..5 {
         let sent = Instant::now();
         let a = fleet.post(&[], &call(100 + i)).await;
@@ -267,19 +262,7 @@ async fn a_thousand_streams_of_one_h2_client_open_at_most_the_cap_upstream() {
 async fn a_reload_that_raises_the_cap_lets_waiting_requests_through() {
     let backend = held_backend("grown").await;
     let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&backend.spec), &config("30s")).await;
-    let calls: Vec<_> = (0..(CAP * 2))
-        .map(|i| {
-            let (client, url) = (client(), fleet.url());
-            tokio::spawn(
-                async move { send(&client, http::Method::POST, &url, &[], Bytes::from(call(i).to_string())).await },
-            )
-        })
-        .collect();
-    let held = backend.held.clone();
-    eventually(Duration::from_secs(10), "the backend holds eight", || {
-        held.load(Ordering::SeqCst) == CAP
-    })
-    .await;
+    let calls = send_calls(&fleet, &backend, CAP * 2).await;
     let raised = config("30s").replace(&format!("= {CAP}"), &format!("= {}", CAP * 2));
     std::fs::write(
         &fleet.config_path,
@@ -287,6 +270,7 @@ async fn a_reload_that_raises_the_cap_lets_waiting_requests_through() {
     )
     .unwrap();
     fleet.handle.reload().expect("the raised cap is valid");
+    let held = backend.held.clone();
     eventually(Duration::from_secs(10), "the backend holds sixteen", || {
         held.load(Ordering::SeqCst) == CAP * 2
     })

@@ -384,23 +384,7 @@ impl TokenKeys {
             .expect("a token is far below ChaCha20-Poly1305's length limit");
         tag_out.copy_from_slice(tag.as_ref());
 
-        let value_len = match value {
-            None => 0,
-            Some(v) if raw => 1 + v.len(),
-            Some(v) => 1 + b64_len(v.len()),
-        };
-        let mut out = String::with_capacity(PREFIX.len() + b64_len(len) + value_len);
-        out.push_str(PREFIX);
-        URL_SAFE_NO_PAD.encode_string(&*body, &mut out);
-        if let Some(v) = value {
-            out.push('.');
-            if raw {
-                out.push_str(v);
-            } else {
-                URL_SAFE_NO_PAD.encode_string(v, &mut out);
-            }
-        }
-        out
+        text(PREFIX, body, value, raw)
     }
 
     /// Decrypts and authenticates a decoded body (`flags` as the value's encoding requires),
@@ -502,6 +486,28 @@ fn carried_as_is(value: &str) -> bool {
     value
         .bytes()
         .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+}
+
+/// A token's text: `prefix`, the body in base64, and the wrapped value, if any, after a `.`
+/// (as it is when `raw`, else in base64). Both formats write it alike.
+fn text(prefix: &str, body: &[u8], value: Option<&str>, raw: bool) -> String {
+    let value_len = match value {
+        None => 0,
+        Some(v) if raw => 1 + v.len(),
+        Some(v) => 1 + b64_len(v.len()),
+    };
+    let mut out = String::with_capacity(prefix.len() + b64_len(body.len()) + value_len);
+    out.push_str(prefix);
+    URL_SAFE_NO_PAD.encode_string(body, &mut out);
+    if let Some(v) = value {
+        out.push('.');
+        if raw {
+            out.push_str(v);
+        } else {
+            URL_SAFE_NO_PAD.encode_string(v, &mut out);
+        }
+    }
+    out
 }
 
 fn b64_len(n: usize) -> usize {

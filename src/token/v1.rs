@@ -23,7 +23,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{b64_len, carried_as_is, split, with_body, Rejected, STACK_BODY};
+use super::{b64_len, carried_as_is, split, text, with_body, Rejected, STACK_BODY};
 
 /// Text every token and wrapped value starts with: format version 1.
 pub const PREFIX: &str = "mrt1.";
@@ -194,23 +194,7 @@ impl TokenKeys {
             .into_bytes();
         body[head_len..].copy_from_slice(&tag);
 
-        let value_len = match value {
-            None => 0,
-            Some(v) if raw => 1 + v.len(),
-            Some(v) => 1 + b64_len(v.len()),
-        };
-        let mut out = String::with_capacity(PREFIX.len() + b64_len(len) + value_len);
-        out.push_str(PREFIX);
-        URL_SAFE_NO_PAD.encode_string(&*body, &mut out);
-        if let Some(v) = value {
-            out.push('.');
-            if raw {
-                out.push_str(v);
-            } else {
-                URL_SAFE_NO_PAD.encode_string(v, &mut out);
-            }
-        }
-        out
+        text(PREFIX, body, value, raw)
     }
 
     fn key(&self, id: u32) -> Result<&Key, Rejected> {
