@@ -51,9 +51,12 @@ pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle keep-alive connections kept per backend (no more can be open: see below).
 pub const MAX_IDLE_PER_BACKEND: usize = MAX_CONNECTIONS_PER_BACKEND;
-/// `[upstream] max_connections_per_backend`: HTTP/1.1 connections open to one backend (Envoy's
-/// default circuit-breaker figure); a request beyond waits for one.
-pub const MAX_CONNECTIONS_PER_BACKEND: usize = 1024;
+/// `[upstream] max_connections_per_backend`: HTTP/1.1 connections open to one backend; a
+/// request beyond waits for one. As many as the client connections the router takes
+/// (`MAX_CONNECTIONS`): each open SSE stream holds one upstream connection for its whole life,
+/// and a fleet of thousands of held streams on a few backends is what MCP looks like (Envoy's
+/// 1024 made 10,000 streams over three backends fail, found by the streams bench row).
+pub const MAX_CONNECTIONS_PER_BACKEND: usize = MAX_CONNECTIONS;
 /// `[upstream] queue_timeout`: how long a request waits for a connection of a backend at its
 /// cap before it is answered `upstream_busy`.
 pub const UPSTREAM_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -23,7 +23,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{b64_len, carried_as_is, split, text, with_body, Rejected, STACK_BODY};
+use super::{carried_as_is, split, text, with_body, Rejected, STACK_BODY};
 
 /// Text every token and wrapped value starts with: format version 1.
 pub const PREFIX: &str = "mrt1.";
