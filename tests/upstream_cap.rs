@@ -85,9 +85,17 @@ async fn held_backend(name: &str) -> HeldBackend {
 }
 
 fn config(queue_timeout: &str) -> String {
+    config_with(queue_timeout, "100ms")
+}
+
+/// Where a test bounds the connections the backend sees at once, its health checks run a
+/// minute apart: a check while all eight are busy opens a ninth connection, and the backend
+/// sees it closed only once it reads the FIN, so checks every 100 ms could overlap in its
+/// count (a tenth, seen once on a loaded machine).
+fn config_with(queue_timeout: &str, health_interval: &str) -> String {
     format!(
         "[upstream]\nmax_connections_per_backend = {CAP}\nqueue_timeout = \"{queue_timeout}\"\n\
-         [health]\ninterval = \"100ms\"\npath = \"/health\"\n"
+         [health]\ninterval = \"{health_interval}\"\npath = \"/health\"\n"
     )
 }
 
@@ -121,7 +129,12 @@ async fn send_calls(fleet: &Fleet, backend: &HeldBackend, n: usize) -> Vec<tokio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_cap_wait_for_a_connection() {
     let backend = held_backend("capped").await;
-    let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&backend.spec), &config("30s")).await;
+    let fleet = Fleet::start_backends(
+        Vec::new(),
+        std::slice::from_ref(&backend.spec),
+        &config_with("30s", "60s"),
+    )
+    .await;
     let calls = send_calls(&fleet, &backend, 40).await;
     let handle = fleet.handle.clone();
     eventually(Duration::from_secs(10), "the other 32 wait in the router", || {
@@ -205,7 +218,12 @@ async fn a_request_that_waits_out_queue_timeout_is_answered_busy_and_ejects_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_streams_of_one_h2_client_open_at_most_the_cap_upstream() {
     let backend = held_backend("h2-target").await;
-    let fleet = Fleet::start_backends(Vec::new(), std::slice::from_ref(&backend.spec), &config("30s")).await;
+    let fleet = Fleet::start_backends(
+        Vec::new(),
+        std::slice::from_ref(&backend.spec),
+        &config_with("30s", "60s"),
+    )
+    .await;
     let io = TokioIo::new(TcpStream::connect(fleet.router).await.unwrap());
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .max_concurrent_reset_streams(0)
