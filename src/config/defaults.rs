@@ -49,8 +49,6 @@ pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Idle keep-alive connections kept per backend (no more can be open: see below).
-pub const MAX_IDLE_PER_BACKEND: usize = MAX_CONNECTIONS_PER_BACKEND;
 /// `[upstream] max_connections_per_backend`: HTTP/1.1 connections open to one backend; a
 /// request beyond waits for one. As many as the client connections the router takes
 /// (`MAX_CONNECTIONS`): each open SSE stream holds one upstream connection for its whole life,

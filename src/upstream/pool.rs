@@ -228,16 +228,13 @@ impl ConnPool {
 
     fn release(&self, mut conn: Conn) {
         // One opened beyond the cap (for a health check, or before a reload lowered it) is
-        // closed rather than kept: the pool never holds more than the cap allows.
+        // closed rather than kept: the pool never holds more than the cap allows, so the cap
+        // bounds the idle list too.
         if !conn.settle() || self.slots.over_limit() {
             return;
         }
-        let mut idle = self.idle.lock();
-        if idle.len() < defaults::MAX_IDLE_PER_BACKEND {
-            idle.push((conn, Instant::now()));
-            drop(idle);
-            self.slots.connection_released();
-        }
+        self.idle.lock().push((conn, Instant::now()));
+        self.slots.connection_released();
     }
 
     /// Closes connections idle for longer than `max_idle`, and lets go of those the backend
