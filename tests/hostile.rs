@@ -815,6 +815,40 @@ async fn admin_slowloris_cannot_blind_the_probes() {
     rig.stop().await;
 }
 
+/// A `/debug/route` body that stops coming is answered 408 at `admin.body_read_timeout`, not
+/// held for as long as the client likes.
+#[tokio::test]
+async fn a_stalled_debug_route_body_gets_408_at_the_admin_body_read_timeout() {
+    let _row = ROWS.lock().await;
+    let rig = Rig::start(1, "", "body_read_timeout = \"500ms\"", "").await;
+    let rss_before = rss_kib();
+    let mut s = TcpStream::connect(rig.admin).await.unwrap();
+    s.write_all(b"POST /debug/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\":")
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(REQUEST_DEADLINE, s.read(&mut buf))
+            .await
+            .expect("an answer before the deadline")
+            .unwrap();
+        assert!(n > 0, "closed without an answer: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let took = sent.elapsed();
+    let head = String::from_utf8_lossy(&got);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+        "answered after {took:?}"
+    );
+    drop(s);
+    rig.still_serves(rss_before, SLACK_KIB).await;
+    rig.stop().await;
+}
+
 /// Sends `request` on a connection of its own and reads the answer to the close.
 async fn raw_answer(addr: SocketAddr, request: &str) -> (String, serde_json::Value) {
     let mut s = TcpStream::connect(addr).await.unwrap();
