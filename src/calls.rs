@@ -170,14 +170,15 @@ impl Call {
 
     /// Session pins come from response headers: in place before any body byte is sent.
     /// With sealing, the client gets the session id sealed (and its own sealed id echoed back).
-    /// Returns true when a pin was made.
-    pub fn observe_head(&self, status: StatusCode, headers: &mut HeaderMap) -> bool {
+    /// `issued` is the answer's `Mcp-Session-Id`, found by the caller. Returns true when a
+    /// pin was made.
+    pub fn observe_head(&self, status: StatusCode, headers: &mut HeaderMap, issued: Option<HeaderValue>) -> bool {
         let c = self;
         match c.session {
             // A backend issues a session only in a successful answer to a request without one
             // (the SDK attaches a fresh id even to its 4xx answers: those create nothing).
             None if status.is_success() => {
-                let Some(id) = headers.get(SESSION_HEADER).filter(|v| !v.is_empty()).cloned() else {
+                let Some(id) = issued.filter(|v| !v.is_empty()) else {
                     return false;
                 };
                 let visible = match (&c.snap.sealing, id.to_str()) {
@@ -195,9 +196,7 @@ impl Call {
                 if status == StatusCode::NOT_FOUND || (c.is_delete && status.is_success()) {
                     self.finish(session);
                 }
-                if let (Some(_), Some(sent), true) =
-                    (&c.snap.sealing, &c.client_session, headers.contains_key(SESSION_HEADER))
-                {
+                if let (Some(_), Some(sent), true) = (&c.snap.sealing, &c.client_session, issued.is_some()) {
                     headers.insert(SESSION_HEADER, sent.clone());
                 }
                 false

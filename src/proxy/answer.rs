@@ -11,10 +11,11 @@ use http::response::Parts;
 use http_body::Body;
 
 use super::forward::{passive_failure, upstream_error_hook, Forward};
-use super::headers::{set_content_length, starts_with_ignore_case, strip_hop_by_hop};
+use super::headers::{find_hop_by_hop, set_content_length, starts_with_ignore_case, strip_found};
 use super::read::{CollectError, Collected};
 use crate::body::{MessageSink, ProxyBody};
 use crate::calls::Call;
+use crate::dialect::SESSION_HEADER;
 use crate::error::RouterError;
 use crate::upstream::{Backend, DrivenBody, InflightGuard};
 
@@ -29,21 +30,36 @@ pub(super) enum Kind {
 }
 
 /// Observes the answer's head (session pins, hop-by-hop headers) and tells what its body is.
+/// The headers it reads are found in one pass with the hop-by-hop ones (`find_hop_by_hop`).
 pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> (Kind, bool) {
-    let pinned = call.observe_head(status, &mut parts.headers);
-    strip_hop_by_hop(&mut parts.headers);
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .map_or(&b""[..], |v| v.as_bytes());
-    let kind = if starts_with_ignore_case(content_type, b"text/event-stream") {
+    let (mut content_type, mut session) = (None, None);
+    let hop_by_hop = find_hop_by_hop(&parts.headers, |name, value| {
+        // The first of each, as `HeaderMap::get` would find.
+        if *name == header::CONTENT_TYPE {
+            content_type.get_or_insert(kind_of(value.as_bytes()));
+        } else if *name == SESSION_HEADER && session.is_none() {
+            session = Some(value.clone());
+        }
+    });
+    let pinned = call.observe_head(status, &mut parts.headers, session);
+    strip_found(&mut parts.headers, hop_by_hop);
+    let kind = match content_type {
+        Some(Kind::Sse) => Kind::Sse,
+        Some(Kind::Json) if call.observes_body() => Kind::Json,
+        _ => Kind::Other,
+    };
+    (kind, pinned)
+}
+
+/// The kind of body a `Content-Type` announces, before the call has a say.
+fn kind_of(content_type: &[u8]) -> Kind {
+    if starts_with_ignore_case(content_type, b"text/event-stream") {
         Kind::Sse
-    } else if starts_with_ignore_case(content_type, b"application/json") && call.observes_body() {
+    } else if starts_with_ignore_case(content_type, b"application/json") {
         Kind::Json
     } else {
         Kind::Other
-    };
-    (kind, pinned)
+    }
 }
 
 /// An SSE answer's body: each event goes to the call before it goes out. Pins made mid-stream

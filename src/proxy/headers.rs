@@ -28,14 +28,31 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // A look at the names first: most messages carry one hop-by-hop header or none, and each
-    // removal hashes its name.
+    let found = find_hop_by_hop(headers, |_, _| {});
+    strip_found(headers, found);
+}
+
+/// Which of [`HOP_BY_HOP`] a message carries, found in one pass over its headers; `each` sees
+/// every other header on the way. Most messages carry one hop-by-hop header or none, and a
+/// pass over a handful of names is cheaper than the hashed lookup of even one name, so the
+/// answer's observation reads the headers it wants in the same pass.
+pub(super) fn find_hop_by_hop(headers: &HeaderMap, mut each: impl FnMut(&HeaderName, &HeaderValue)) -> HopByHop {
     let mut present = [false; HOP_BY_HOP_COUNT];
-    for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name) {
-            present[i] = true;
+    for (name, value) in headers {
+        match hop_by_hop_index(name) {
+            Some(i) => present[i] = true,
+            None => each(name, value),
         }
     }
+    HopByHop(present)
+}
+
+/// The hop-by-hop headers [`find_hop_by_hop`] found in a message.
+pub(super) struct HopByHop([bool; HOP_BY_HOP_COUNT]);
+
+/// Removes the hop-by-hop headers `found` names, and those its `Connection` lists.
+pub(super) fn strip_found(headers: &mut HeaderMap, found: HopByHop) {
+    let HopByHop(mut present) = found;
     if !present.contains(&true) {
         return;
     }
@@ -143,10 +160,11 @@ fn name_header(value: &str) -> HeaderValue {
     }
 }
 
-/// The request for `backend`: the client's headers (moved out of `parts`) less hop-by-hop
-/// ones, plus `Host` and the `X-Forwarded-*` set.
+/// The request for `backend`, made of the client's (its head changed in place rather than
+/// copied into a new one): its headers less hop-by-hop ones, plus `Host` and the
+/// `X-Forwarded-*` set.
 pub(super) fn build_upstream_request(
-    parts: &mut http::request::Parts,
+    mut parts: http::request::Parts,
     body: Either<Bytes, ClientBody>,
     backend: &Backend,
     peer: &HeaderValue,
@@ -154,12 +172,12 @@ pub(super) fn build_upstream_request(
     originals: Originals,
 ) -> Result<Request<UpstreamBody>, http::Error> {
     let target = backend.target_for(parts.uri.path_and_query())?;
-    let mut headers = std::mem::take(&mut parts.headers);
-    strip_hop_by_hop(&mut headers);
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
     if let Some(session) = originals.session {
         headers.insert(SESSION_HEADER, HeaderValue::from_str(session)?);
     }
-    if let (Some(task), true) = (originals.task, headers.contains_key(NAME_HEADER)) {
+    if let Some(task) = originals.task.filter(|_| headers.contains_key(NAME_HEADER)) {
         headers.insert(NAME_HEADER, name_header(task));
     }
     let host = headers.insert(header::HOST, backend.host().clone()).or_else(|| {
@@ -190,18 +208,17 @@ pub(super) fn build_upstream_request(
     let body = match body {
         Either::Left(bytes) => {
             if !bytes.is_empty() || parts.method == Method::POST {
-                set_content_length(&mut headers, bytes.len());
+                set_content_length(headers, bytes.len());
             }
             Either::Left(Full::new(bytes))
         }
         Either::Right(incoming) => Either::Right(incoming),
     };
-    let mut req = Request::new(body);
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = http::Uri::from(target);
-    *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = headers;
-    Ok(req)
+    parts.uri = http::Uri::from(target);
+    parts.version = Version::HTTP_11;
+    // What the listener's hyper noted about the client's request is not the backend's.
+    parts.extensions.clear();
+    Ok(Request::from_parts(parts, body))
 }
 
 /// Whether a header value (e.g. a content type) begins with `prefix`, in any case.

@@ -93,7 +93,7 @@ async fn handle_inner(
 ) -> Result<Response<ProxyBody>, RouterError> {
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     if snap.config.log.access || snap.tracing.is_some() {
         let access = snap.config.log.access.then_some(snap.config.log.format);
         record.obs = Some(Observation::begin(&parts, peer, started, access, snap.tracing.as_ref()));
@@ -202,7 +202,7 @@ async fn handle_inner(
         session: unsealed.as_ref().and_then(|u| u.session_id.as_deref()),
         task: unsealed.as_ref().and_then(|u| u.task_id.as_deref()),
     };
-    let mut request = headers::build_upstream_request(&mut parts, body, &backend, peer, tls, originals)
+    let mut request = headers::build_upstream_request(parts, body, &backend, peer, tls, originals)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
     if let Some(trace) = record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
         trace.inject(request.headers_mut());
