@@ -11,7 +11,7 @@ use http::response::Parts;
 use http_body::Body;
 
 use super::forward::{passive_failure, upstream_error_hook, Forward};
-use super::headers::{find_hop_by_hop, set_content_length, starts_with_ignore_case, strip_found};
+use super::headers::{scan_head, set_content_length, starts_with_ignore_case, strip_found, ContentLength};
 use super::read::{CollectError, Collected};
 use crate::body::{MessageSink, ProxyBody};
 use crate::calls::Call;
@@ -23,17 +23,18 @@ use crate::upstream::{Backend, DrivenBody, InflightGuard};
 pub(super) enum Kind {
     /// `text/event-stream`: observed event by event as it streams.
     Sse,
-    /// A JSON answer to a JSON-RPC request: read whole before the client may have it.
-    Json,
+    /// A JSON answer to a JSON-RPC request: read whole before the client may have it. With
+    /// what its `Content-Length` said, to be kept or corrected when the body is known.
+    Json(ContentLength),
     /// Anything else: passed through.
     Other,
 }
 
 /// Observes the answer's head (session pins, hop-by-hop headers) and tells what its body is.
-/// The headers it reads are found in one pass with the hop-by-hop ones (`find_hop_by_hop`).
+/// The headers it reads are found in the one pass `scan_head` makes.
 pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> (Kind, bool) {
     let (mut content_type, mut session) = (None, None);
-    let hop_by_hop = find_hop_by_hop(&parts.headers, |name, value| {
+    let scan = scan_head(&parts.headers, |name, value| {
         // The first of each, as `HeaderMap::get` would find.
         if *name == header::CONTENT_TYPE {
             content_type.get_or_insert(kind_of(value.as_bytes()));
@@ -42,10 +43,10 @@ pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> 
         }
     });
     let pinned = call.observe_head(status, &mut parts.headers, session);
-    strip_found(&mut parts.headers, hop_by_hop);
+    let length = strip_found(&mut parts.headers, scan);
     let kind = match content_type {
         Some(Kind::Sse) => Kind::Sse,
-        Some(Kind::Json) if call.observes_body() => Kind::Json,
+        Some(Kind::Json(_)) if call.observes_body() => Kind::Json(length),
         _ => Kind::Other,
     };
     (kind, pinned)
@@ -56,7 +57,7 @@ fn kind_of(content_type: &[u8]) -> Kind {
     if starts_with_ignore_case(content_type, b"text/event-stream") {
         Kind::Sse
     } else if starts_with_ignore_case(content_type, b"application/json") {
-        Kind::Json
+        Kind::Json(ContentLength::UNKNOWN)
     } else {
         Kind::Other
     }
@@ -94,6 +95,7 @@ pub(super) fn json(
     call: &Call,
     parts: &mut Parts,
     mut pinned: bool,
+    said: ContentLength,
     collected: Result<Collected, CollectError>,
     backend: &Arc<Backend>,
     guard: InflightGuard,
@@ -106,7 +108,7 @@ pub(super) fn json(
                 Some(r) => r.apply(&bytes).unwrap_or(bytes),
                 None => bytes,
             };
-            set_content_length(&mut parts.headers, bytes.len());
+            set_content_length(&mut parts.headers, said, bytes.len());
             ProxyBody::full(bytes)
         }
         Ok(Collected::Prefix(prefix, rest)) => stream(forward, rest, Some(prefix), None, backend, guard),

@@ -219,9 +219,9 @@ async fn handle_inner(
     let (mut parts, body) = resp.into_parts();
     let body = match answer::head(&call, status, &mut parts) {
         (answer::Kind::Sse, pinned) => answer::sse(&forward, call, &mut parts, pinned, body, &backend, guard),
-        (answer::Kind::Json, pinned) => {
+        (answer::Kind::Json(said), pinned) => {
             let collected = read::collect_json(body, timer.as_mut()).await;
-            answer::json(&forward, &call, &mut parts, pinned, collected, &backend, guard)?
+            answer::json(&forward, &call, &mut parts, pinned, said, collected, &backend, guard)?
         }
         (answer::Kind::Other, pinned) => answer::other(&forward, &call, &mut parts, pinned, body, &backend, guard),
     };
