@@ -58,7 +58,8 @@ pub fn handle(
     peer: HeaderValue,
     tls: bool,
 ) -> Pin<Box<impl Future<Output = Response<ProxyBody>> + Send>> {
-    Box::pin(async move {
+    let slot = Box::new_uninit();
+    Box::into_pin(Box::write(slot, async move {
         let started = Instant::now();
         let mut record = Record::default();
         let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
@@ -80,7 +81,7 @@ pub fn handle(
             response.body_mut().on_end(Box::new(move |sent| obs.bytes_out = sent));
         }
         response
-    })
+    }))
 }
 
 async fn handle_inner(
