@@ -98,15 +98,18 @@ impl Forward<'_> {
         }
     }
 
-    /// Sends the request and waits for its answer's head. A request that never reached the
-    /// backend is sent once more, to the same backend: a pooled connection that turns out
-    /// closed before the request went out is replaced by a new one; an HTTP/2 stream the
-    /// backend refused goes on a connection with room.
-    pub(super) async fn send(
+    /// The answer's head, once the request's first attempt (on a connection taken from the
+    /// pool if `reused`) ended as `first` says (`None`: the deadline passed). A request that
+    /// never reached the backend is sent once more, to the same backend: a pooled connection
+    /// that turns out closed before the request went out is replaced by a new one; an HTTP/2
+    /// stream the backend refused goes on a connection with room. The first attempt is the
+    /// caller's (`PooledConn::send` within the timer): the request goes to the connection
+    /// before the caller's `join_the_write_burst`, and its future is held once.
+    pub(super) async fn answer(
         &self,
-        conn: PooledConn,
+        first: Option<Result<Response<DrivenBody>, SendError>>,
+        reused: bool,
         backend: &Backend,
-        request: Request<UpstreamBody>,
         client_fault: Option<&FaultCell>,
         mut timer: Pin<&mut Sleep>,
     ) -> Result<Response<DrivenBody>, RouterError> {
@@ -121,10 +124,6 @@ impl Forward<'_> {
                 "reset"
             }
         };
-        // The first attempt's future is pinned here rather than in an inner `async` block: each
-        // layer of futures moves the request in and the answer out (~260 and ~200 bytes).
-        let reused = conn.reused;
-        let first = within(timer.as_mut(), std::pin::pin!(conn.send(request))).await;
         let result = match first {
             Some(Err(SendError::Unsent(request, e))) if reused => {
                 tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; sending again");

@@ -208,9 +208,12 @@ async fn handle_inner(
     if let Some(trace) = record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
         trace.inject(request.headers_mut());
     }
+    let reused = conn.reused;
+    let sending = std::pin::pin!(conn.send(request));
     join_the_write_burst().await;
+    let first = forward::within(timer.as_mut(), sending).await;
     let resp = forward
-        .send(conn, &backend, request, client_fault.as_ref(), timer.as_mut())
+        .answer(first, reused, &backend, client_fault.as_ref(), timer.as_mut())
         .await?;
 
     // Observe the answer; pins are in place before the client can read it.

@@ -275,29 +275,40 @@ impl PooledConn {
 }
 
 impl PooledConn {
-    /// Sends `req` and waits for the answer's head, driving the connection meanwhile. The
-    /// answer's body keeps the connection, drives it as it is read, and puts it back at its end.
-    pub async fn send(mut self, req: Request<UpstreamBody>) -> Result<Response<DrivenBody>, SendError> {
-        let conn = match &mut self.held {
-            Held::Http1 { conn, .. } => conn.as_mut().expect("held until dropped"),
-            Held::Http2(..) => return self.send_http2(req).await,
+    /// Hands `req` to the connection now (it is written when the returned future is first
+    /// polled) and returns the wait for the answer's head, which drives the connection. The
+    /// answer's body keeps the connection, drives it as it is read, and puts it back at its
+    /// end. Not an `async fn`: one would hold `req` in its future as well as in hyper's.
+    pub fn send(mut self, req: Request<UpstreamBody>) -> impl Future<Output = Result<Response<DrivenBody>, SendError>> {
+        let sent = match &mut self.held {
+            Held::Http1 { conn, .. } => Ok(conn.as_mut().expect("held until dropped").sender.try_send_request(req)),
+            Held::Http2(..) => Err(req),
         };
-        let mut answer = pin!(conn.sender.try_send_request(req));
-        let result = poll_fn(|cx| {
-            // The driver first: it writes the request, and reads the answer that completes `answer`.
-            conn.poll_driver(cx);
-            answer.as_mut().poll(cx)
-        })
-        .await;
-        match result {
-            Ok(resp) => Ok(resp.map(|inner| DrivenBody {
-                inner: Inner::Http1(inner),
-                conn: self,
-            })),
-            Err(mut e) => match e.take_message() {
-                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error().into())),
-                None => Err(SendError::Failed(e.into_error().into())),
-            },
+        async move {
+            let answer = match sent {
+                Ok(answer) => answer,
+                Err(req) => return self.send_http2(req).await,
+            };
+            let Held::Http1 { conn: Some(conn), .. } = &mut self.held else {
+                unreachable!("an HTTP/1.1 connection, held until dropped")
+            };
+            let mut answer = pin!(answer);
+            let result = poll_fn(|cx| {
+                // The driver first: it writes the request, and reads the answer that completes `answer`.
+                conn.poll_driver(cx);
+                answer.as_mut().poll(cx)
+            })
+            .await;
+            match result {
+                Ok(resp) => Ok(resp.map(|inner| DrivenBody {
+                    inner: Inner::Http1(inner),
+                    conn: self,
+                })),
+                Err(mut e) => match e.take_message() {
+                    Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error().into())),
+                    None => Err(SendError::Failed(e.into_error().into())),
+                },
+            }
         }
     }
 
