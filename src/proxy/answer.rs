@@ -23,16 +23,24 @@ use crate::upstream::{Backend, DrivenBody, InflightGuard};
 pub(super) enum Kind {
     /// `text/event-stream`: observed event by event as it streams.
     Sse,
-    /// A JSON answer to a JSON-RPC request: read whole before the client may have it. With
-    /// what its `Content-Length` said, to be kept or corrected when the body is known.
-    Json(ContentLength),
+    /// A JSON answer to a JSON-RPC request: read whole before the client may have it.
+    Json,
     /// Anything else: passed through.
     Other,
 }
 
+/// What the answer's head told.
+pub(super) struct Head {
+    pub kind: Kind,
+    /// The head made a pin (a session).
+    pub pinned: bool,
+    /// What its `Content-Length` says (a JSON answer's is corrected if its body changes).
+    length: ContentLength,
+}
+
 /// Observes the answer's head (session pins, hop-by-hop headers) and tells what its body is.
 /// The headers it reads are found in the one pass `scan_head` makes.
-pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> (Kind, bool) {
+pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> Head {
     let (mut content_type, mut session) = (None, None);
     let scan = scan_head(&parts.headers, |name, value| {
         // The first of each, as `HeaderMap::get` would find.
@@ -46,10 +54,10 @@ pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> 
     let length = strip_found(&mut parts.headers, scan);
     let kind = match content_type {
         Some(Kind::Sse) => Kind::Sse,
-        Some(Kind::Json(_)) if call.observes_body() => Kind::Json(length),
+        Some(Kind::Json) if call.observes_body() => Kind::Json,
         _ => Kind::Other,
     };
-    (kind, pinned)
+    Head { kind, pinned, length }
 }
 
 /// The kind of body a `Content-Type` announces, before the call has a say.
@@ -57,7 +65,7 @@ fn kind_of(content_type: &[u8]) -> Kind {
     if starts_with_ignore_case(content_type, b"text/event-stream") {
         Kind::Sse
     } else if starts_with_ignore_case(content_type, b"application/json") {
-        Kind::Json(ContentLength::UNKNOWN)
+        Kind::Json
     } else {
         Kind::Other
     }
@@ -94,12 +102,12 @@ pub(super) fn json(
     forward: &Forward<'_>,
     call: &Call,
     parts: &mut Parts,
-    mut pinned: bool,
-    said: ContentLength,
+    head: Head,
     collected: Result<Collected, CollectError>,
     backend: &Arc<Backend>,
     guard: InflightGuard,
 ) -> Result<ProxyBody, RouterError> {
+    let mut pinned = head.pinned;
     let body = match collected {
         Ok(Collected::Whole(bytes)) => {
             let seen = call.observe_message(&bytes);
@@ -108,7 +116,7 @@ pub(super) fn json(
                 Some(r) => r.apply(&bytes).unwrap_or(bytes),
                 None => bytes,
             };
-            set_content_length(&mut parts.headers, said, bytes.len());
+            set_content_length(&mut parts.headers, head.length, bytes.len());
             ProxyBody::full(bytes)
         }
         Ok(Collected::Prefix(prefix, rest)) => stream(forward, rest, Some(prefix), None, backend, guard),
