@@ -7,6 +7,8 @@
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
 #   BENCH_CG_PEERS="mrtr haproxy nginx floor" bench/callgrind.sh   # nginx as the proxy too
 #   BENCH_CG_LOAD=body BENCH_CG_PEERS=mrtr bench/callgrind.sh       # body-keyed (key only in messageId)
+#   BENCH_CG_LOAD=h2c BENCH_CG_PEERS="mrtr haproxy" bench/callgrind.sh   # HTTP/2 clients: h2load, 8
+#     connections x 16 streams, prior knowledge, as bench/run.py's *-h2c rows (one key per run)
 #   BENCH_CG_UPSTREAM=tls BENCH_CG_PEERS="mrtr haproxy nginx" bench/callgrind.sh   # HTTPS to the backends
 #     (as bench/run.py's *-upstream-tls rows: a test CA made here, the certificate for bench.test,
 #     verified); BENCH_CG_UPSTREAM=h2c: HTTP/2 with prior knowledge (mrtr and haproxy only)
@@ -27,7 +29,7 @@ BENCH_DIR=$REPO_DIR/bench
 ROUTER_BIN=${BENCH_ROUTER_BIN:-$REPO_DIR/target/release/mrtr-router}
 FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
-LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument: header or body
+LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument (header or body), or h2c (h2load)
 UPSTREAM=${BENCH_CG_UPSTREAM:-h1}  # what the proxies speak to the backends: h1, tls or h2c
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
 # Ports of their own (BENCH_CG_PORT_BASE, default 27100), so a bench run elsewhere on the machine
@@ -47,6 +49,17 @@ mkdir -p "$OUT/tmp"
 # The backends' listen flag, and each proxy's lines for the upstream protocol.
 BACKEND_LISTEN="" BACKEND_TLS="" ROUTER_SCHEME=http ROUTER_UPSTREAM="" ROUTER_BACKEND_EXTRA=""
 HAPROXY_SERVER_OPTS="" NGINX_SCHEME=http NGINX_UPSTREAM_TLS=""
+HAPROXY_BIND_OPTS=""
+case $LOAD in
+  header | body) ;;
+  h2c)
+    command -v h2load >/dev/null 2>&1 || die "h2load not found (apt-get install nghttp2-client)"
+    HAPROXY_BIND_OPTS=" proto h2"
+    # The ~300-byte tools/call of bench/mcp.lua, its key in Mcp-Routing-Id and messageId.
+    printf '{"jsonrpc":"2.0","id":1,"messageId":"cg-h2c-1","method":"tools/call","params":{"name":"search-documents","arguments":{"query":"quarterly revenue by region","limit":20,"filters":{"department":"finance","year":2026,"status":["final","approved"]},"format":"table","include_archived":false,"locale":"en-US"}}}' \
+      >"$OUT/h2c-body.json" ;;
+  *) die "BENCH_CG_LOAD: header, body or h2c (not '$LOAD')" ;;
+esac
 case $UPSTREAM in
   h1) ;;
   tls)
@@ -131,7 +144,7 @@ defaults
   timeout server 60s
   http-reuse always
 frontend fe
-  bind 127.0.0.1:$PROXY_PORT
+  bind 127.0.0.1:$PROXY_PORT$HAPROXY_BIND_OPTS
   default_backend be
 backend be
   balance hdr(Mcp-Routing-Id)
@@ -172,12 +185,23 @@ ${NGINX_HTTP_START}
 EOF
 
 ready() {  # ready: the proxy answers a request (bounded: 30 s under valgrind)
+  local proto=()
+  [[ $LOAD != h2c ]] || proto=(--http2-prior-knowledge)
   for _ in $(seq 1 150); do
-    curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' \
+    curl -sf "${proto[@]}" -o /dev/null -X POST -H 'Content-Type: application/json' \
       --data '{"jsonrpc":"2.0","id":1,"method":"ping"}' "http://127.0.0.1:$PROXY_PORT/mcp" && return 0
     sleep 0.2
   done
   return 1
+}
+
+load() {  # load <seconds>: the client load on the proxy, its report on stdout
+  case $LOAD in
+    h2c) timeout $(($1 + 30)) h2load -t1 -c8 -m16 -D "$1" -H 'content-type: application/json' \
+           -H 'accept: application/json, text/event-stream' -H 'mcp-routing-id: cg-h2c-1' \
+           -d "$OUT/h2c-body.json" "http://127.0.0.1:$PROXY_PORT/mcp" ;;
+    *) wrk -t1 -c16 -d"$1"s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- "$LOAD" ;;
+  esac
 }
 
 measure() {  # measure <name> <command...>
@@ -186,13 +210,18 @@ measure() {  # measure <name> <command...>
   local vp=$!
   PIDS+=("$vp")
   ready || die "$name did not answer under valgrind (see $OUT/$name.log)"
-  wrk -t1 -c16 -d2s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- "$LOAD" >/dev/null
+  load 2 >/dev/null
   callgrind_control -z "$vp" >/dev/null 2>&1
-  wrk -t1 -c16 -d8s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- "$LOAD" >"$OUT/$name.wrk"
+  load 8 >"$OUT/$name.load"
   callgrind_control -d "$vp" >/dev/null 2>&1
   kill "$vp"; wait "$vp" 2>/dev/null || true
   local req ir
-  req=$(grep -oP 'requests=\K[0-9]+' "$OUT/$name.wrk")
+  case $LOAD in
+    h2c) # Only answered 2xx requests count; any other answer fails the run.
+      grep -q ' 0 failed, 0 errored, 0 timeout' "$OUT/$name.load" || die "$name: h2load saw failures (see $OUT/$name.load)"
+      req=$(grep -oP 'status codes: \K[0-9]+(?= 2xx)' "$OUT/$name.load") ;;
+    *) req=$(grep -oP 'requests=\K[0-9]+' "$OUT/$name.load") ;;
+  esac
   # This run's dump only: valgrind keeps the pid, and $OUT may hold older runs' files.
   ir=$(grep -h '^summary:\|^totals:' "$OUT/$name.$vp.1" | tail -1 | awk '{print $2}')
   [[ -n $req && $req -gt 0 && -n $ir ]] || die "$name: no measurement (see $OUT)"
