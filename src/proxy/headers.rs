@@ -306,6 +306,49 @@ mod tests {
     }
 
     #[test]
+    fn the_scan_reads_content_length_once_and_forgets_it_when_connection_names_it() {
+        let said = |h: &HeaderMap| scan_head(h, |_, _| {}).length.0;
+        let mut h = HeaderMap::new();
+        assert_eq!(said(&h), None);
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("42"));
+        assert_eq!(said(&h), Some(42));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("42"));
+        assert_eq!(said(&h), None, "two headers say nothing for sure");
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("042"));
+        assert_eq!(said(&h), None);
+
+        // `Connection: content-length` makes it hop-by-hop: stripped, so unknown, so set again.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("content-length"));
+        let scan = scan_head(&h, |_, _| {});
+        let length = strip_found(&mut h, scan);
+        assert!(h.get(header::CONTENT_LENGTH).is_none());
+        super::set_content_length(&mut h, length, 5);
+        assert_eq!(h.get_all(header::CONTENT_LENGTH).iter().collect::<Vec<_>>(), ["5"]);
+    }
+
+    #[test]
+    fn the_scan_shows_every_other_header_and_no_hop_by_hop_one() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.append(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.append(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("1"));
+        h.append(SESSION_HEADER, HeaderValue::from_static("s-1"));
+        let mut seen = Vec::new();
+        scan_head(&h, |n, v| seen.push(format!("{n}: {}", v.to_str().unwrap())));
+        assert_eq!(
+            seen,
+            [
+                "content-type: text/event-stream",
+                "content-type: application/json",
+                "mcp-session-id: s-1"
+            ]
+        );
+    }
+
+    #[test]
     fn content_length_is_set_unless_it_already_says_the_length() {
         let lengths = |h: &HeaderMap| h.get_all(header::CONTENT_LENGTH).iter().cloned().collect::<Vec<_>>();
         let mut h = HeaderMap::new();
