@@ -11,7 +11,7 @@ use http::response::Parts;
 use http_body::Body;
 
 use super::forward::{passive_failure, upstream_error_hook, Forward};
-use super::headers::{scan_head, set_content_length, starts_with_ignore_case, strip_found, ContentLength};
+use super::headers::{scan_head, set_content_length, starts_with_ignore_case, strip_found, ContentLength, Stripped};
 use super::read::{CollectError, Collected};
 use crate::body::{MessageSink, ProxyBody};
 use crate::calls::Call;
@@ -51,7 +51,11 @@ pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> 
         }
     });
     let pinned = call.observe_head(status, &mut parts.headers, session);
-    let length = strip_found(&mut parts.headers, scan);
+    let Stripped { length, named } = strip_found(&mut parts.headers, scan);
+    if named.contains(&header::CONTENT_TYPE) {
+        // `Connection` made it hop-by-hop: the answer has no type, as if it came without one.
+        content_type = None;
+    }
     let kind = match content_type {
         Some(Kind::Sse) => Kind::Sse,
         Some(Kind::Json) if call.observes_body() => Kind::Json,
