@@ -309,7 +309,7 @@ class Peers:
         port = self.ports.proxy[row.peer]
         scheme = "https" if row.tls else "http"
         peer = Peer(row, None, port, f"{scheme}://{HOST}:{port}/mcp")
-        cpus = self.s.proxy_cpus_2w if row.workers > 1 else self.s.proxy_cpus
+        cpus = self.s.proxy_cpus_for(row)
         if row.peer == rows.ROUTER:
             self._start_router(row, d, peer, cpus)
         elif row.peer == rows.HAPROXY:

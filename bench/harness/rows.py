@@ -46,6 +46,7 @@ class Row:
     expect_miss: bool = False    # a known correctness gap, shown; its misroutes do not fail the run
     baseline: str = "haproxy-header"  # the row the rps/hap and cpu/hap columns divide by
     plain: str = ""              # upstream rows: the same peer's plain-HTTP/1.1 row (the cost over it)
+    one_core: bool = False       # the proxy on the load's cpu: no wake-up crosses vCPUs
 
 
 def _r(*a, **k):
@@ -101,6 +102,11 @@ ROWS = [
     _r("mrtr-streams", ROUTER, STREAMS, "mrtr-router, held SSE streams (BENCH_STREAMS) + events on random streams", awake=True, baseline="haproxy-streams"),
     _r("haproxy-streams", HAPROXY, STREAMS, "HAProxy header-keyed, held SSE streams + events on random streams", awake=True, baseline="haproxy-streams"),
     _r("nginx-streams", NGINX, STREAMS, "nginx (proxy_buffering off), held SSE streams + events on random streams", awake=True, baseline="haproxy-streams"),
+    # The same three on ONE core (proxy, backend and client): an event crosses no vCPU, so what
+    # the proxy adds is its own work, not this VM's cross-vCPU wake-ups (bench/README.md).
+    _r("mrtr-streams-1core", ROUTER, STREAMS, "mrtr-router, held SSE streams + events, proxy on the load's core", awake=True, one_core=True, baseline="haproxy-streams-1core"),
+    _r("haproxy-streams-1core", HAPROXY, STREAMS, "HAProxy header-keyed, held SSE streams + events, proxy on the load's core", awake=True, one_core=True, baseline="haproxy-streams-1core"),
+    _r("nginx-streams-1core", NGINX, STREAMS, "nginx (proxy_buffering off), held SSE streams + events, proxy on the load's core", awake=True, one_core=True, baseline="haproxy-streams-1core"),
     _r("mrtr-idle-conns", ROUTER, IDLE, "mrtr-router, idle keep-alive client connections (BENCH_IDLE_CONNS) after one request each", baseline="haproxy-idle-conns"),
     _r("haproxy-idle-conns", HAPROXY, IDLE, "HAProxy, idle keep-alive client connections after one request each", baseline="haproxy-idle-conns"),
     _r("nginx-idle-conns", NGINX, IDLE, "nginx, idle keep-alive client connections after one request each", baseline="haproxy-idle-conns"),

@@ -148,8 +148,8 @@ class Runner:
         """One SCHED_IDLE busy loop on each load cpu and each proxy cpu: they run only when
         nothing else on that cpu wants to, so a woken proxy, backend or client preempts them at
         once, and an idle vCPU never halts (see bench/README.md, "Why the -awake rows")."""
-        proxy_cpus = self.s.proxy_cpus_2w if row.workers > 1 else self.s.proxy_cpus
-        for kind, cpus in (("load", self.load_cpus), ("proxy", measure.expand_cpus(proxy_cpus))):
+        proxy = measure.expand_cpus(self.s.proxy_cpus_for(row))
+        for kind, cpus in (("load", self.load_cpus), ("proxy", [c for c in proxy if c not in self.load_cpus])):
             for c in cpus:
                 p = self.procs.spawn(["sh", "-c", "while :; do :; done"], cpus=c, idle=True)
                 self.awake[kind].append(p)
@@ -165,7 +165,7 @@ class Runner:
 
     # --- samples -----------------------------------------------------------------------------
     def _sample(self, peer, extra_pids=()):
-        pcpus = measure.expand_cpus(self.s.proxy_cpus_2w if peer.row.workers > 1 else self.s.proxy_cpus)
+        pcpus = measure.expand_cpus(self.s.proxy_cpus_for(peer.row))
         return {
             "proxy": measure.tree_ticks(peer.proc.pid) if peer.proc else 0,
             "backend": measure.pids_ticks(self.peers.backend_pids()),
@@ -183,7 +183,9 @@ class Runner:
         dp = b["proxy"] - a["proxy"]
         r["proxy_cpu_us_per_req"] = r["proxy_core_busy_pct"] = None
         if peer.proc is not None:
-            r["proxy_core_busy_pct"] = measure.busy_pct(a["pcpu"], b["pcpu"], b["awake_p"] - a["awake_p"])
+            # on a one-core row the proxy's cpu is the load's: its busy loop is the load's too
+            awake = b["awake_p"] - a["awake_p"] + (b["awake_l"] - a["awake_l"] if peer.row.one_core else 0)
+            r["proxy_core_busy_pct"] = measure.busy_pct(a["pcpu"], b["pcpu"], awake)
             if proxy_requests > 0:
                 r["proxy_cpu_us_per_req"] = round(dp * 1e6 / tck / proxy_requests, 2)
         db = b["backend"] - a["backend"]

@@ -56,6 +56,13 @@ class Settings:
     notes: list = field(default_factory=list)
     explicit: set = field(default_factory=set)  # the int settings given by a flag or variable
 
+    def proxy_cpus_for(self, row):
+        """The cpu list the proxy of `row` runs on: the load's own for a one-core row, the
+        2-worker list for a 2-worker row, the proxy's otherwise."""
+        if row.one_core:
+            return self.load_cpus
+        return self.proxy_cpus_2w if row.workers > 1 else self.proxy_cpus
+
     def as_json(self):
         return {
             "smoke": self.smoke, "rounds": self.rounds, "duration_s": self.duration,

@@ -84,6 +84,16 @@ class Settings(unittest.TestCase):
         self.assertEqual((full.rounds, full.duration, full.connections, full.nginx_keepalive), (5, 8, 64, 192))
         self.assertIn("rounds", full.explicit)
 
+    def test_one_core_rows_put_the_proxy_on_the_load_cpus(self):
+        s = load_settings({"BENCH_LOAD_CPUS": "0", "BENCH_PROXY_CPUS": "1", "BENCH_PROXY_CPUS_2W": "0-1"})
+        self.assertEqual(s.proxy_cpus_for(rows.BY_NAME["mrtr-streams"]), "1")
+        self.assertEqual(s.proxy_cpus_for(rows.BY_NAME["mrtr-header-2w"]), "0-1")
+        for peer in ("mrtr", "haproxy", "nginx"):
+            r = rows.BY_NAME[peer + "-streams-1core"]
+            self.assertTrue(r.one_core and r.awake)
+            self.assertEqual(s.proxy_cpus_for(r), "0")
+            self.assertEqual(r.baseline, "haproxy-streams-1core")
+
     def test_flags_win_and_bad_values_are_setting_errors(self):
         s = load_settings({"BENCH_ROUNDS": "5"}, ["--rounds", "2", "--rows", "direct"])
         self.assertEqual(s.rounds, 2)
