@@ -1,6 +1,7 @@
 use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::str;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "http2")]
@@ -31,6 +32,17 @@ pub(crate) fn update_and_header_value() -> HeaderValue {
         cache.check();
         cache.header_value.clone()
     })
+}
+
+/// mrtr-router patch: the Unix second of the latest date any thread rendered: a clock that costs
+/// one load to read, for `proto::h1::io`'s "has this connection been quiet for a second" (it
+/// moves while server connections are polled, as the date does).
+static SECONDS: AtomicU32 = AtomicU32::new(0);
+
+/// mrtr-router patch: see [`SECONDS`].
+#[cfg(feature = "http1")]
+pub(crate) fn seconds() -> u32 {
+    SECONDS.load(Ordering::Relaxed)
 }
 
 struct CachedDate {
@@ -68,10 +80,9 @@ impl CachedDate {
     }
 
     fn update(&mut self, now: SystemTime) {
-        let nanos = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
+        let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let nanos = since_epoch.subsec_nanos();
+        SECONDS.store(since_epoch.as_secs() as u32, Ordering::Relaxed);
 
         self.render(now);
         self.next_update = now + Duration::new(1, 0) - Duration::from_nanos(u64::from(nanos));

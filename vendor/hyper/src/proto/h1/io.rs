@@ -14,6 +14,19 @@ use crate::common::buf::BufList;
 /// The initial buffer size allocated before trying to read from IO.
 pub(crate) const INIT_BUFFER_SIZE: usize = 8192;
 
+/// mrtr-router patch: the second the clock is at, for "has this connection been quiet for a
+/// second" (`Buffered::give_back_if_quiet`). Without the server's date clock it never moves,
+/// and no buffer is given back (stock hyper's behaviour).
+#[cfg(feature = "server")]
+fn second() -> u32 {
+    crate::common::date::seconds()
+}
+
+#[cfg(not(feature = "server"))]
+fn second() -> u32 {
+    0
+}
+
 /// The minimum value that can be set to max buffer size.
 pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = INIT_BUFFER_SIZE;
 
@@ -37,6 +50,9 @@ pub(crate) struct Buffered<T, B> {
     read_buf: BytesMut,
     read_buf_strategy: ReadStrategy,
     write_buf: WriteBuf<B>,
+    /// mrtr-router patch: the second of the connection's last read that brought bytes, or
+    /// write that sent some.
+    active_at: u32,
 }
 
 impl<T, B> fmt::Debug for Buffered<T, B>
@@ -71,6 +87,7 @@ where
             read_buf: BytesMut::with_capacity(0),
             read_buf_strategy: ReadStrategy::default(),
             write_buf,
+            active_at: second(),
         }
     }
 
@@ -138,7 +155,33 @@ where
 
     pub(crate) fn headers_buf(&mut self) -> &mut Vec<u8> {
         let buf = self.write_buf.headers_mut();
+        // mrtr-router patch: the write buffer is made at the first head, and again after it
+        // was given back (`give_back_if_quiet`), at its usual size.
+        if buf.bytes.capacity() == 0 {
+            buf.bytes.reserve(INIT_BUFFER_SIZE);
+        }
         &mut buf.bytes
+    }
+
+    /// mrtr-router patch: a connection that has moved no byte either way since the clock's
+    /// last second gives back its read buffer if it holds no unread byte, and its write buffer
+    /// if it holds nothing to write. Called whenever the connection finds nothing to read or
+    /// nothing to flush, so a connection that waits (kept alive between requests, or holding a
+    /// long answer such as an SSE stream open) keeps no 8 KiB buffers for its life after the
+    /// first poll a second on, while a busy one keeps them from request to request, as stock
+    /// hyper does, and allocates nothing more. The read buffer's memory lives on as long as the
+    /// `Bytes` handed out of it (heads, body chunks); the next read, or head written, takes a
+    /// new one.
+    fn give_back_if_quiet(&mut self) {
+        if self.active_at == second() {
+            return;
+        }
+        if self.read_buf.is_empty() && self.read_buf.capacity() > 0 {
+            self.read_buf = BytesMut::new();
+        }
+        if self.write_buf.remaining() == 0 && self.write_buf.headers.bytes.capacity() > 0 {
+            self.write_buf.headers = Cursor::new(Vec::new());
+        }
     }
 
     pub(super) fn write_buf(&mut self) -> &mut WriteBuf<B> {
@@ -257,10 +300,15 @@ where
                     self.read_buf.advance_mut(n);
                 }
                 self.read_buf_strategy.record(n);
+                // mrtr-router patch: see `give_back_if_quiet`.
+                if n > 0 {
+                    self.active_at = second();
+                }
                 Poll::Ready(Ok(n))
             }
             Poll::Pending => {
                 self.read_blocked = true;
+                self.give_back_if_quiet();
                 Poll::Pending
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -279,8 +327,12 @@ where
         if self.flush_pipeline && !self.read_buf.is_empty() {
             Poll::Ready(Ok(()))
         } else if self.write_buf.remaining() == 0 {
+            // mrtr-router patch: nothing to write (every poll of a connection comes here).
+            self.give_back_if_quiet();
             Pin::new(&mut self.io).poll_flush(cx)
         } else {
+            // mrtr-router patch: see `give_back_if_quiet`.
+            self.active_at = second();
             if let WriteStrategy::Flatten = self.write_buf.strategy {
                 return self.poll_flush_flattened(cx);
             }
@@ -535,7 +587,8 @@ pub(super) struct WriteBuf<B> {
 impl<B: Buf> WriteBuf<B> {
     fn new(strategy: WriteStrategy) -> WriteBuf<B> {
         WriteBuf {
-            headers: Cursor::new(Vec::with_capacity(INIT_BUFFER_SIZE)),
+            // mrtr-router patch: made at the first head (`Buffered::headers_buf`).
+            headers: Cursor::new(Vec::new()),
             max_buf_size: DEFAULT_MAX_BUFFER_SIZE,
             queue: BufList::new(),
             strategy,
