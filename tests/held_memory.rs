@@ -1,0 +1,298 @@
+//! What a connection the router holds costs it in memory once it waits, and that nothing is lost
+//! when a waiting connection gives its buffers back (the patched hyper, `vendor/README.md`).
+//!
+//! Stock hyper keeps an 8 KiB read and an 8 KiB write buffer on every HTTP/1 connection for
+//! its life: 16 KiB per idle keep-alive client, 32 KiB per held SSE stream (the client's
+//! connection and the upstream one). The patch gives them back at the router's first look at a
+//! connection after the clock's second has moved on from its last byte.
+//!
+//! Memory is counted exactly: this test binary's allocator counts the bytes live in the
+//! process, and what is measured is how many the process gives back once the connections are
+//! open and wait. Only the router's own connections are looked at while they wait (its
+//! watchdog, below); the test's clients and the backend's connections are not polled then,
+//! and keep theirs, so what comes back is the router's. Stock hyper gives back nothing.
+//! Resident memory would not do: how much of a freed buffer an allocator returns to the
+//! system depends on what else shares its pages (BENCHMARKS.md has the resident figures).
+//!
+//! The router looks at each connection every 2 s here (a quarter of `header_read_timeout =
+//! "8s"`, which also closes idle connections after 8-10 s, later than anything below): the
+//! connections are opened well within those first 2 s, so their memory is counted before any
+//! was given back, and again until it has been, in a bounded loop. Those waits are the subject
+//! (a time), not synchronisation. The tests take turns: the count is the whole process's.
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The system allocator, counting the bytes live in the process.
+struct Counting;
+
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live_kib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / 1024.0
+}
+
+/// The tests take turns (see the module's doc).
+static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Connections held: enough that a few KiB each stand well above what the process allocates
+/// and frees by itself meanwhile.
+const IDLE: usize = 500;
+const STREAMS: usize = 200;
+
+/// What the router must give back of each connection once it waits: three quarters of the
+/// buffers, so that the few connections a slow machine might look at before the first count
+/// cannot fail the test, and stock hyper (nothing given back) cannot pass it.
+const IDLE_BACK_KIB: f64 = 12.0;
+const STREAM_BACK_KIB: f64 = 24.0;
+
+/// How long the connections may take to give their buffers back: the first look at each, at
+/// most 2 s after it opened, and a second for the clock.
+const SETTLE: Duration = Duration::from_secs(6);
+
+/// A router (in this process, on port 0) in front of one example worker, looking at each
+/// connection every 2 s, warmed up (its lazy set-up out of what is counted).
+async fn router() -> Fleet {
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"8s\"").await;
+    for i in 0..20 {
+        let mut c = connect(fleet.router).await;
+        ask(&mut c, fleet.router, i).await;
+    }
+    fleet
+}
+
+/// Waits (at most [`SETTLE`]) until the process holds at least `back_kib` less than `open`
+/// for each of `n` connections, and returns how much less it holds then (at the last count,
+/// if never).
+async fn given_back(open: f64, n: usize, back_kib: f64) -> f64 {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let each = (open - live_kib()) / n as f64;
+        if each >= back_kib || tokio::time::Instant::now() >= deadline {
+            return each;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Joins spawned tasks, in order.
+async fn joined<T>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for t in tasks.collect::<Vec<_>>() {
+        out.push(t.await.expect("the task finished"));
+    }
+    out
+}
+
+/// A keep-alive HTTP/1.1 connection of its own to `addr` (hyper's client, one connection).
+async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+fn call(addr: SocketAddr, body: &Value) -> Request<Full<Bytes>> {
+    Request::post("/mcp")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A `tools/call` of the example worker's `whoami` tool, answered at once.
+fn whoami(i: usize) -> Value {
+    json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "messageId": format!("m-{i}"), "params": {"name": "whoami", "arguments": {}}})
+}
+
+async fn ask(send: &mut SendRequest<Full<Bytes>>, addr: SocketAddr, i: usize) -> Value {
+    send.ready().await.expect("the connection is still open");
+    let answer = tokio::time::timeout(REQUEST_DEADLINE, send.send_request(call(addr, &whoami(i))))
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    assert_eq!(answer.status(), StatusCode::OK);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).expect("a JSON answer")
+}
+
+/// Idle keep-alive client connections, each after one request: once they wait, the router
+/// gives back their 16 KiB of buffers, and every one of them is served again afterwards (its
+/// buffers taken anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_give_their_buffers_back_and_serve_again() {
+    let _turn = TURNS.lock().await;
+    let fleet = router().await;
+    let addr = fleet.router;
+    // A few at a time: the router's upstream connections (one per request in flight, kept in
+    // its pool) stay a few, so none is evicted from the pool (and freed) while counting.
+    let mut held = Vec::new();
+    for batch in 0..IDLE / 5 {
+        let opening = (batch * 5..batch * 5 + 5).map(|i| {
+            tokio::spawn(async move {
+                let mut c = connect(addr).await;
+                assert_eq!(ask(&mut c, addr, i).await["id"], json!(i));
+                c
+            })
+        });
+        held.extend(joined(opening).await);
+    }
+    let open = live_kib();
+    let back = given_back(open, IDLE, IDLE_BACK_KIB).await;
+    println!("{IDLE} idle keep-alive connections: {back:.1} KiB each given back by the router");
+    assert!(
+        back >= IDLE_BACK_KIB,
+        "{back:.1} KiB given back per idle connection (under {IDLE_BACK_KIB})"
+    );
+    for (i, c) in held.iter_mut().enumerate() {
+        let v = ask(c, addr, 10_000 + i).await;
+        assert_eq!(v["id"], json!(10_000 + i), "the second request on connection {i}");
+    }
+}
+
+/// Held SSE streams (the worker's `stream` tool, gated after its first event): once they
+/// wait, the router gives back the 32 KiB of buffers of their two connections, and each goes
+/// on correctly once the worker sends the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_streams_give_their_buffers_back_and_go_on() {
+    let _turn = TURNS.lock().await;
+    let fleet = router().await;
+    let addr = fleet.router;
+    let opening = (0..STREAMS).map(|i| {
+        tokio::spawn(async move {
+            let mut c = connect(addr).await;
+            c.ready().await.unwrap();
+            let body = stream_call(Some(&format!("held-{i}")), json!({"events": 2, "gated": true}));
+            let answer = tokio::time::timeout(REQUEST_DEADLINE, c.send_request(call(addr, &body)))
+                .await
+                .expect("stream opened in time")
+                .unwrap();
+            assert_eq!(answer.status(), StatusCode::OK);
+            let mut body = answer.into_body();
+            read_until(&mut body, ": ping").await;
+            (c, body)
+        })
+    });
+    let mut streams = joined(opening).await;
+    let open = live_kib();
+    let back = given_back(open, STREAMS, STREAM_BACK_KIB).await;
+    println!("{STREAMS} held SSE streams: {back:.1} KiB each given back by the router");
+    assert!(
+        back >= STREAM_BACK_KIB,
+        "{back:.1} KiB given back per held stream (under {STREAM_BACK_KIB})"
+    );
+    for _ in 0..STREAMS {
+        fleet.workers[0].state.release();
+    }
+    for (i, (_c, body)) in streams.iter_mut().enumerate() {
+        let rest = read_until(body, "\"worker\":\"worker-0\"").await;
+        assert!(rest.contains("\"progress\":2"), "stream {i}: {rest}");
+        let end = tokio::time::timeout(REQUEST_DEADLINE, body.frame())
+            .await
+            .expect("ends in time");
+        assert!(end.is_none(), "stream {i} ends after its result");
+    }
+}
+
+/// Half a request head, then a quiet time past the second after which a waiting connection
+/// gives its buffers back, then the rest: the router answers the whole request (a buffer
+/// holding unread bytes is never given back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_split_by_a_quiet_time_is_served_whole() {
+    let _turn = TURNS.lock().await;
+    let fleet = router().await;
+    let body = whoami(7).to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (first, rest) = request.split_at(40);
+    let mut tcp = TcpStream::connect(fleet.router).await.unwrap();
+    tcp.write_all(first.as_bytes()).await.unwrap();
+    // The time under test: the router's first look at the waiting connection (2 s after it
+    // opened), a second or more after its last byte.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tcp.write_all(rest.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(REQUEST_DEADLINE, tcp.read(&mut answer))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+}
+
+/// An answer far bigger than the sockets' buffers to a client that reads nothing for a few
+/// seconds, then all of it: every byte arrives, in order (a write buffer holding unwritten
+/// bytes is never given back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_answer_to_a_client_that_pauses_arrives_whole() {
+    let _turn = TURNS.lock().await;
+    let big: Bytes = (0..32u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+    let answer = big.clone();
+    let backend = test_backend("big", move |_, _| {
+        let answer = answer.clone();
+        async move {
+            http::Response::builder()
+                .header("content-type", "application/octet-stream")
+                .body(Full::new(answer))
+                .unwrap()
+        }
+    })
+    .await;
+    let fleet = Fleet::start_backends(vec![], &[backend], "[server]\nheader_read_timeout = \"8s\"").await;
+    let mut c = connect(fleet.router).await;
+    c.ready().await.unwrap();
+    let response = tokio::time::timeout(REQUEST_DEADLINE, c.send_request(call(fleet.router, &whoami(1))))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The time under test: the router holds unwritten bytes past its first look (at 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = tokio::time::timeout(REQUEST_DEADLINE, response.into_body().collect())
+        .await
+        .expect("read in time")
+        .unwrap()
+        .to_bytes();
+    assert_eq!(got.len(), big.len());
+    assert!(got == big, "the answer arrived changed");
+}
