@@ -41,6 +41,7 @@ static SECONDS: AtomicU32 = AtomicU32::new(0);
 
 /// mrtr-router patch: see [`SECONDS`].
 #[cfg(feature = "http1")]
+#[inline]
 pub(crate) fn seconds() -> u32 {
     SECONDS.load(Ordering::Relaxed)
 }
