@@ -101,18 +101,24 @@ async fn router() -> Fleet {
     fleet
 }
 
-/// Waits (at most [`SETTLE`]) until the process holds at least `back_kib` less than `open`
-/// for each of `n` connections, and returns how much less it holds then (at the last count,
-/// if never).
-async fn given_back(open: f64, n: usize, back_kib: f64) -> f64 {
+/// Counts the bytes live now, with `n` connections (`what`) open, then waits (at most
+/// [`SETTLE`]) until the process holds at least `back_kib` less for each of them; fails if it
+/// does not.
+async fn assert_gives_back(what: &str, n: usize, back_kib: f64) {
+    let open = live_kib();
     let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    let back = loop {
         let each = (open - live_kib()) / n as f64;
         if each >= back_kib || tokio::time::Instant::now() >= deadline {
-            return each;
+            break each;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    println!("{n} {what}: {back:.1} KiB each given back by the router");
+    assert!(
+        back >= back_kib,
+        "{back:.1} KiB given back per connection of {n} {what} (under {back_kib})"
+    );
 }
 
 /// Joins spawned tasks, in order.
@@ -178,13 +184,7 @@ async fn idle_keep_alive_connections_give_their_buffers_back_and_serve_again() {
         });
         held.extend(joined(opening).await);
     }
-    let open = live_kib();
-    let back = given_back(open, IDLE, IDLE_BACK_KIB).await;
-    println!("{IDLE} idle keep-alive connections: {back:.1} KiB each given back by the router");
-    assert!(
-        back >= IDLE_BACK_KIB,
-        "{back:.1} KiB given back per idle connection (under {IDLE_BACK_KIB})"
-    );
+    assert_gives_back("idle keep-alive connections", IDLE, IDLE_BACK_KIB).await;
     for (i, c) in held.iter_mut().enumerate() {
         let v = ask(c, addr, 10_000 + i).await;
         assert_eq!(v["id"], json!(10_000 + i), "the second request on connection {i}");
@@ -215,13 +215,7 @@ async fn held_streams_give_their_buffers_back_and_go_on() {
         })
     });
     let mut streams = joined(opening).await;
-    let open = live_kib();
-    let back = given_back(open, STREAMS, STREAM_BACK_KIB).await;
-    println!("{STREAMS} held SSE streams: {back:.1} KiB each given back by the router");
-    assert!(
-        back >= STREAM_BACK_KIB,
-        "{back:.1} KiB given back per held stream (under {STREAM_BACK_KIB})"
-    );
+    assert_gives_back("held SSE streams", STREAMS, STREAM_BACK_KIB).await;
     for _ in 0..STREAMS {
         fleet.workers[0].state.release();
     }
