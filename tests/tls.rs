@@ -1,6 +1,7 @@
 //! TLS on the proxy listener (`server.tls_cert`, `server.tls_key`): HTTP/1.1 and HTTP/2 by
 //! ALPN, a client that does not speak TLS or never finishes its handshake, a client that leaves
-//! mid-request, certificates changed by a reload, and the config errors.
+//! mid-request, a kept-alive connection served again after a wait, certificates changed by a
+//! reload, and the config errors.
 
 mod support;
 
@@ -385,4 +386,40 @@ async fn a_handshake_in_progress_does_not_hold_a_shutdown() {
     assert_eq!(echo(stream).await.0, Version::HTTP_11);
     fleet.assert_stops_promptly("a connection in its handshake").await;
     assert!(read_to_close(&mut silent, Duration::from_secs(5)).await.is_some());
+}
+
+/// A kept-alive HTTP/1.1 connection over TLS that waits past the router's looks (which give its
+/// hyper buffers back, `vendor/README.md`) is served again: the buffers over TLS are taken anew.
+#[tokio::test]
+async fn a_tls_keep_alive_connection_that_waited_is_served_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = make_cert(dir.path(), "server");
+    // A look at each connection every second (a quarter of the timeout).
+    let fleet = Fleet::start(1, &tls_server(&cert, "header_read_timeout = \"4s\"")).await;
+    let stream = connect(&fleet, &cert.der, &[b"http/1.1"]).await.expect("handshake");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for round in 0..2 {
+        if round == 1 {
+            // The time under test: a look of the router's a second or more after the last byte.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+        }
+        sender.ready().await.expect("the connection is still open");
+        let req = Request::post("/echo")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(PING)))
+            .unwrap();
+        let resp = tokio::time::timeout(REQUEST_DEADLINE, sender.send_request(req))
+            .await
+            .expect("answered in time")
+            .unwrap();
+        assert_eq!(resp.status(), 200, "round {round}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(echoed(&v, "x-forwarded-proto"), ["https"], "round {round}: {v}");
+    }
+    assert_eq!(fleet.total_requests(), 2);
 }
