@@ -195,32 +195,39 @@ impl Connection {
     /// Cleartext HTTP/1's [`serve`] is awaited right here, not inside a helper `async fn`: every
     /// wake-up of the connection polls down through each layer of futures, several per
     /// request. The other paths are boxed: a task's future is as large as its largest path
-    /// (TLS and HTTP/2 state run to kilobytes), and it is copied when the task is spawned.
-    async fn serve(self, stream: TcpStream) {
-        let timeout = self.builders.header_read_timeout;
-        let served = match self.builders.tls.clone() {
-            Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
-            None => match self.until_shutdown(sniff(&stream, timeout)).await.flatten() {
-                Some(Protocol::Http1) => {
-                    self.open.speaks("http1");
-                    let client = Some(stream.as_raw_fd());
-                    let conn = self
-                        .builders
-                        .http1
-                        .serve_connection(TokioIo::new(stream), self.service(false, false));
-                    let served = serve(conn, &self.shutdown, &self.activity, self.limits(), client).await;
-                    self.http1_ended(served, |c| {
-                        let p = c.into_parts();
-                        (p.io, p.read_buf)
-                    })
-                    .await
-                }
-                Some(Protocol::Http2) => Box::pin(self.serve_http2(stream, false)).await,
-                None => Ok(()),
-            },
-        };
-        if let Err(e) = served {
-            tracing::debug!(error = %e, peer = %self.peer, "connection ended with an error");
+    /// (TLS and HTTP/2 state run to kilobytes, a timed-out connection's answer holds the whole
+    /// HTTP/1 connection), and it is held for the connection's life. An `async` block rather
+    /// than an `async fn`: an `async fn` keeps its arguments twice in its state (as they came,
+    /// and moved into its body), 144 bytes per connection here.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    fn serve(self, stream: TcpStream) -> impl Future<Output = ()> + Send {
+        async move {
+            let timeout = self.builders.header_read_timeout;
+            let served = match self.builders.tls.clone() {
+                Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
+                None => match self.until_shutdown(sniff(&stream, timeout)).await.flatten() {
+                    Some(Protocol::Http1) => {
+                        self.open.speaks("http1");
+                        let client = Some(stream.as_raw_fd());
+                        let conn = self
+                            .builders
+                            .http1
+                            .serve_connection(TokioIo::new(stream), self.service(false, false));
+                        let served = serve(conn, &self.shutdown, &self.activity, self.limits(), client).await;
+                        self.http1_ended(served, |c| {
+                            let p = c.into_parts();
+                            (p.io, p.read_buf)
+                        })
+                        .finish()
+                        .await
+                    }
+                    Some(Protocol::Http2) => Box::pin(self.serve_http2(stream, false)).await,
+                    None => Ok(()),
+                },
+            };
+            if let Err(e) = served {
+                tracing::debug!(error = %e, peer = %self.peer, "connection ended with an error");
+            }
         }
     }
 
@@ -273,6 +280,7 @@ impl Connection {
                     let p = c.into_parts();
                     (p.io, p.read_buf)
                 })
+                .finish()
                 .await
             }
             Ok(Err(e)) => {
@@ -312,25 +320,21 @@ impl Connection {
     }
 
     /// Ends an HTTP/1 connection that [`serve`] handed back; `parts` takes a timed-out one
-    /// apart (its socket, and what it read of a head).
-    async fn http1_ended<C, I>(
-        &self,
-        served: Served<C>,
-        parts: impl FnOnce(C) -> (TokioIo<I>, Bytes),
-    ) -> hyper::Result<()>
+    /// apart (its socket, and what it read of a head), whose answer is boxed (see
+    /// [`Connection::serve`]).
+    fn http1_ended<C, I>(&self, served: Served<C>, parts: impl FnOnce(C) -> (TokioIo<I>, Bytes)) -> Http1Ended<'_>
     where
-        I: AsyncWrite + Unpin,
+        I: AsyncWrite + Unpin + Send + 'static,
     {
         match served {
-            Served::Ended(r) => r,
+            Served::Ended(r) => Http1Ended::Done(r),
             Served::ClientLeft => {
                 self.shared.metrics.client_aborts.inc();
-                Ok(())
+                Http1Ended::Done(Ok(()))
             }
             Served::TimedOut(conn) => {
                 let (io, unread) = parts(conn);
-                watchdog::answer(&self.shared, io, unread).await;
-                Ok(())
+                Http1Ended::Answering(Box::pin(watchdog::answer(&self.shared, io, unread)))
             }
         }
     }
@@ -360,6 +364,24 @@ impl Connection {
                 Ok::<_, Infallible>(answer.await.map(|body| watchdog::Tracked::new(body, done, stream)))
             }
         })
+    }
+}
+
+/// An HTTP/1 connection's end ([`Connection::http1_ended`]): done, or its 408 being written.
+enum Http1Ended<'a> {
+    Done(hyper::Result<()>),
+    Answering(Pin<Box<dyn Future<Output = ()> + Send + 'a>>),
+}
+
+impl Http1Ended<'_> {
+    async fn finish(self) -> hyper::Result<()> {
+        match self {
+            Http1Ended::Done(r) => r,
+            Http1Ended::Answering(answer) => {
+                answer.await;
+                Ok(())
+            }
+        }
     }
 }
 
