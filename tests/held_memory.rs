@@ -14,11 +14,12 @@
 //! Resident memory would not do: how much of a freed buffer an allocator returns to the
 //! system depends on what else shares its pages (BENCHMARKS.md has the resident figures).
 //!
-//! The router looks at each connection every 5 s here (a quarter of `header_read_timeout =
-//! "20s"`, which also closes idle connections after 20-25 s, later than anything below): the
-//! connections are opened well within those first 5 s, so their memory is counted before any
-//! was given back, and again until it has been, in a bounded loop. Those waits are the subject
-//! (a time), not synchronisation. The two tests that count take turns with every other test:
+//! The routers of the two counting tests look at each connection every 10 s (a quarter of
+//! `header_read_timeout = "40s"`, which also closes idle connections after 40-50 s, later than
+//! anything below): the connections are opened well within those first 10 s, on a slow machine
+//! too, so their memory is counted before any was given back, and again until it has been, in
+//! a bounded loop. The other tests' routers look every second, and the tests wait past one
+//! look. Those waits are the subject (a time), not synchronisation. The two tests that count take turns with every other test:
 //! the count is the whole process's.
 
 mod support;
@@ -74,8 +75,8 @@ static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Connections held: enough that a few KiB each stand well above what the process allocates
 /// and frees by itself meanwhile.
-const IDLE: usize = 500;
-const STREAMS: usize = 200;
+const IDLE: usize = 300;
+const STREAMS: usize = 100;
 
 /// What the router must give back of each connection once it waits: three quarters of the
 /// buffers, so that the few connections a slow machine might look at before the first count
@@ -84,16 +85,19 @@ const IDLE_BACK_KIB: f64 = 12.0;
 const STREAM_BACK_KIB: f64 = 24.0;
 
 /// How long the connections may take to give their buffers back: the first look at each, at
-/// most 5 s after it opened, a second for the clock, and a margin.
-const SETTLE: Duration = Duration::from_secs(10);
+/// most 10 s after it opened, a second for the clock, and a margin.
+const SETTLE: Duration = Duration::from_secs(15);
 
-/// `[server]` of every router here: a look at each connection every 5 s.
-const SERVER: &str = "[server]\nheader_read_timeout = \"20s\"";
+/// `[server]` of the counting tests' routers: a look at each connection every 10 s.
+const COUNTING: &str = "[server]\nheader_read_timeout = \"40s\"";
 
-/// A router (in this process, on port 0) in front of one example worker, warmed up (its lazy
-/// set-up out of what is counted).
-async fn router() -> Fleet {
-    let fleet = Fleet::start(1, SERVER).await;
+/// `[server]` of the other routers: a look at each connection every second.
+const LOOKING: &str = "[server]\nheader_read_timeout = \"4s\"";
+
+/// A router (in this process, on port 0) with `server` in front of one example worker, warmed
+/// up (its lazy set-up out of what is counted).
+async fn router(server: &str) -> Fleet {
+    let fleet = Fleet::start(1, server).await;
     for i in 0..20 {
         let mut c = connect(fleet.router).await;
         ask(&mut c, fleet.router, i).await;
@@ -169,7 +173,7 @@ async fn ask(send: &mut SendRequest<Full<Bytes>>, addr: SocketAddr, i: usize) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keep_alive_connections_give_their_buffers_back_and_serve_again() {
     let _turn = TURNS.write().await;
-    let fleet = router().await;
+    let fleet = router(COUNTING).await;
     let addr = fleet.router;
     // A few at a time: the router's upstream connections (one per request in flight, kept in
     // its pool) stay a few, so none is evicted from the pool (and freed) while counting.
@@ -197,7 +201,7 @@ async fn idle_keep_alive_connections_give_their_buffers_back_and_serve_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_streams_give_their_buffers_back_and_go_on() {
     let _turn = TURNS.write().await;
-    let fleet = router().await;
+    let fleet = router(COUNTING).await;
     let addr = fleet.router;
     let opening = (0..STREAMS).map(|i| {
         tokio::spawn(async move {
@@ -265,7 +269,7 @@ async fn a_client_connection_holds_no_queue_or_buffer_it_does_not_use() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_split_by_a_quiet_time_is_served_whole() {
     let _turn = TURNS.read().await;
-    let fleet = router().await;
+    let fleet = router(LOOKING).await;
     let body = whoami(7).to_string();
     let request = format!(
         "POST /mcp HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n\
@@ -275,9 +279,9 @@ async fn a_head_split_by_a_quiet_time_is_served_whole() {
     let (first, rest) = request.split_at(40);
     let mut tcp = TcpStream::connect(fleet.router).await.unwrap();
     tcp.write_all(first.as_bytes()).await.unwrap();
-    // The time under test: the router's first look at the waiting connection (5 s after it
-    // opened), a second or more after its last byte.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // The time under test: a look of the router's at the waiting connection, a second or more
+    // after its last byte (the looks come every second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     tcp.write_all(rest.as_bytes()).await.unwrap();
     let mut answer = vec![0u8; 4096];
     let n = tokio::time::timeout(REQUEST_DEADLINE, tcp.read(&mut answer))
@@ -306,7 +310,7 @@ async fn a_big_answer_to_a_client_that_pauses_arrives_whole() {
         }
     })
     .await;
-    let fleet = Fleet::start_backends(vec![], &[backend], SERVER).await;
+    let fleet = Fleet::start_backends(vec![], &[backend], LOOKING).await;
     let mut c = connect(fleet.router).await;
     c.ready().await.unwrap();
     let response = tokio::time::timeout(REQUEST_DEADLINE, c.send_request(call(fleet.router, &whoami(1))))
@@ -314,8 +318,8 @@ async fn a_big_answer_to_a_client_that_pauses_arrives_whole() {
         .expect("answered in time")
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    // The time under test: the router holds unwritten bytes past its first look (at 5 s).
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // The time under test: the router holds unwritten bytes past its looks (every second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let got = tokio::time::timeout(REQUEST_DEADLINE, response.into_body().collect())
         .await
         .expect("read in time")
