@@ -44,8 +44,8 @@ pub(super) fn head(call: &Call, status: http::StatusCode, parts: &mut Parts) -> 
     let (mut content_type, mut session) = (None, None);
     let scan = scan_head(&parts.headers, |name, value| {
         // The first of each, as `HeaderMap::get` would find.
-        if *name == header::CONTENT_TYPE {
-            content_type.get_or_insert(kind_of(value.as_bytes()));
+        if *name == header::CONTENT_TYPE && content_type.is_none() {
+            content_type = Some(kind_of(value.as_bytes()));
         } else if *name == SESSION_HEADER && session.is_none() {
             session = Some(value.clone());
         }
