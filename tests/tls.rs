@@ -74,6 +74,15 @@ async fn connect(
         .expect("the handshake ends within the test deadline")
 }
 
+/// The HTTP/1.1 request of [`echo`]: a ping POSTed to the example worker's `/echo`.
+fn http1_ping() -> Request<Full<Bytes>> {
+    Request::post("/echo")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(PING)))
+        .unwrap()
+}
+
 /// POSTs a ping to the example worker's `/echo` over `stream` (HTTP/2 when ALPN chose `h2`):
 /// the answer's HTTP version and the headers the worker saw.
 async fn echo(stream: TlsStream<TcpStream>) -> (Version, Value) {
@@ -93,12 +102,7 @@ async fn echo(stream: TlsStream<TcpStream>) -> (Version, Value) {
         } else {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
             tokio::spawn(conn);
-            let req = Request::post("/echo")
-                .header("host", "localhost")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(PING)))
-                .unwrap();
-            sender.send_request(req).await.unwrap()
+            sender.send_request(http1_ping()).await.unwrap()
         };
         assert_eq!(resp.status(), 200);
         let version = resp.version();
@@ -407,12 +411,7 @@ async fn a_tls_keep_alive_connection_that_waited_is_served_again() {
             tokio::time::sleep(Duration::from_millis(2500)).await;
         }
         sender.ready().await.expect("the connection is still open");
-        let req = Request::post("/echo")
-            .header("host", "localhost")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(PING)))
-            .unwrap();
-        let resp = tokio::time::timeout(REQUEST_DEADLINE, sender.send_request(req))
+        let resp = tokio::time::timeout(REQUEST_DEADLINE, sender.send_request(http1_ping()))
             .await
             .expect("answered in time")
             .unwrap();
