@@ -4,7 +4,8 @@
 //! Stock hyper keeps an 8 KiB read and an 8 KiB write buffer on every HTTP/1 connection for
 //! its life: 16 KiB per idle keep-alive client, 32 KiB per held SSE stream (the client's
 //! connection and the upstream one). The patch gives them back at the router's first look at a
-//! connection after the clock's second has moved on from its last byte.
+//! connection after the clock's second has moved on from its last byte, and with them the
+//! header map a connection keeps for its next head (about 110 bytes a header of its last one).
 //!
 //! Memory is counted exactly: this test binary's allocator counts the bytes live in the
 //! process, and what is measured is how many the process gives back once the connections are
@@ -97,7 +98,11 @@ const LOOKING: &str = "[server]\nheader_read_timeout = \"4s\"";
 /// A router (in this process, on port 0) with `server` in front of one example worker, warmed
 /// up (its lazy set-up out of what is counted).
 async fn router(server: &str) -> Fleet {
-    let fleet = Fleet::start(1, server).await;
+    warmed(Fleet::start(1, server).await).await
+}
+
+/// `fleet`, after 20 requests to its router (its lazy set-up out of what is counted).
+async fn warmed(fleet: Fleet) -> Fleet {
     for i in 0..20 {
         let mut c = connect(fleet.router).await;
         ask(&mut c, fleet.router, i).await;
@@ -174,6 +179,43 @@ async fn ask(send: &mut SendRequest<Full<Bytes>>, addr: SocketAddr, i: usize) ->
 async fn idle_keep_alive_connections_give_their_buffers_back_and_serve_again() {
     let _turn = TURNS.write().await;
     let fleet = router(COUNTING).await;
+    idle_connections_give_back(&fleet, "idle keep-alive connections", IDLE_BACK_KIB).await;
+}
+
+/// Headers of the fat backend's answers: a cleared header map keeps its capacity, about
+/// 110 bytes a header, so the map the router's connection keeps from such an answer for its
+/// next request head is ~10 KiB.
+const FAT_HEADERS: usize = 90;
+
+/// What each idle connection gives back after a [`FAT_HEADERS`]-header answer: the buffers
+/// (16 KiB) and the map (~10 KiB), less the same quarter's margin as [`IDLE_BACK_KIB`]. A
+/// router that gives back its buffers but keeps the map gives back ~16.
+const FAT_BACK_KIB: f64 = 20.0;
+
+/// The same after an answer of [`FAT_HEADERS`] headers: the header map the connection keeps
+/// for its next head, emptied but at that answer's capacity, is given back with the buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_give_back_the_header_map_of_their_last_answer() {
+    let _turn = TURNS.write().await;
+    let fat = test_backend("fat", |_, body: Bytes| async move {
+        let call: Value = serde_json::from_slice(&body).expect("a JSON call");
+        let mut answer = http::Response::builder().header("content-type", "application/json");
+        for h in 0..FAT_HEADERS {
+            answer = answer.header(format!("x-fat-{h}"), "1");
+        }
+        let v = json!({"jsonrpc": "2.0", "id": call["id"], "result": {}});
+        answer.body(Full::new(Bytes::from(v.to_string()))).unwrap()
+    })
+    .await;
+    let fleet = warmed(Fleet::start_backends(Vec::new(), &[fat], COUNTING).await).await;
+    let what = format!("idle connections after a {FAT_HEADERS}-header answer");
+    idle_connections_give_back(&fleet, &what, FAT_BACK_KIB).await;
+}
+
+/// Opens [`IDLE`] keep-alive connections to the router of `fleet`, one request each, checks
+/// that the router gives back at least `back_kib` of each once they wait, then asks again on
+/// every one of them.
+async fn idle_connections_give_back(fleet: &Fleet, what: &str, back_kib: f64) {
     let addr = fleet.router;
     // A few at a time: the router's upstream connections (one per request in flight, kept in
     // its pool) stay a few, so none is evicted from the pool (and freed) while counting.
@@ -188,7 +230,7 @@ async fn idle_keep_alive_connections_give_their_buffers_back_and_serve_again() {
         });
         held.extend(joined(opening).await);
     }
-    assert_gives_back("idle keep-alive connections", IDLE, IDLE_BACK_KIB).await;
+    assert_gives_back(what, IDLE, back_kib).await;
     for (i, c) in held.iter_mut().enumerate() {
         let v = ask(c, addr, 10_000 + i).await;
         assert_eq!(v["id"], json!(10_000 + i), "the second request on connection {i}");

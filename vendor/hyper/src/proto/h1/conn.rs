@@ -853,6 +853,12 @@ where
     }
 
     pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // mrtr-router patch: a quiet connection (see `Buffered::give_back_if_quiet`) gives back
+        // the header map it keeps for the next head too: the last answer's map, emptied but
+        // at its capacity (about 1 KiB for a dozen headers). The next head parsed makes one.
+        if self.state.cached_headers.is_some() && self.io.is_quiet() {
+            self.state.cached_headers = None;
+        }
         ready!(Pin::new(&mut self.io).poll_flush(cx))?;
         self.try_keep_alive(cx);
         trace!("flushed({}): {:?}", T::LOG, self.state);

@@ -175,9 +175,16 @@ where
     /// new one.
     #[inline]
     fn give_back_if_quiet(&mut self) {
-        if self.active_at != second() {
+        if self.is_quiet() {
             self.give_back();
         }
+    }
+
+    /// mrtr-router patch: whether the connection has moved no byte since the clock's last
+    /// second (see `give_back_if_quiet`).
+    #[inline]
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.active_at != second()
     }
 
     /// mrtr-router patch: see `give_back_if_quiet`; out of the way of the busy path.
