@@ -122,6 +122,30 @@ fn route_explains_a_key() {
     assert_eq!(vb["keys"]["method"], "tools/call");
 }
 
+/// The router turns transparent huge pages off for itself (see `main.rs`): with them, memory
+/// freed by connections that wait stays resident inside huge pages.
+#[tokio::test]
+async fn the_router_runs_without_transparent_huge_pages() {
+    let w = start_worker("w").await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let (port, admin) = (free_port(), free_port());
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n[[backend]]\nname = \"w\"\nurl = \"{}\"\n",
+        w.url()
+    );
+    std::fs::write(&path, text).unwrap();
+    let mut child = KillOnDrop(spawn_router(&path));
+    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
+    wait_readyz(&mut child.0, &client(), admin_addr, 200, "the router to become ready").await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.0.id())).unwrap();
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("the kernel reports THP_enabled (Linux 5.0 and later)");
+    assert_eq!(thp.trim(), "0", "transparent huge pages are on for the router");
+}
+
 #[tokio::test]
 async fn sighup_reloads_and_sigterm_stops() {
     let w1 = start_worker("w1").await;
