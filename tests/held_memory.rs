@@ -15,13 +15,13 @@
 //! Resident memory would not do: how much of a freed buffer an allocator returns to the
 //! system depends on what else shares its pages (BENCHMARKS.md has the resident figures).
 //!
-//! The routers of the two counting tests look at each connection every 10 s (a quarter of
+//! The routers of the counting tests look at each connection every 10 s (a quarter of
 //! `header_read_timeout = "40s"`, which also closes idle connections after 40-50 s, later than
 //! anything below): the connections are opened well within those first 10 s, on a slow machine
 //! too, so their memory is counted before any was given back, and again until it has been, in
 //! a bounded loop. The other tests' routers look every second, and the tests wait past one
-//! look. Those waits are the subject (a time), not synchronisation. The two tests that count take turns with every other test:
-//! the count is the whole process's.
+//! look. Those waits are the subject (a time), not synchronisation. The tests that count take
+//! turns with every other test: the count is the whole process's.
 
 mod support;
 

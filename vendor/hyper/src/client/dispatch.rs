@@ -212,7 +212,7 @@ impl<T, U> Receiver<T, U> {
 impl<T, U> Drop for Receiver<T, U> {
     fn drop(&mut self) {
         // Notify the giver about the closure first, before dropping
-        // the mpsc::Receiver.
+        // the queue's receiver.
         self.taker.cancel();
     }
 }
@@ -223,8 +223,9 @@ impl<T, U> Drop for Receiver<T, U> {
 /// a few (HTTP/2): a router holding a stream per upstream connection holds one per stream.
 /// This one is a `VecDeque` under a mutex, ~80 bytes and a slot array made at the first
 /// request. The same contract as tokio's: a send fails once the receiver closed or was
-/// dropped, the receiver sees the end once every sender is gone and the queue is empty, and
-/// a dropped receiver drops what was still queued (each envelope then cancels its request).
+/// dropped, the receiver sees the end once the queue is empty and closed or every sender is
+/// gone, and a dropped receiver drops what was still queued (each envelope then cancels its
+/// request).
 mod queue {
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex, MutexGuard};
@@ -298,13 +299,13 @@ mod queue {
     }
 
     impl<T> Rx<T> {
-        /// The next item; `None` once every sender is gone and the queue is empty.
+        /// The next item; `None` once the queue is empty and closed or without senders.
         pub(super) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
             let mut state = self.0.lock();
             if let Some(item) = state.items.pop_front() {
                 return Poll::Ready(Some(item));
             }
-            if state.senders == 0 {
+            if state.closed || state.senders == 0 {
                 return Poll::Ready(None);
             }
             match &mut state.waker {
