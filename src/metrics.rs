@@ -81,6 +81,8 @@ pub struct Metrics {
     pub(crate) config_reloads: IntCounterVec,
     /// Open client connections by protocol (`pending` until it is known).
     pub(crate) connections: IntGaugeVec,
+    /// HTTP/1 client connections waiting between requests with only their socket held.
+    pub(crate) connections_parked: IntGauge,
     /// Times the proxy listener could not take a connection: `cap` (max_connections open: it
     /// waits until one closes), `fds` (accept failed for lack of descriptors or memory).
     pub(crate) connections_refused: IntCounterVec,
@@ -174,6 +176,12 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(body_buffer_bytes.clone())).expect("unique metric");
+        let connections_parked = IntGauge::new(
+            "mrtr_connections_parked",
+            "HTTP/1 client connections waiting for their next request with only their socket held (parked: found idle at a check, every quarter of server.header_read_timeout); counted in mrtr_connections too",
+        )
+        .expect("valid metric");
+        r.register(Box::new(connections_parked.clone())).expect("unique metric");
         Metrics {
             requests_total: counter(
                 &r,
@@ -239,6 +247,7 @@ impl Metrics {
                 "Open client connections by protocol (pending until known)",
                 &["protocol"],
             ),
+            connections_parked,
             connections_refused: counter(
                 &r,
                 "mrtr_connections_refused_total",

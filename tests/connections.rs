@@ -280,3 +280,77 @@ async fn a_connection_that_closes_before_its_protocol_is_known_is_let_go_at_once
     s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
     assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
 }
+
+/// A keep-alive connection that waits between requests is parked (hyper's state dropped, its
+/// socket kept: `mrtr_connections_parked`), and whatever its client sends next is read whole by
+/// the hyper connection made for it: a request, a head split across two writes, two pipelined
+/// requests. It stays one connection throughout.
+#[tokio::test]
+async fn a_waiting_connection_is_parked_and_what_its_client_sends_next_is_served() {
+    // Looks every second: parked one to two seconds after its last request, closed after four.
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"4s\"").await;
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    let post = raw_post(&fleet);
+    s.write_all(post.as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+    let parked = || fleet.wait_metric("mrtr_connections_parked", 1.0, Duration::from_secs(10));
+
+    parked().await;
+    s.write_all(post.as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(metric(&fleet.metrics().await, "mrtr_connections_parked"), Some(0.0));
+
+    // The first part wakes the connection; the new hyper connection waits for the rest.
+    parked().await;
+    let (head, rest) = post.split_at(10);
+    s.write_all(head.as_bytes()).await.unwrap();
+    fleet
+        .wait_metric("mrtr_connections_parked", 0.0, Duration::from_secs(10))
+        .await;
+    s.write_all(rest.as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+
+    parked().await;
+    s.write_all(format!("{post}{post}").as_bytes()).await.unwrap();
+    let mut got = read_answer(&mut s).await;
+    while got.matches("\"result\"").count() < 2 {
+        got.push_str(&read_answer(&mut s).await);
+    }
+    assert_eq!(got.matches("HTTP/1.1 200").count(), 2, "{got}");
+
+    assert_eq!(fleet.total_requests(), 5);
+    let m = fleet.metrics().await;
+    assert_eq!(metric(&m, "mrtr_connections{protocol=\"http1\"}"), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "mrtr_router_errors_total{reason=\"header_timeout\"}"), None);
+}
+
+/// A parked connection whose client closes it is let go at once (its socket's readiness
+/// wakes it), and one that stays parked is closed after `header_read_timeout` without a word,
+/// as an idle keep-alive connection always was.
+#[tokio::test]
+async fn a_parked_connection_is_let_go_when_its_client_leaves_or_after_the_header_read_timeout() {
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"2s\"").await;
+    let mut leaving = TcpStream::connect(fleet.router).await.unwrap();
+    let mut staying = TcpStream::connect(fleet.router).await.unwrap();
+    for s in [&mut leaving, &mut staying] {
+        s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+        assert!(read_answer(s).await.starts_with("HTTP/1.1 200"));
+    }
+    let idle_from = Instant::now();
+    fleet
+        .wait_metric("mrtr_connections_parked", 2.0, Duration::from_secs(10))
+        .await;
+    drop(leaving);
+    fleet
+        .wait_metric("mrtr_connections{protocol=\"http1\"}", 1.0, Duration::from_secs(10))
+        .await;
+    let rest = read_to_close(&mut staying, Duration::from_secs(10))
+        .await
+        .expect("the parked connection is closed");
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    assert_waited(idle_from, Duration::from_millis(1900));
+    fleet
+        .wait_metric("mrtr_connections{protocol=\"http1\"}", 0.0, Duration::from_secs(10))
+        .await;
+    assert_eq!(metric(&fleet.metrics().await, "mrtr_connections_parked"), Some(0.0));
+}

@@ -66,16 +66,20 @@ async fn assert_not_accepting(addr: SocketAddr) {
     }
 }
 
+/// A keep-alive `tools/list` request to `addr`, as raw HTTP/1.1.
+fn tools_list(addr: SocketAddr) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Sends one keep-alive request on a raw connection and reads its whole answer, leaving the
 /// connection idle.
 async fn idle_keepalive_connection(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-    let req = format!(
-        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(tools_list(addr).as_bytes()).await.unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -284,4 +288,29 @@ async fn a_connection_still_silent_when_shutdown_begins_is_closed_at_once() {
     fleet.assert_stops_promptly("a silent connection").await;
     let closed = read_to_close(&mut silent, Duration::from_secs(5)).await;
     assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
+}
+
+/// Parked connections (idle keep-alive ones, holding only their socket) at the shutdown: one
+/// whose client sends nothing is closed at once, one whose client sent a request as the
+/// shutdown began has it served first (whether the router had woken it before the shutdown
+/// or finds its bytes waiting then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_a_parked_connection_is_closed_at_once_and_a_request_sent_on_one_is_served() {
+    let mut fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"4s\"\nshutdown_grace = \"30s\"").await;
+    let mut quiet = idle_keepalive_connection(fleet.router).await;
+    let mut sending = idle_keepalive_connection(fleet.router).await;
+    fleet
+        .wait_metric("mrtr_connections_parked", 2.0, Duration::from_secs(10))
+        .await;
+    sending.write_all(tools_list(fleet.router).as_bytes()).await.unwrap();
+    fleet.assert_stops_promptly("parked connections").await;
+    let closed = read_to_close(&mut quiet, Duration::from_secs(5)).await;
+    assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
+    let answered = read_to_close(&mut sending, Duration::from_secs(5))
+        .await
+        .expect("closed after its answer");
+    let text = String::from_utf8_lossy(&answered);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"result\""), "{text}");
+    assert_eq!(fleet.total_requests(), 3);
 }

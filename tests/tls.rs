@@ -393,7 +393,8 @@ async fn a_handshake_in_progress_does_not_hold_a_shutdown() {
 }
 
 /// A kept-alive HTTP/1.1 connection over TLS that waits past the router's looks (which give its
-/// hyper buffers back, `vendor/README.md`) is served again: the buffers over TLS are taken anew.
+/// hyper buffers back, `vendor/README.md`, and then park it: only the TLS stream is held) is
+/// served again: a new hyper connection reads on from where rustls is.
 #[tokio::test]
 async fn a_tls_keep_alive_connection_that_waited_is_served_again() {
     let dir = tempfile::tempdir().unwrap();
@@ -405,10 +406,12 @@ async fn a_tls_keep_alive_connection_that_waited_is_served_again() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    for round in 0..2 {
-        if round == 1 {
-            // The time under test: a look of the router's a second or more after the last byte.
-            tokio::time::sleep(Duration::from_millis(2500)).await;
+    for round in 0..3 {
+        if round > 0 {
+            // Parked after two looks, a second apart (the first gave the buffers back).
+            fleet
+                .wait_metric("mrtr_connections_parked", 1.0, Duration::from_secs(10))
+                .await;
         }
         sender.ready().await.expect("the connection is still open");
         let resp = tokio::time::timeout(REQUEST_DEADLINE, sender.send_request(http1_ping()))
@@ -419,6 +422,13 @@ async fn a_tls_keep_alive_connection_that_waited_is_served_again() {
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(echoed(&v, "x-forwarded-proto"), ["https"], "round {round}: {v}");
+        let m = fleet.metrics().await;
+        assert_eq!(metric(&m, "mrtr_connections_parked"), Some(0.0), "round {round}");
+        assert_eq!(
+            metric(&m, "mrtr_connections{protocol=\"http1\"}"),
+            Some(1.0),
+            "round {round}"
+        );
     }
-    assert_eq!(fleet.total_requests(), 2);
+    assert_eq!(fleet.total_requests(), 3);
 }

@@ -109,9 +109,9 @@ impl Activity {
         RequestDone(self.clone())
     }
 
-    /// Whether any request has reached the service on this connection.
-    pub fn has_started(&self) -> bool {
-        self.started.load(Ordering::Relaxed) > 0
+    /// How many requests have reached the service on this connection.
+    pub fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
     }
 
     fn snapshot(&self) -> (u64, u64) {
@@ -344,6 +344,10 @@ impl<F: Future<Output = ()>> Future for Watched<F> {
 /// Why a connection's timer ended it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
+    /// A check found it waiting for a request (none started, finished or in flight since the
+    /// check before), not yet for `header_read_timeout`: it may be parked (HTTP/1). The timer
+    /// goes on.
+    Waiting,
     /// It waited `header_read_timeout` for a request head.
     HeadTimeout,
     /// Its client closed (or reset) the connection while a request was in flight.
@@ -402,8 +406,9 @@ impl Watchdog {
     }
 
     /// Ready once the connection has waited `timeout` for a request head, or its client has
-    /// left while a request is in flight. Cheap when the timer has not fired: one flag read
-    /// (the first call registers the task's waker).
+    /// left while a request is in flight; and [`Expiry::Waiting`] at each check before that
+    /// that finds it waiting. Cheap when the timer has not fired: one flag read (the first call
+    /// registers the task's waker).
     pub fn poll_expired(&mut self, cx: &mut Context<'_>, activity: &Activity) -> Poll<Expiry> {
         if !self.tick.is_elapsed() {
             if !self.registered {
@@ -441,7 +446,10 @@ impl Watchdog {
         self.tick.as_mut().reset(next);
         // Registers the waker for the new deadline (a fired timer forgets it).
         let _ = self.tick.as_mut().poll(cx);
-        Poll::Pending
+        match self.quiet {
+            0 => Poll::Pending,
+            _ => Poll::Ready(Expiry::Waiting),
+        }
     }
 }
 
@@ -519,9 +527,11 @@ mod tests {
         let mut timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
         let expired = |timer: &mut Watchdog| {
             let waker = std::task::Waker::noop();
-            timer
-                .poll_expired(&mut Context::from_waker(waker), &activity)
-                .is_ready()
+            match timer.poll_expired(&mut Context::from_waker(waker), &activity) {
+                Poll::Ready(Expiry::HeadTimeout) => true,
+                Poll::Ready(Expiry::Waiting) | Poll::Pending => false,
+                Poll::Ready(e) => panic!("{e:?}"),
+            }
         };
         assert!(!expired(&mut timer));
         // A request in flight for three timeouts keeps the connection.

@@ -200,6 +200,23 @@ impl Fleet {
         String::from_utf8(a.body.to_vec()).unwrap()
     }
 
+    /// Waits until the router's metric `series` reads `want` (polling its `/metrics`), for at
+    /// most `limit`; fails with what it read last.
+    pub async fn wait_metric(&self, series: &str, want: f64, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let got = metric(&self.metrics().await, series);
+            if got == Some(want) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{series} is {got:?} after {limit:?}, not {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Begins the router's graceful shutdown, as SIGTERM does, and returns at once. Whether the
     /// signal reached a router still running: false when shutdown was begun before, or the router
     /// already returned by itself.

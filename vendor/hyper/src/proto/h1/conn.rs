@@ -203,6 +203,18 @@ where
             && self.io.read_buf().is_empty()
     }
 
+    /// mrtr-router patch: whether the connection waits between messages holding nothing: no
+    /// message being read or written, no unread byte, nothing left to flush, no upgrade, not
+    /// closing. Taken apart now (`into_inner`), its I/O can be served by a new connection and
+    /// nothing is lost.
+    #[cfg(feature = "server")]
+    pub(crate) fn is_idle_between_messages(&self) -> bool {
+        self.has_initial_read_write_state()
+            && self.io.is_write_empty()
+            && self.state.upgrade.is_none()
+            && !matches!(self.state.keep_alive.status(), KA::Disabled)
+    }
+
     fn should_error_on_eof(&self) -> bool {
         // If we're idle, it's probably just the connection closing gracefully.
         T::should_error_on_parse_eof() && !self.state.is_idle()

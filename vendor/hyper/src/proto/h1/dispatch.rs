@@ -99,6 +99,17 @@ where
         }
     }
 
+    /// mrtr-router patch: see `Conn::is_idle_between_messages`; and no request being served,
+    /// no body being received or sent.
+    #[cfg(feature = "server")]
+    pub(crate) fn is_idle_between_messages(&self) -> bool {
+        !self.is_closing
+            && !self.dispatch.should_poll()
+            && self.body_tx.0.is_none()
+            && self.body_rx.is_none()
+            && self.conn.is_idle_between_messages()
+    }
+
     pub(crate) fn into_inner(self) -> (I, Bytes, D) {
         let (io, buf) = self.conn.into_inner();
         (io, buf, self.dispatch)

@@ -133,6 +133,12 @@ where
         self.read_buf.as_ref()
     }
 
+    /// mrtr-router patch: whether everything written has been flushed (see
+    /// `Conn::is_idle_between_messages`).
+    pub(crate) fn is_write_empty(&self) -> bool {
+        self.write_buf.remaining() == 0
+    }
+
     #[cfg(test)]
     #[cfg(feature = "nightly")]
     pub(super) fn read_buf_mut(&mut self) -> &mut BytesMut {

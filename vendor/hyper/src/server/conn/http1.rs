@@ -140,6 +140,15 @@ where
         self.conn.disable_keep_alive();
     }
 
+    /// mrtr-router patch: whether the connection waits for its client's next request holding
+    /// nothing: no request being read or answered, no unread byte, nothing left to write, no
+    /// upgrade, not shutting down. A connection found so after a poll can be taken apart
+    /// (`into_parts`, its `read_buf` then empty) and its I/O served by a new connection later,
+    /// without losing a byte: so a server can hold only the socket of a connection that waits.
+    pub fn is_idle(&self) -> bool {
+        self.conn.is_idle_between_messages()
+    }
+
     /// Return the inner IO object, and additional information.
     ///
     /// If the IO object has been "rewound" the io will not contain those bytes rewound.

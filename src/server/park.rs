@@ -1,0 +1,126 @@
+//! Parked connections: an HTTP/1 client connection that waits between requests, held as its
+//! socket alone until its client sends again (see `Connection::serve_http1`).
+//!
+//! hyper keeps a connection's whole state for its life (~700 bytes in the connection's task,
+//! its boxed slots for the request in flight and the body), waiting or not. Keep-alive clients
+//! (an MCP client between tool calls, a pool's spare connections) leave most connections waiting
+//! most of the time, so a parked connection holds what the kernel already does for it, its
+//! socket, plus its task and timer: waiting for the socket's readiness costs no state at all.
+
+use std::future::{poll_fn, Future};
+use std::task::Poll;
+
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use super::shutdown::Shutdown;
+use super::watchdog::{Activity, Expiry, Watchdog};
+
+/// A client connection's byte stream, and the TCP socket it runs on.
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl ClientIo for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+/// TLS: what rustls read off the socket and decrypted, hyper has read too (it parks only after
+/// a read that found nothing), so the socket's readiness is the client's next bytes here too.
+impl ClientIo for TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+/// A client connection [`super::serve`] serves, which it parks when this finds it waiting
+/// between requests holding nothing.
+pub trait Parkable {
+    fn is_idle(&self) -> bool;
+}
+
+impl<I, S, B> Parkable for http1::Connection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn is_idle(&self) -> bool {
+        http1::Connection::is_idle(self)
+    }
+}
+
+/// Never: an HTTP/2 connection's state is shared by its streams, and hyper reads it all the
+/// time (an idle one is closed after `header_read_timeout`, as it was).
+impl<I, S: HttpService<Incoming>, E> Parkable for http2::Connection<I, S, E> {
+    fn is_idle(&self) -> bool {
+        false
+    }
+}
+
+/// Why a parked connection stopped waiting.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unparked {
+    /// Its client sent (or closed, or the socket failed): a new hyper connection reads it.
+    Readable,
+    /// It has waited `header_read_timeout` for a request: it is closed, as an unparked one is.
+    TimedOut,
+    /// The shutdown started and nothing waits to be read: it is closed, as an idle
+    /// connection is at the shutdown.
+    Shutdown,
+}
+
+/// A connection parked, counted in `mrtr_connections_parked` until dropped.
+pub struct Parked<'a>(&'a prometheus::IntGauge);
+
+impl<'a> Parked<'a> {
+    pub fn new(gauge: &'a prometheus::IntGauge) -> Parked<'a> {
+        gauge.inc();
+        Parked(gauge)
+    }
+
+    /// Waits for the client's next bytes on `tcp` (or its end), the connection's
+    /// `header_read_timeout` (`timer`, the same as while hyper served it), or the shutdown.
+    /// Readiness is looked at first: a client that sent as the shutdown began is served.
+    pub fn wait<'b>(
+        self,
+        tcp: &'b TcpStream,
+        timer: &'b mut Watchdog,
+        activity: &'b Activity,
+        shutdown: &'b Shutdown,
+    ) -> impl Future<Output = Unparked> + Send + 'b
+    where
+        'a: 'b,
+    {
+        let mut watch = shutdown.register();
+        poll_fn(move |cx| {
+            let _parked = &self;
+            if tcp.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(Unparked::Readable);
+            }
+            if watch.poll_started(cx).is_ready() {
+                return Poll::Ready(Unparked::Shutdown);
+            }
+            match timer.poll_expired(cx, activity) {
+                Poll::Ready(Expiry::HeadTimeout) => Poll::Ready(Unparked::TimedOut),
+                // Nothing is in flight: the other checks cannot fire, and `Waiting` it is.
+                _ => Poll::Pending,
+            }
+        })
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
