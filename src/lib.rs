@@ -27,7 +27,8 @@
 //! - `admin`     `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`
 //! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining
 //! - `server/`   listeners, HTTP/1.1 + h2c (or TLS) connections, the connection watchdog
-//!   (head timeout, a client that left or stopped reading), graceful shutdown
+//!   (head timeout, a client that left or stopped reading), parked idle connections,
+//!   graceful shutdown
 //! - [`handle`]  [`RouterHandle`]: what operators' tools and the tests may look at
 //! - [`example`], [`demo`]  built-in example MCP workers and the `demo` command
 //!
