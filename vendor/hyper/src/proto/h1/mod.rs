@@ -69,7 +69,7 @@ pub(crate) struct ParsedMessage<T> {
 }
 
 pub(crate) struct ParseContext<'ctx> {
-    cached_headers: &'ctx mut Option<HeaderMap>,
+    cached_headers: &'ctx mut Option<Box<HeaderMap>>,
     req_method: &'ctx mut Option<Method>,
     h1_parser_config: ParserConfig,
     h1_max_headers: Option<usize>,
@@ -110,5 +110,25 @@ impl Wants {
 
     fn contains(&self, other: Wants) -> bool {
         (self.0 & other.0) == other.0
+    }
+}
+
+/// mrtr-router patch: the map a connection keeps for its next head is boxed, so that the
+/// connection's state is ~90 bytes smaller, and that much is held only while there is a map to
+/// keep (a quiet connection gives it back, `Conn::poll_flush`). Parsing takes the map out of
+/// the box and leaves it there, empty and without capacity (no allocation), for the next map
+/// to go back in without allocating.
+fn take_cached(cached: &mut Option<Box<HeaderMap>>) -> HeaderMap {
+    cached
+        .as_mut()
+        .map(|b| std::mem::take(&mut **b))
+        .unwrap_or_default()
+}
+
+/// mrtr-router patch: see `take_cached`.
+fn put_cached(cached: &mut Option<Box<HeaderMap>>, map: HeaderMap) {
+    match cached {
+        Some(b) => **b = map,
+        None => *cached = Some(Box::new(map)),
     }
 }
