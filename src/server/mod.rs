@@ -203,9 +203,11 @@ impl Connection {
     fn serve(self, stream: TcpStream) -> impl Future<Output = ()> + Send {
         async move {
             let timeout = self.builders.header_read_timeout;
-            let served = match self.builders.tls.clone() {
-                Some(acceptor) => Box::pin(self.serve_tls(stream, acceptor)).await,
-                None => match Box::pin(self.sniffed(&stream, timeout)).await {
+            // Not `match self.builders.tls.clone()`: the match would keep the clone across
+            // the awaits, in the task.
+            let served = match self.builders.tls.is_some() {
+                true => Box::pin(self.serve_tls(stream)).await,
+                false => match Box::pin(self.sniffed(&stream, timeout)).await {
                     Some(Protocol::Http1) => self.serve_http1(stream, false).await,
                     Some(Protocol::Http2) => Box::pin(self.serve_http2(stream, false)).await,
                     None => Ok(()),
@@ -229,16 +231,16 @@ impl Connection {
     /// follows another within a check never meets a parked connection, and the closing after
     /// `header_read_timeout` of waiting is the same. A separate block, not inline in
     /// [`Connection::serve`], because TLS and cleartext share it: a block of its own costs
-    /// each wake-up one more layer of future, a few instructions.
-    #[allow(clippy::manual_async_fn)] // on purpose: see `Connection::serve`
+    /// each wake-up one more layer of future, a few instructions. What can be made before it
+    /// runs is made here, outside the block, which would otherwise hold `io` twice.
     fn serve_http1<S: park::ClientIo>(&self, io: S, tls: bool) -> impl Future<Output = hyper::Result<()>> + Send + '_ {
+        self.open.speaks("http1");
+        let (timeout, stall_limit) = self.limits();
+        // The raw socket, under TLS too: a peek at it finds the client's end of stream (see
+        // `watchdog`), and its readiness wakes a parked connection.
+        let mut timer = watchdog::Watchdog::new(timeout, Some(io.tcp().as_raw_fd()), stall_limit);
+        let mut io = TokioIo::new(io);
         async move {
-            self.open.speaks("http1");
-            let (timeout, stall_limit) = self.limits();
-            // The raw socket, under TLS too: a peek at it finds the client's end of stream (see
-            // `watchdog`), and its readiness wakes a parked connection.
-            let mut timer = watchdog::Watchdog::new(timeout, Some(io.tcp().as_raw_fd()), stall_limit);
-            let mut io = TokioIo::new(io);
             loop {
                 let service = self.service(tls, false);
                 let mut conn = Box::new(self.builders.http1.serve_connection(io, service));
@@ -249,8 +251,9 @@ impl Connection {
                         return Ok(());
                     }
                     Served::TimedOut => {
-                        let parts = conn.into_parts();
-                        Box::pin(watchdog::answer(&self.shared, parts.io, parts.read_buf)).await;
+                        // Taken apart whole: nothing of it is kept across the answer's await.
+                        let hyper::server::conn::http1::Parts { io, read_buf, .. } = conn.into_parts();
+                        Box::pin(watchdog::answer(&self.shared, io, read_buf)).await;
                         return Ok(());
                     }
                     Served::Idle => {
@@ -308,7 +311,10 @@ impl Connection {
 
     /// TLS: the handshake has `header_read_timeout` too, so a client that never finishes it is
     /// dropped; a client that is not speaking TLS (plain HTTP to this port) fails it.
-    async fn serve_tls(&self, stream: TcpStream, acceptor: TlsAcceptor) -> hyper::Result<()> {
+    async fn serve_tls(&self, stream: TcpStream) -> hyper::Result<()> {
+        let Some(acceptor) = self.builders.tls.clone() else {
+            return Ok(());
+        };
         let timeout = self.builders.header_read_timeout;
         let handshake = tokio::time::timeout(timeout, acceptor.accept(stream));
         let Some(handshake) = self.until_shutdown(pin!(handshake)).await else {
@@ -402,9 +408,8 @@ enum Served {
 /// left mid-request (HTTP/1: `timer` peeks at its socket, see [`watchdog`]), or is found idle
 /// (see [`park::Parkable`]) at one of `timer`'s checks; shutting it down gracefully if the
 /// shutdown starts meanwhile. `timer` is the connection's, kept across the hyper connections
-/// that serve it in turn (see [`Connection::serve_http1`]). An `async` block, for the reason
-/// [`Connection::serve`] gives.
-#[allow(clippy::manual_async_fn)] // on purpose: see above
+/// that serve it in turn (see [`Connection::serve_http1`]). A bare `poll_fn`: an `async` block
+/// around it would hold what it needs twice (in the block, and in the closure).
 fn serve<'a, C>(
     mut conn: Pin<&'a mut C>,
     shutdown: &'a Shutdown,
@@ -414,37 +419,34 @@ fn serve<'a, C>(
 where
     C: GracefulConnection<Error = hyper::Error> + park::Parkable + Send + 'a,
 {
-    async move {
-        let mut watch = shutdown.register();
-        // A connection served after the shutdown began (see `LAST_CALL`, and a parked one whose
-        // client sent as it began) first reads the request its client sent: shut down before it
-        // has one, hyper would close it unread.
-        let late = shutdown.is_started();
-        let before = activity.started();
-        poll_fn(|cx| {
-            if !late || activity.started() != before {
-                watch.poll(cx, conn.as_mut());
+    let mut watch = shutdown.register();
+    // A connection served after the shutdown began (see `LAST_CALL`, and a parked one whose
+    // client sent as it began) first reads the request its client sent: shut down before it
+    // has one, hyper would close it unread.
+    let late = shutdown.is_started();
+    let before = activity.started();
+    poll_fn(move |cx| {
+        if !late || activity.started() != before {
+            watch.poll(cx, conn.as_mut());
+        }
+        if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Served::Ended(r));
+        }
+        // After the connection: what it just did is in the counters the timer reads.
+        match ready!(timer.poll_expired(cx, activity)) {
+            watchdog::Expiry::Waiting if conn.is_idle() => Poll::Ready(Served::Idle),
+            watchdog::Expiry::Waiting => Poll::Pending,
+            watchdog::Expiry::HeadTimeout => Poll::Ready(Served::TimedOut),
+            watchdog::Expiry::ClientLeft => {
+                tracing::debug!("client left while its request was in flight");
+                Poll::Ready(Served::ClientLeft)
             }
-            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
-                return Poll::Ready(Served::Ended(r));
+            watchdog::Expiry::Stalled => {
+                tracing::debug!("client took nothing of its answer for stream_idle_timeout");
+                Poll::Ready(Served::ClientLeft)
             }
-            // After the connection: what it just did is in the counters the timer reads.
-            match ready!(timer.poll_expired(cx, activity)) {
-                watchdog::Expiry::Waiting if conn.is_idle() => Poll::Ready(Served::Idle),
-                watchdog::Expiry::Waiting => Poll::Pending,
-                watchdog::Expiry::HeadTimeout => Poll::Ready(Served::TimedOut),
-                watchdog::Expiry::ClientLeft => {
-                    tracing::debug!("client left while its request was in flight");
-                    Poll::Ready(Served::ClientLeft)
-                }
-                watchdog::Expiry::Stalled => {
-                    tracing::debug!("client took nothing of its answer for stream_idle_timeout");
-                    Poll::Ready(Served::ClientLeft)
-                }
-            }
-        })
-        .await
-    }
+        }
+    })
 }
 
 /// How long a connection that has not shown its protocol (or finished its TLS handshake) when
@@ -617,9 +619,12 @@ mod tests {
     /// A connection's task is held for the connection's whole life, idle or not, so its size
     /// is memory per connection: the largest of its states. It was 1,784 bytes while two
     /// `async fn`s kept their argument twice (the hyper connection, the protocol sniff), 1,064
-    /// with hyper's HTTP/1 connection (~700 bytes) in it, and is ~470 with that boxed (it is
-    /// dropped while the connection is parked) and the protocol sniff boxed (it is over once
-    /// the connection is served).
+    /// with hyper's HTTP/1 connection (~700 bytes) in it, and is 368 with that boxed (it is
+    /// dropped while the connection is parked), the protocol sniff boxed (it is over once the
+    /// connection is served) and nothing held twice. Up to 408 bytes, tokio's task (the
+    /// future, its header and trailer, 128-byte aligned) takes 512 bytes; more, 640, the size
+    /// of hyper's connection box: tasks and boxes then share the allocator's pages, and a parked
+    /// connection's freed box stays resident between live tasks (BENCHMARKS.md, session 13).
     #[tokio::test]
     async fn a_connection_task_holds_each_state_once() {
         let text = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n";
@@ -638,6 +643,6 @@ mod tests {
         };
         let task = conn.serve(stream);
         let size = std::mem::size_of_val(&task);
-        assert!(size <= 600, "a connection's task takes {size} bytes");
+        assert!(size <= 408, "a connection's task takes {size} bytes");
     }
 }
