@@ -665,7 +665,7 @@ where
                     .state
                     .cached_headers
                     .as_ref()
-                    .map_or(true, |m| m.capacity() == 0));
+                    .map_or(true, |m| m.is_none()));
                 debug_assert!(head.headers.is_empty());
                 super::put_cached(&mut self.state.cached_headers, head.headers);
 
@@ -963,7 +963,7 @@ struct State {
     allow_half_close: bool,
     /// Re-usable `HeaderMap` to reduce allocating new ones (mrtr-router patch: boxed, see
     /// `take_cached`).
-    cached_headers: Option<Box<HeaderMap>>,
+    cached_headers: Option<Box<Option<HeaderMap>>>,
     /// If an error occurs when there wasn't a direct way to return it
     /// back to the user, this is set.
     error: Option<crate::Error>,
@@ -1219,7 +1219,7 @@ mod tests {
         let io = Compat(tokio_test::io::Builder::new().build());
         let mut conn = Conn::<_, bytes::Bytes, crate::proto::h1::ServerTransaction>::new(io);
         *conn.io.read_buf_mut() = ::bytes::BytesMut::from(&s[..]);
-        conn.state.cached_headers = Some(Box::new(HeaderMap::with_capacity(2)));
+        conn.state.cached_headers = Some(Box::new(Some(HeaderMap::with_capacity(2))));
 
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1233,7 +1233,7 @@ mod tests {
                         ::test::black_box(&x);
                         let mut headers = x.0.headers;
                         headers.clear();
-                        conn.state.cached_headers = Some(Box::new(headers));
+                        conn.state.cached_headers = Some(Box::new(Some(headers)));
                     }
                     f => panic!("expected Ready(Some(Ok(..))): {:?}", f),
                 }

@@ -69,7 +69,7 @@ pub(crate) struct ParsedMessage<T> {
 }
 
 pub(crate) struct ParseContext<'ctx> {
-    cached_headers: &'ctx mut Option<Box<HeaderMap>>,
+    cached_headers: &'ctx mut Option<Box<Option<HeaderMap>>>,
     req_method: &'ctx mut Option<Method>,
     h1_parser_config: ParserConfig,
     h1_max_headers: Option<usize>,
@@ -116,19 +116,16 @@ impl Wants {
 /// mrtr-router patch: the map a connection keeps for its next head is boxed, so that the
 /// connection's state is ~90 bytes smaller, and that much is held only while there is a map to
 /// keep (a quiet connection gives it back, `Conn::poll_flush`). Parsing takes the map out of
-/// the box and leaves it there, empty and without capacity (no allocation), for the next map
-/// to go back in without allocating.
-fn take_cached(cached: &mut Option<Box<HeaderMap>>) -> HeaderMap {
-    cached
-        .as_mut()
-        .map(|b| std::mem::take(&mut **b))
-        .unwrap_or_default()
+/// the box and leaves the box (holding `None`) for the next map to go back in without
+/// allocating.
+fn take_cached(cached: &mut Option<Box<Option<HeaderMap>>>) -> HeaderMap {
+    cached.as_mut().and_then(|b| b.take()).unwrap_or_default()
 }
 
 /// mrtr-router patch: see `take_cached`.
-fn put_cached(cached: &mut Option<Box<HeaderMap>>, map: HeaderMap) {
+fn put_cached(cached: &mut Option<Box<Option<HeaderMap>>>, map: HeaderMap) {
     match cached {
-        Some(b) => **b = map,
-        None => *cached = Some(Box::new(map)),
+        Some(b) => **b = Some(map),
+        None => *cached = Some(Box::new(Some(map))),
     }
 }

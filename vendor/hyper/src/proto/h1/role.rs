@@ -3470,7 +3470,7 @@ mod tests {
             \r\n\r\n"[..],
         );
         let len = raw.len();
-        let mut headers = Some(Box::new(HeaderMap::new()));
+        let mut headers = Some(Box::new(Some(HeaderMap::new())));
 
         b.bytes = len as u64;
         b.iter(|| {
@@ -3496,7 +3496,7 @@ mod tests {
 
             // Remove all references pointing into BytesMut.
             msg.head.headers.clear();
-            headers = Some(Box::new(msg.head.headers));
+            headers = Some(Box::new(Some(msg.head.headers)));
             std::mem::take(&mut msg.head.subject);
 
             restart(&mut raw, len);
@@ -3516,7 +3516,7 @@ mod tests {
         let s = &b"GET / HTTP/1.1\r\nHost: localhost:8080\r\n\r\n"[..];
         let mut raw = BytesMut::from(s);
         let len = raw.len();
-        let mut headers = Some(Box::new(HeaderMap::new()));
+        let mut headers = Some(Box::new(Some(HeaderMap::new())));
 
         b.bytes = len as u64;
         b.iter(|| {
@@ -3540,7 +3540,7 @@ mod tests {
             .unwrap();
             ::test::black_box(&msg);
             msg.head.headers.clear();
-            headers = Some(Box::new(msg.head.headers));
+            headers = Some(Box::new(Some(msg.head.headers)));
             restart(&mut raw, len);
         });
 
