@@ -354,3 +354,44 @@ async fn a_parked_connection_is_let_go_when_its_client_leaves_or_after_the_heade
         .await;
     assert_eq!(metric(&fleet.metrics().await, "mrtr_connections_parked"), Some(0.0));
 }
+
+/// A chunked request body with trailer fields is read whole and answered (hyper's chunked
+/// decoder, whose trailer buffer and limits the vendored hyper keeps boxed and resolved,
+/// `vendor/README.md` §7); one with more trailer fields than `server.max_headers` is a body
+/// the router cannot read: 400 `parse_error`, and the router serves on.
+#[tokio::test]
+async fn chunked_bodies_with_trailers_are_read_whole_and_too_many_trailers_are_refused() {
+    let fleet = Fleet::start(1, "[server]\nmax_headers = 16").await;
+    let chunked = |trailers: usize| {
+        let (a, b) = PING.split_at(10);
+        let fields: String = (0..trailers).map(|i| format!("x-t-{i}: {i}\r\n")).collect();
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n{fields}\r\n",
+            fleet.router,
+            a.len(),
+            b.len()
+        )
+    };
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(chunked(3).as_bytes()).await.unwrap();
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The same connection goes on.
+    s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(chunked(17).as_bytes()).await.unwrap();
+    let got = read_to_close(&mut s, REQUEST_DEADLINE)
+        .await
+        .expect("answered, then closed");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("parse_error"), "{text}");
+
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(fleet.total_requests(), 3);
+}

@@ -62,10 +62,6 @@ where
                 #[cfg(feature = "server")]
                 h1_header_read_timeout: None,
                 #[cfg(feature = "server")]
-                h1_header_read_timeout_fut: None,
-                #[cfg(feature = "server")]
-                h1_header_read_timeout_running: false,
-                #[cfg(feature = "server")]
                 date_header: true,
                 #[cfg(feature = "server")]
                 timer: Time::Empty,
@@ -148,7 +144,11 @@ where
 
     #[cfg(feature = "server")]
     pub(crate) fn set_http1_header_read_timeout(&mut self, val: Duration) {
-        self.state.h1_header_read_timeout = Some(val);
+        self.state.h1_header_read_timeout = Some(Box::new(HeaderReadTimeout {
+            duration: val,
+            sleep: None,
+            running: false,
+        }));
     }
 
     #[cfg(feature = "server")]
@@ -233,19 +233,18 @@ where
         trace!("Conn::read_head");
 
         #[cfg(feature = "server")]
-        if !self.state.h1_header_read_timeout_running {
-            if let Some(h1_header_read_timeout) = self.state.h1_header_read_timeout {
-                let deadline = self.state.timer.now() + h1_header_read_timeout;
-                self.state.h1_header_read_timeout_running = true;
-                match &mut self.state.h1_header_read_timeout_fut {
+        if let Some(timeout) = self.state.h1_header_read_timeout.as_deref_mut() {
+            if !timeout.running {
+                let deadline = self.state.timer.now() + timeout.duration;
+                timeout.running = true;
+                match &mut timeout.sleep {
                     Some(h1_header_read_timeout_fut) => {
                         trace!("resetting h1 header read timeout timer");
                         self.state.timer.reset(h1_header_read_timeout_fut, deadline);
                     }
                     None => {
                         trace!("setting h1 header read timeout timer");
-                        self.state.h1_header_read_timeout_fut =
-                            Some(self.state.timer.sleep_until(deadline));
+                        timeout.sleep = Some(self.state.timer.sleep_until(deadline));
                     }
                 }
             }
@@ -271,15 +270,15 @@ where
             Poll::Ready(Err(e)) => return self.on_read_head_error(e),
             Poll::Pending => {
                 #[cfg(feature = "server")]
-                if self.state.h1_header_read_timeout_running {
-                    if let Some(h1_header_read_timeout_fut) =
-                        &mut self.state.h1_header_read_timeout_fut
-                    {
-                        if Pin::new(h1_header_read_timeout_fut).poll(cx).is_ready() {
-                            self.state.h1_header_read_timeout_running = false;
+                if let Some(timeout) = self.state.h1_header_read_timeout.as_deref_mut() {
+                    if timeout.running {
+                        if let Some(h1_header_read_timeout_fut) = &mut timeout.sleep {
+                            if Pin::new(h1_header_read_timeout_fut).poll(cx).is_ready() {
+                                timeout.running = false;
 
-                            warn!("read header from client timeout");
-                            return Poll::Ready(Some(Err(crate::Error::new_header_timeout())));
+                                warn!("read header from client timeout");
+                                return Poll::Ready(Some(Err(crate::Error::new_header_timeout())));
+                            }
                         }
                     }
                 }
@@ -289,9 +288,9 @@ where
         };
 
         #[cfg(feature = "server")]
-        {
-            self.state.h1_header_read_timeout_running = false;
-            self.state.h1_header_read_timeout_fut = None;
+        if let Some(timeout) = self.state.h1_header_read_timeout.as_deref_mut() {
+            timeout.running = false;
+            timeout.sleep = None;
         }
 
         // Note: don't deconstruct `msg` into local variables, it appears
@@ -959,6 +958,16 @@ impl<I, B: Buf, T> fmt::Debug for Conn<I, B, T> {
 // B and T are never pinned
 impl<I: Unpin, B, T> Unpin for Conn<I, B, T> {}
 
+/// mrtr-router patch: hyper's own header read timeout, boxed: a server option that most
+/// connections do not use (the router keeps its own), whose 33 bytes were in every HTTP/1
+/// connection's state, client side too.
+#[cfg(feature = "server")]
+struct HeaderReadTimeout {
+    duration: Duration,
+    sleep: Option<Pin<Box<dyn Sleep>>>,
+    running: bool,
+}
+
 struct State {
     allow_half_close: bool,
     /// Re-usable `HeaderMap` to reduce allocating new ones (mrtr-router patch: boxed, see
@@ -977,12 +986,9 @@ struct State {
     h1_parser_config: ParserConfig,
     h1_max_headers: Option<usize>,
     h1_max_header_size: Option<usize>,
+    /// mrtr-router patch: boxed (see `HeaderReadTimeout`).
     #[cfg(feature = "server")]
-    h1_header_read_timeout: Option<Duration>,
-    #[cfg(feature = "server")]
-    h1_header_read_timeout_fut: Option<Pin<Box<dyn Sleep>>>,
-    #[cfg(feature = "server")]
-    h1_header_read_timeout_running: bool,
+    h1_header_read_timeout: Option<Box<HeaderReadTimeout>>,
     #[cfg(feature = "server")]
     date_header: bool,
     #[cfg(feature = "server")]
