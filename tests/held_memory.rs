@@ -22,6 +22,13 @@
 //! a bounded loop. The other tests' routers look every second, and the tests wait past one
 //! look. Those waits are the subject (a time), not synchronisation. The tests that count take
 //! turns with every other test: the count is the whole process's.
+//!
+//! An idle connection is also parked at the router's second look after its request (README,
+//! "Parked connections"): hyper's whole connection is dropped, buffers and all. The counting
+//! tests above finish at the first look, 10 s on, well before the second (20 s): what they
+//! count is the give-back alone, which stock hyper fails. The parked connection's own count
+//! ([`a_parked_connection_holds_little_more_than_its_socket`]) waits for the parking itself,
+//! on `mrtr_connections_parked`.
 
 mod support;
 
