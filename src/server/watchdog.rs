@@ -12,7 +12,8 @@
 //! quarter of the timeout and looks at two counters the requests keep: a connection whose
 //! requests neither started nor finished for four checks in a row, with none in flight, has
 //! been waiting for a request for between 1 and 1.25 times the timeout. A request costs two
-//! counter bumps and no timer.
+//! counter bumps and no timer. The checks before that one say the connection waits
+//! ([`Expiry::Waiting`]): an HTTP/1 connection is then parked (`super::park`).
 //!
 //! hyper notices a client that leaves mid-request by trying a read on every poll of the
 //! connection (four per proxied request, ~1.1k instructions). The router turns that off
@@ -519,6 +520,29 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["code"], -32600);
         assert_eq!(v["id"], serde_json::Value::Null);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn says_waiting_at_each_quiet_check_before_the_timeout() {
+        let activity = Arc::new(Activity::default());
+        let mut timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
+        let check = |timer: &mut Watchdog| {
+            let waker = std::task::Waker::noop();
+            timer.poll_expired(&mut Context::from_waker(waker), &activity)
+        };
+        assert_eq!(check(&mut timer), Poll::Pending);
+        drop(activity.start());
+        // The check that sees the request's start and end: a change, not waiting.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(check(&mut timer), Poll::Pending);
+        for i in 0..3 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            assert_eq!(check(&mut timer), Poll::Ready(Expiry::Waiting), "check {i}");
+            // Between checks: nothing.
+            assert_eq!(check(&mut timer), Poll::Pending, "check {i}");
+        }
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(check(&mut timer), Poll::Ready(Expiry::HeadTimeout));
     }
 
     #[tokio::test(start_paused = true)]
