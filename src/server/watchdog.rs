@@ -522,14 +522,20 @@ mod tests {
         assert_eq!(v["id"], serde_json::Value::Null);
     }
 
+    /// A timer checking every 100 ms, and its counters.
+    fn timer() -> (Watchdog, Arc<Activity>) {
+        let timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
+        (timer, Arc::new(Activity::default()))
+    }
+
+    fn poll(timer: &mut Watchdog, activity: &Activity) -> Poll<Expiry> {
+        timer.poll_expired(&mut Context::from_waker(std::task::Waker::noop()), activity)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn says_waiting_at_each_quiet_check_before_the_timeout() {
-        let activity = Arc::new(Activity::default());
-        let mut timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
-        let check = |timer: &mut Watchdog| {
-            let waker = std::task::Waker::noop();
-            timer.poll_expired(&mut Context::from_waker(waker), &activity)
-        };
+        let (mut timer, activity) = timer();
+        let check = |timer: &mut Watchdog| poll(timer, &activity);
         assert_eq!(check(&mut timer), Poll::Pending);
         drop(activity.start());
         // The check that sees the request's start and end: a change, not waiting.
@@ -547,15 +553,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn expires_after_four_quiet_checks_and_not_while_a_request_is_in_flight() {
-        let activity = Arc::new(Activity::default());
-        let mut timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
-        let expired = |timer: &mut Watchdog| {
-            let waker = std::task::Waker::noop();
-            match timer.poll_expired(&mut Context::from_waker(waker), &activity) {
-                Poll::Ready(Expiry::HeadTimeout) => true,
-                Poll::Ready(Expiry::Waiting) | Poll::Pending => false,
-                Poll::Ready(e) => panic!("{e:?}"),
-            }
+        let (mut timer, activity) = timer();
+        let expired = |timer: &mut Watchdog| match poll(timer, &activity) {
+            Poll::Ready(Expiry::HeadTimeout) => true,
+            Poll::Ready(Expiry::Waiting) | Poll::Pending => false,
+            Poll::Ready(e) => panic!("{e:?}"),
         };
         assert!(!expired(&mut timer));
         // A request in flight for three timeouts keeps the connection.
