@@ -103,6 +103,7 @@ impl<'a> Parked<'a> {
     {
         let mut watch = shutdown.register();
         poll_fn(move |cx| {
+            // Moves the guard into the future: counted as parked as long as it waits.
             let _parked = &self;
             if tcp.poll_read_ready(cx).is_ready() {
                 return Poll::Ready(Unparked::Readable);
