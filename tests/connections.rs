@@ -395,3 +395,25 @@ async fn chunked_bodies_with_trailers_are_read_whole_and_too_many_trailers_are_r
     assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
     assert_eq!(fleet.total_requests(), 3);
 }
+
+/// Part of a head sent to a parked connection wakes it, and if the rest never comes the client
+/// gets the 408 `header_timeout` (with what it sent unread by any request), no sooner than
+/// `header_read_timeout` after its last answer.
+#[tokio::test]
+async fn part_of_a_head_sent_to_a_parked_connection_gets_the_408() {
+    let fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"2s\"").await;
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+    assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+    let answered = Instant::now();
+    fleet
+        .wait_metric("mrtr_connections_parked", 1.0, Duration::from_secs(10))
+        .await;
+    s.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let got = read_to_close(&mut s, Duration::from_secs(10))
+        .await
+        .expect("answered, then closed");
+    assert_header_timeout(&got);
+    assert_waited(answered, Duration::from_millis(1900));
+    assert_eq!(fleet.total_requests(), 1);
+}
