@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use super::shutdown::Shutdown;
-use super::watchdog::{Activity, Expiry, Watchdog};
+use super::watchdog::{peek, Activity, Expiry, Peeked, Watchdog};
 
 /// A client connection's byte stream, and the TCP socket it runs on.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -90,7 +90,8 @@ impl<'a> Parked<'a> {
 
     /// Waits for the client's next bytes on `tcp` (or its end), the connection's
     /// `header_read_timeout` (`timer`, the same as while hyper served it), or the shutdown.
-    /// Readiness is looked at first: a client that sent as the shutdown began is served.
+    /// Readiness is looked at first, and the socket itself at the shutdown: a client that sent
+    /// as the shutdown began is served.
     pub fn wait<'b>(
         self,
         tcp: &'b TcpStream,
@@ -109,7 +110,12 @@ impl<'a> Parked<'a> {
                 return Poll::Ready(Unparked::Readable);
             }
             if watch.poll_started(cx).is_ready() {
-                return Poll::Ready(Unparked::Shutdown);
+                // The shutdown may wake this before tokio's reactor has seen bytes that came
+                // just before it: the kernel's word is taken instead of tokio's.
+                return Poll::Ready(match peek(tcp) {
+                    Peeked::Nothing => Unparked::Shutdown,
+                    Peeked::Bytes | Peeked::End => Unparked::Readable,
+                });
             }
             match timer.poll_expired(cx, activity) {
                 Poll::Ready(Expiry::HeadTimeout) => Poll::Ready(Unparked::TimedOut),
@@ -123,5 +129,69 @@ impl<'a> Parked<'a> {
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::pin::pin;
+    use std::task::Context;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A parked connection whose client sent as the shutdown began is served: here the bytes
+    /// are in the socket but tokio's reactor (which turns only when this test awaits) has not
+    /// seen them, as under load a shutdown often wakes a connection first. Only the socket says
+    /// so; tokio's readiness would have it closed unread.
+    #[tokio::test(flavor = "current_thread")]
+    async fn at_the_shutdown_the_socket_is_asked_not_tokio() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (shutdown, activity) = (Shutdown::default(), Activity::default());
+        let mut timer = Watchdog::new(Duration::from_secs(60), None, Duration::from_secs(60));
+        let gauge = prometheus::IntGauge::new("parked", "parked").unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // As hyper leaves a connection it parks: read until nothing was there (which clears
+        // tokio's readiness, which a new socket starts with).
+        let nothing = |server: &TcpStream| {
+            let read = server.try_read(&mut [0; 1]);
+            assert!(
+                matches!(read, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                "{read:?}"
+            );
+        };
+        nothing(&server);
+
+        {
+            let mut quiet = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
+            assert_eq!(quiet.as_mut().poll(&mut cx), Poll::Pending);
+            assert_eq!(gauge.get(), 1);
+            shutdown.start();
+            assert_eq!(
+                quiet.as_mut().poll(&mut cx),
+                Poll::Ready(Unparked::Shutdown),
+                "nothing sent"
+            );
+        }
+        assert_eq!(gauge.get(), 0);
+
+        let shutdown = Shutdown::default();
+        nothing(&server);
+        let mut sent = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
+        assert_eq!(sent.as_mut().poll(&mut cx), Poll::Pending);
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        // No await from here on: the reactor does not turn. Loopback delivers within the write
+        // as a rule; a bounded spin (not a sleep) covers a late softirq.
+        let mut spins = 0;
+        while peek(&server) == Peeked::Nothing {
+            spins += 1;
+            assert!(spins < 1_000_000, "the bytes written never reached the socket");
+            std::thread::yield_now();
+        }
+        shutdown.start();
+        assert_eq!(sent.as_mut().poll(&mut cx), Poll::Ready(Unparked::Readable));
     }
 }

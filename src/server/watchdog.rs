@@ -40,7 +40,7 @@
 
 use std::future::Future;
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -455,19 +455,42 @@ impl Watchdog {
 }
 
 /// Whether the client at `fd` closed or reset its connection: a peek finds its end of stream
-/// (or an error) rather than bytes or nothing yet. A peek takes nothing from the socket, and
-/// the socket is non-blocking (tokio's), so this never waits.
+/// (or an error) rather than bytes or nothing yet.
 fn client_left(fd: RawFd) -> bool {
     // SAFETY: `Watchdog::new`'s contract: the socket is open while its timer is polled.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    peek(fd) == Peeked::End
+}
+
+/// What a client's socket holds, looked at now: tokio's readiness is what its reactor saw
+/// when it last turned, a peek is what the kernel holds. A peek takes nothing from the
+/// socket, and the socket is non-blocking (tokio's), so this never waits.
+pub fn peek(fd: impl AsFd) -> Peeked {
     let mut byte = [MaybeUninit::uninit()];
     match socket2::SockRef::from(&fd).peek(&mut byte) {
-        Ok(n) => n == 0,
-        Err(e) => !matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-        ),
+        Ok(0) => Peeked::End,
+        Ok(_) => Peeked::Bytes,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            Peeked::Nothing
+        }
+        Err(_) => Peeked::End,
     }
+}
+
+/// See [`peek`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Peeked {
+    /// Nothing to read yet.
+    Nothing,
+    /// The client sent bytes not read yet.
+    Bytes,
+    /// The client closed or reset the connection (or the socket failed).
+    End,
 }
 
 /// Ends a connection whose head timed out: a client that sent part of a head gets the 408
