@@ -90,8 +90,8 @@ impl<'a> Parked<'a> {
 
     /// Waits for the client's next bytes on `tcp` (or its end), the connection's
     /// `header_read_timeout` (`timer`, the same as while hyper served it), or the shutdown.
-    /// Readiness is looked at first, and the socket itself at the shutdown: a client that sent
-    /// as the shutdown began is served.
+    /// Readiness is looked at first, and the socket itself before the shutdown or the timeout
+    /// close it: a client that sent as either came is served.
     pub fn wait<'b>(
         self,
         tcp: &'b TcpStream,
@@ -109,19 +109,22 @@ impl<'a> Parked<'a> {
             if tcp.poll_read_ready(cx).is_ready() {
                 return Poll::Ready(Unparked::Readable);
             }
-            if watch.poll_started(cx).is_ready() {
-                // The shutdown may wake this before tokio's reactor has seen bytes that came
-                // just before it: the kernel's word is taken instead of tokio's.
-                return Poll::Ready(match peek(tcp) {
-                    Peeked::Nothing => Unparked::Shutdown,
-                    Peeked::Bytes | Peeked::End => Unparked::Readable,
-                });
-            }
-            match timer.poll_expired(cx, activity) {
-                Poll::Ready(Expiry::HeadTimeout) => Poll::Ready(Unparked::TimedOut),
-                // Nothing is in flight: the other checks cannot fire, and `Waiting` it is.
-                _ => Poll::Pending,
-            }
+            let why = if watch.poll_started(cx).is_ready() {
+                Unparked::Shutdown
+            } else {
+                match timer.poll_expired(cx, activity) {
+                    Poll::Ready(Expiry::HeadTimeout) => Unparked::TimedOut,
+                    // Nothing is in flight: the other checks cannot fire, and `Waiting` it is.
+                    _ => return Poll::Pending,
+                }
+            };
+            // Either closes the connection, and may come before tokio's reactor has seen
+            // bytes that came just before it (under load, often): the kernel's word is taken
+            // instead of tokio's, and a client that has sent is served.
+            Poll::Ready(match peek(tcp) {
+                Peeked::Nothing => why,
+                Peeked::Bytes | Peeked::End => Unparked::Readable,
+            })
         })
     }
 }
@@ -135,63 +138,91 @@ impl Drop for Parked<'_> {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::pin::pin;
+    use std::pin::{pin, Pin};
     use std::task::Context;
     use std::time::Duration;
 
     use super::*;
 
-    /// A parked connection whose client sent as the shutdown began is served: here the bytes
-    /// are in the socket but tokio's reactor (which turns only when this test awaits) has not
-    /// seen them, as under load a shutdown often wakes a connection first. Only the socket says
-    /// so; tokio's readiness would have it closed unread.
-    #[tokio::test(flavor = "current_thread")]
-    async fn at_the_shutdown_the_socket_is_asked_not_tokio() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    /// A client connection's two ends, the router's read as hyper leaves a connection it parks:
+    /// until nothing was there (which clears the readiness tokio gives a new socket).
+    async fn pair(listener: &tokio::net::TcpListener) -> (std::net::TcpStream, TcpStream) {
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let (shutdown, activity) = (Shutdown::default(), Activity::default());
-        let mut timer = Watchdog::new(Duration::from_secs(60), None, Duration::from_secs(60));
-        let gauge = prometheus::IntGauge::new("parked", "parked").unwrap();
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        // As hyper leaves a connection it parks: read until nothing was there (which clears
-        // tokio's readiness, which a new socket starts with).
-        let nothing = |server: &TcpStream| {
-            let read = server.try_read(&mut [0; 1]);
-            assert!(
-                matches!(read, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock),
-                "{read:?}"
-            );
-        };
-        nothing(&server);
+        let read = server.try_read(&mut [0; 1]);
+        assert!(
+            matches!(read, Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "{read:?}"
+        );
+        (client, server)
+    }
 
-        {
-            let mut quiet = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
-            assert_eq!(quiet.as_mut().poll(&mut cx), Poll::Pending);
-            assert_eq!(gauge.get(), 1);
-            shutdown.start();
-            assert_eq!(
-                quiet.as_mut().poll(&mut cx),
-                Poll::Ready(Unparked::Shutdown),
-                "nothing sent"
-            );
-        }
-        assert_eq!(gauge.get(), 0);
-
-        let shutdown = Shutdown::default();
-        nothing(&server);
-        let mut sent = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
-        assert_eq!(sent.as_mut().poll(&mut cx), Poll::Pending);
+    /// Sends a request to `server` and waits, without an await (tokio's reactor does not turn
+    /// and so does not see it), until it is in `server`'s socket: loopback delivers within the
+    /// write as a rule; a bounded spin (not a sleep) covers a late softirq.
+    fn send_unseen(client: &mut std::net::TcpStream, server: &TcpStream) {
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
-        // No await from here on: the reactor does not turn. Loopback delivers within the write
-        // as a rule; a bounded spin (not a sleep) covers a late softirq.
         let mut spins = 0;
-        while peek(&server) == Peeked::Nothing {
+        while peek(server) == Peeked::Nothing {
             spins += 1;
             assert!(spins < 1_000_000, "the bytes written never reached the socket");
             std::thread::yield_now();
         }
-        shutdown.start();
-        assert_eq!(sent.as_mut().poll(&mut cx), Poll::Ready(Unparked::Readable));
+    }
+
+    fn poll<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {
+        f.poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    /// A parked connection whose client sent as the shutdown began is served: here the bytes
+    /// are in the socket but tokio's reactor has not seen them, as under load a shutdown often
+    /// wakes a connection first. Only the socket says so; tokio's readiness would have it
+    /// closed unread. One whose client sent nothing is closed.
+    #[tokio::test(flavor = "current_thread")]
+    async fn at_the_shutdown_the_socket_is_asked_not_tokio() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gauge = prometheus::IntGauge::new("parked", "parked").unwrap();
+        let activity = Activity::default();
+        for sends in [false, true] {
+            let (mut client, server) = pair(&listener).await;
+            let shutdown = Shutdown::default();
+            let mut timer = Watchdog::new(Duration::from_secs(60), None, Duration::from_secs(60));
+            let mut parked = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
+            assert_eq!(poll(parked.as_mut()), Poll::Pending);
+            assert_eq!(gauge.get(), 1);
+            if sends {
+                send_unseen(&mut client, &server);
+            }
+            shutdown.start();
+            let want = if sends { Unparked::Readable } else { Unparked::Shutdown };
+            assert_eq!(poll(parked.as_mut()), Poll::Ready(want), "sends: {sends}");
+        }
+        assert_eq!(gauge.get(), 0);
+    }
+
+    /// The same at `header_read_timeout`: a client that sent as the timeout came is served, one
+    /// that did not is closed at the fourth quiet check (see `watchdog`).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn at_the_timeout_the_socket_is_asked_not_tokio() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gauge = prometheus::IntGauge::new("parked", "parked").unwrap();
+        let (shutdown, activity) = (Shutdown::default(), Activity::default());
+        for sends in [false, true] {
+            let (mut client, server) = pair(&listener).await;
+            let mut timer = Watchdog::new(Duration::from_millis(400), None, Duration::from_secs(60));
+            let mut parked = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
+            assert_eq!(poll(parked.as_mut()), Poll::Pending);
+            for _ in 0..3 {
+                tokio::time::advance(Duration::from_millis(100)).await;
+                assert_eq!(poll(parked.as_mut()), Poll::Pending);
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
+            if sends {
+                send_unseen(&mut client, &server);
+            }
+            let want = if sends { Unparked::Readable } else { Unparked::TimedOut };
+            assert_eq!(poll(parked.as_mut()), Poll::Ready(want), "sends: {sends}");
+        }
+        assert_eq!(gauge.get(), 0);
     }
 }
