@@ -1,14 +1,12 @@
 //! Graceful shutdown, the one mechanism for every listener: once it starts, each connection
 //! finishes the requests it has in flight and closes (idle keep-alive connections close at
-//! once), and accept loops stop.
+//! once, unless their client's next request is already in the socket: `server::serve`), and
+//! accept loops stop.
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
-
-use hyper_util::server::graceful::GracefulConnection;
 
 /// Graceful shutdown of the proxy's connections: once it starts, each connection finishes the
 /// requests it has in flight and closes (idle keep-alive connections close at once). Cheap on
@@ -43,13 +41,13 @@ impl Shutdown {
         poll_fn(|cx| watch.poll_started(cx)).await
     }
 
-    /// A watch on the shutdown, to be [`Watch::poll`]ed before each poll of a connection.
+    /// A watch on the shutdown, to be polled ([`Watch::poll_started`]) before each poll of a
+    /// connection.
     pub fn register(&self) -> Watch<'_> {
         Watch {
             shutdown: self,
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             waker: None,
-            draining: false,
         }
     }
 }
@@ -60,20 +58,12 @@ pub struct Watch<'a> {
     id: u64,
     /// The waker registered in `shutdown.tasks`, if any.
     waker: Option<Waker>,
-    draining: bool,
 }
 
 impl Watch<'_> {
-    /// Shuts `conn` down gracefully if the drain has started.
-    pub fn poll<C: GracefulConnection>(&mut self, cx: &mut Context<'_>, conn: Pin<&mut C>) {
-        if !self.draining && self.poll_started(cx).is_ready() {
-            conn.graceful_shutdown();
-            self.draining = true;
-        }
-    }
-
-    /// Ready once the drain has started. On its own, for a connection not yet handed to hyper
-    /// (its protocol not known, its TLS handshake not done), which then simply closes.
+    /// Ready once the drain has started: a connection served by hyper is then shut down
+    /// gracefully (see `server::serve`), one not yet handed to hyper (its protocol not known,
+    /// its TLS handshake not done) simply closes.
     pub fn poll_started(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         // Registered before the flag is read: a drain that starts in between still finds this
         // task (it sets the flag before it wakes the tasks).

@@ -454,6 +454,16 @@ impl Watchdog {
     }
 }
 
+impl Watchdog {
+    /// Whether the HTTP/1 client has sent bytes not read yet (its next request, as a rule),
+    /// whatever tokio's readiness says (see [`peek`]).
+    pub fn client_sent(&self) -> bool {
+        // SAFETY: `Watchdog::new`'s contract: the socket is open while its timer is used.
+        self.client
+            .is_some_and(|fd| peek(unsafe { BorrowedFd::borrow_raw(fd) }) == Peeked::Bytes)
+    }
+}
+
 /// Whether the client at `fd` closed or reset its connection: a peek finds its end of stream
 /// (or an error) rather than bytes or nothing yet.
 fn client_left(fd: RawFd) -> bool {
