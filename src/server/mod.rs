@@ -695,13 +695,7 @@ mod tests {
                         .write_all(b"POST /mcp HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
                         .unwrap();
                     // SAFETY: the socket is open: `conn` owns it.
-                    let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                    let mut spins = 0;
-                    while watchdog::peek(socket) == watchdog::Peeked::Nothing {
-                        spins += 1;
-                        assert!(spins < 1_000_000, "the request never reached the socket");
-                        std::thread::yield_now();
-                    }
+                    watchdog::spin_until_sent(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
                 }
                 shutdown.start();
                 let first = served.as_mut().poll(&mut cx);

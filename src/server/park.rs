@@ -157,17 +157,10 @@ mod tests {
         (client, server)
     }
 
-    /// Sends a request to `server` and waits, without an await (tokio's reactor does not turn
-    /// and so does not see it), until it is in `server`'s socket: loopback delivers within the
-    /// write as a rule; a bounded spin (not a sleep) covers a late softirq.
+    /// Sends a request to `server`, in its socket but not seen by tokio's reactor.
     fn send_unseen(client: &mut std::net::TcpStream, server: &TcpStream) {
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
-        let mut spins = 0;
-        while peek(server) == Peeked::Nothing {
-            spins += 1;
-            assert!(spins < 1_000_000, "the bytes written never reached the socket");
-            std::thread::yield_now();
-        }
+        super::super::watchdog::spin_until_sent(server);
     }
 
     fn poll<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {

@@ -452,9 +452,7 @@ impl Watchdog {
             _ => Poll::Ready(Expiry::Waiting),
         }
     }
-}
 
-impl Watchdog {
     /// Whether the HTTP/1 client has sent bytes not read yet (its next request, as a rule),
     /// whatever tokio's readiness says (see [`peek`]).
     pub fn client_sent(&self) -> bool {
@@ -489,6 +487,19 @@ pub fn peek(fd: impl AsFd) -> Peeked {
             Peeked::Nothing
         }
         Err(_) => Peeked::End,
+    }
+}
+
+/// Waits, without an await (so tokio's reactor does not turn and does not see them), until
+/// bytes a test's client wrote are in `socket`: loopback delivers within the write as a rule;
+/// a bounded spin (not a sleep) covers a late softirq.
+#[cfg(test)]
+pub fn spin_until_sent(socket: impl AsFd) {
+    let mut spins = 0;
+    while peek(&socket) == Peeked::Nothing {
+        spins += 1;
+        assert!(spins < 1_000_000, "the bytes written never reached the socket");
+        std::thread::yield_now();
     }
 }
 
