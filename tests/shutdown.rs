@@ -306,6 +306,29 @@ async fn wait_acked(s: &TcpStream) {
     panic!("the router's host did not acknowledge the request within 5 s");
 }
 
+/// An idle keep-alive connection still in hyper's hands (not parked yet: the first check
+/// comes 7.5 s after its answer) whose client sent its next request as the shutdown began:
+/// that request is served, then the connection closes. (The unit test in `src/server/mod.rs`
+/// holds tokio's reactor still to take the case where the router has not seen it yet.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_a_request_just_sent_on_an_idle_connection_is_served() {
+    let mut fleet = Fleet::start(1, "[server]\nheader_read_timeout = \"30s\"\nshutdown_grace = \"30s\"").await;
+    let mut quiet = idle_keepalive_connection(fleet.router).await;
+    let mut sending = idle_keepalive_connection(fleet.router).await;
+    sending.write_all(tools_list(fleet.router).as_bytes()).await.unwrap();
+    wait_acked(&sending).await;
+    fleet.assert_stops_promptly("idle connections").await;
+    let closed = read_to_close(&mut quiet, Duration::from_secs(5)).await;
+    assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
+    let answered = read_to_close(&mut sending, Duration::from_secs(5))
+        .await
+        .expect("closed after its answer");
+    let text = String::from_utf8_lossy(&answered);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"result\""), "{text}");
+    assert_eq!(fleet.total_requests(), 3);
+}
+
 /// Parked connections (idle keep-alive ones, holding only their socket) at the shutdown: one
 /// whose client sends nothing is closed at once, one whose client sent a request as the
 /// shutdown began has it served first (whether the router had woken it before the shutdown
