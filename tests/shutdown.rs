@@ -306,6 +306,19 @@ async fn wait_acked(s: &TcpStream) {
     panic!("the router's host did not acknowledge the request within 5 s");
 }
 
+/// After the shutdown: `quiet` was closed without a word, `sending` got the answer to the
+/// `tools/list` it sent as the shutdown began and was closed after it.
+async fn assert_closed_and_answered(quiet: &mut TcpStream, sending: &mut TcpStream) {
+    let closed = read_to_close(quiet, Duration::from_secs(5)).await;
+    assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
+    let answered = read_to_close(sending, Duration::from_secs(5))
+        .await
+        .expect("closed after its answer");
+    let text = String::from_utf8_lossy(&answered);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"result\""), "{text}");
+}
+
 /// An idle keep-alive connection still in hyper's hands (not parked yet: the first check
 /// comes 7.5 s after its answer) whose client sent its next request as the shutdown began:
 /// that request is served, then the connection closes. (The unit test in `src/server/mod.rs`
@@ -317,15 +330,10 @@ async fn at_shutdown_a_request_just_sent_on_an_idle_connection_is_served() {
     let mut sending = idle_keepalive_connection(fleet.router).await;
     sending.write_all(tools_list(fleet.router).as_bytes()).await.unwrap();
     wait_acked(&sending).await;
+    let parked = metric(&fleet.metrics().await, "mrtr_connections_parked");
+    assert_eq!(parked, Some(0.0), "neither is parked yet");
     fleet.assert_stops_promptly("idle connections").await;
-    let closed = read_to_close(&mut quiet, Duration::from_secs(5)).await;
-    assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
-    let answered = read_to_close(&mut sending, Duration::from_secs(5))
-        .await
-        .expect("closed after its answer");
-    let text = String::from_utf8_lossy(&answered);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.contains("\"result\""), "{text}");
+    assert_closed_and_answered(&mut quiet, &mut sending).await;
     assert_eq!(fleet.total_requests(), 3);
 }
 
@@ -345,13 +353,6 @@ async fn at_shutdown_a_parked_connection_is_closed_at_once_and_a_request_sent_on
     sending.write_all(tools_list(fleet.router).as_bytes()).await.unwrap();
     wait_acked(&sending).await;
     fleet.assert_stops_promptly("parked connections").await;
-    let closed = read_to_close(&mut quiet, Duration::from_secs(5)).await;
-    assert_eq!(closed.as_deref(), Some(&b""[..]), "closed without a word");
-    let answered = read_to_close(&mut sending, Duration::from_secs(5))
-        .await
-        .expect("closed after its answer");
-    let text = String::from_utf8_lossy(&answered);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.contains("\"result\""), "{text}");
+    assert_closed_and_answered(&mut quiet, &mut sending).await;
     assert_eq!(fleet.total_requests(), 3);
 }
