@@ -144,8 +144,8 @@ mod tests {
 
     use super::*;
 
-    /// A client connection's two ends, the router's read as hyper leaves a connection it parks:
-    /// until nothing was there (which clears the readiness tokio gives a new socket).
+    /// A client connection's two ends, the router's read until nothing was there, as hyper
+    /// leaves a connection it parks (which also clears the readiness tokio gives a new socket).
     async fn pair(listener: &tokio::net::TcpListener) -> (std::net::TcpStream, TcpStream) {
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().await.unwrap();
