@@ -241,7 +241,9 @@ impl Connection {
         let mut timer = watchdog::Watchdog::new(timeout, Some(io.tcp().as_raw_fd()), stall_limit);
         let mut io = TokioIo::new(io);
         async move {
-            loop {
+            // What is left of a connection closed for waiting `header_read_timeout`: its
+            // socket, and what it read of a head (none when it was parked).
+            let (io, unread) = loop {
                 let service = self.service(tls, false);
                 let mut conn = Box::new(self.builders.http1.serve_connection(io, service));
                 match serve(Pin::new(&mut *conn), &self.shutdown, &self.activity, &mut timer).await {
@@ -253,8 +255,7 @@ impl Connection {
                     Served::TimedOut => {
                         // Taken apart whole: nothing of it is kept across the answer's await.
                         let hyper::server::conn::http1::Parts { io, read_buf, .. } = conn.into_parts();
-                        Box::pin(watchdog::answer(&self.shared, io, read_buf)).await;
-                        return Ok(());
+                        break (io, read_buf);
                     }
                     Served::Idle => {
                         // `is_idle`: nothing was read that is not yet served. The box is
@@ -266,14 +267,13 @@ impl Connection {
                             .await
                         {
                             park::Unparked::Readable => continue,
-                            park::Unparked::TimedOut | park::Unparked::Shutdown => {
-                                Box::pin(watchdog::answer(&self.shared, io, Bytes::new())).await;
-                                return Ok(());
-                            }
+                            park::Unparked::TimedOut | park::Unparked::Shutdown => break (io, Bytes::new()),
                         }
                     }
                 }
-            }
+            };
+            Box::pin(watchdog::answer(&self.shared, io, unread)).await;
+            Ok(())
         }
     }
 
