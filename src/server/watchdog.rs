@@ -430,7 +430,8 @@ impl Watchdog {
         if self.quiet >= CHECKS_PER_TIMEOUT {
             return Poll::Ready(Expiry::HeadTimeout);
         }
-        if in_flight && self.client.is_some_and(client_left) {
+        // The client left: its socket holds its end of stream (or an error), not bytes.
+        if in_flight && self.peek_client() == Some(Peeked::End) {
             return Poll::Ready(Expiry::ClientLeft);
         }
         let holding = activity.polls.holding();
@@ -456,18 +457,14 @@ impl Watchdog {
     /// Whether the HTTP/1 client has sent bytes not read yet (its next request, as a rule),
     /// whatever tokio's readiness says (see [`peek`]).
     pub fn client_sent(&self) -> bool {
-        // SAFETY: `Watchdog::new`'s contract: the socket is open while its timer is used.
-        self.client
-            .is_some_and(|fd| peek(unsafe { BorrowedFd::borrow_raw(fd) }) == Peeked::Bytes)
+        self.peek_client() == Some(Peeked::Bytes)
     }
-}
 
-/// Whether the client at `fd` closed or reset its connection: a peek finds its end of stream
-/// (or an error) rather than bytes or nothing yet.
-fn client_left(fd: RawFd) -> bool {
-    // SAFETY: `Watchdog::new`'s contract: the socket is open while its timer is polled.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-    peek(fd) == Peeked::End
+    /// What the HTTP/1 client's socket holds now; `None` for HTTP/2 (no socket to peek at).
+    fn peek_client(&self) -> Option<Peeked> {
+        // SAFETY: `Watchdog::new`'s contract: the socket is open while its timer is used.
+        self.client.map(|fd| peek(unsafe { BorrowedFd::borrow_raw(fd) }))
+    }
 }
 
 /// What a client's socket holds, looked at now: tokio's readiness is what its reactor saw
