@@ -13,11 +13,7 @@ use tokio::net::TcpStream;
 const PING: &str = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
 
 fn raw_post(fleet: &Fleet) -> String {
-    format!(
-        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{PING}",
-        fleet.router,
-        PING.len()
-    )
+    raw_mcp_post(fleet.router, "", PING)
 }
 
 /// A request whose answer the worker holds back for `ms` milliseconds.
@@ -25,10 +21,7 @@ fn raw_slow_post(ms: u64) -> String {
     let body = format!(
         r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"sleep","arguments":{{"ms":{ms}}}}}}}"#
     );
-    format!(
-        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
+    raw_mcp_post("x", "", &body)
 }
 
 /// The router closed no sooner than `at_least` after `since` (it is a timeout, not an error).

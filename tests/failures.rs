@@ -216,10 +216,7 @@ async fn a_flood_of_connections_leaves_the_backends_healthy_and_the_admin_listen
     drop(flood);
     let mut first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let head = raw_mcp_post("x", "Connection: close\r\n", body);
     first.write_all(head.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
     tokio::time::timeout(REQUEST_DEADLINE, first.read_to_end(&mut answer))

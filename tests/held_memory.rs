@@ -269,11 +269,7 @@ const PARKING: &str = "[server]\nheader_read_timeout = \"12s\"";
 fn raw_whoami(addr: SocketAddr) -> std::net::TcpStream {
     use std::io::{Read, Write};
     let body = whoami(1).to_string();
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n\
-         accept: application/json, text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let request = raw_mcp_post("r", "Accept: application/json, text/event-stream\r\n", &body);
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(REQUEST_DEADLINE)).unwrap();
     s.write_all(request.as_bytes()).unwrap();

@@ -69,10 +69,7 @@ async fn assert_not_accepting(addr: SocketAddr) {
 /// A keep-alive `tools/list` request to `addr`, as raw HTTP/1.1.
 fn tools_list(addr: SocketAddr) -> String {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-    format!(
-        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
+    raw_mcp_post(addr, "", &body)
 }
 
 /// Sends one keep-alive request on a raw connection and reads its whole answer, leaving the

@@ -454,6 +454,16 @@ pub fn echoed(answer: &Value, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// A JSON POST to `/mcp` as raw HTTP/1.1 bytes, for tests that write to a socket themselves:
+/// `Host: host`, `Content-Type: application/json`, the body's `Content-Length`, then `extra`
+/// (whole header lines, each ending in CRLF).
+pub fn raw_mcp_post(host: impl std::fmt::Display, extra: &str, body: &str) -> String {
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+}
+
 /// Reads until the peer closes or resets the connection and returns what came; `None` if it
 /// is still open after `limit`.
 pub async fn read_to_close<S: tokio::io::AsyncRead + Unpin>(s: &mut S, limit: Duration) -> Option<Vec<u8>> {
