@@ -170,25 +170,34 @@ mod tests {
     /// A parked connection whose client sent as the shutdown began is served: here the bytes
     /// are in the socket but tokio's reactor has not seen them, as under load a shutdown often
     /// wakes a connection first. Only the socket says so; tokio's readiness would have it
-    /// closed unread. One whose client sent nothing is closed.
+    /// closed unread. One whose client sent nothing is closed; one whose client has just
+    /// closed is read too (a new hyper connection finds the end and ends).
     #[tokio::test(flavor = "current_thread")]
     async fn at_the_shutdown_the_socket_is_asked_not_tokio() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let gauge = prometheus::IntGauge::new("parked", "parked").unwrap();
         let activity = Activity::default();
-        for sends in [false, true] {
+        for client_does in ["nothing", "sends", "closes"] {
             let (mut client, server) = pair(&listener).await;
             let shutdown = Shutdown::default();
             let mut timer = Watchdog::new(Duration::from_secs(60), None, Duration::from_secs(60));
             let mut parked = pin!(Parked::new(&gauge).wait(&server, &mut timer, &activity, &shutdown));
             assert_eq!(poll(parked.as_mut()), Poll::Pending);
             assert_eq!(gauge.get(), 1);
-            if sends {
-                send_unseen(&mut client, &server);
-            }
+            let want = match client_does {
+                "sends" => {
+                    send_unseen(&mut client, &server);
+                    Unparked::Readable
+                }
+                "closes" => {
+                    drop(client);
+                    super::super::watchdog::spin_until_sent(&server);
+                    Unparked::Readable
+                }
+                _ => Unparked::Shutdown,
+            };
             shutdown.start();
-            let want = if sends { Unparked::Readable } else { Unparked::Shutdown };
-            assert_eq!(poll(parked.as_mut()), Poll::Ready(want), "sends: {sends}");
+            assert_eq!(poll(parked.as_mut()), Poll::Ready(want), "{client_does}");
         }
         assert_eq!(gauge.get(), 0);
     }
