@@ -79,19 +79,20 @@ pub(super) fn content_length_parse_all_values(values: ValueIter<'_, HeaderValue>
     // correctly. If not, then it's an error.
 
     let mut content_length: Option<u64> = None;
+    let mut merge = |n: u64| match content_length.replace(n) {
+        Some(seen) if seen != n => None,
+        _ => Some(()),
+    };
     for h in values {
-        if let Ok(line) = h.to_str() {
-            for v in line.split(',') {
-                let n = from_digits(v.trim().as_bytes())?;
-
-                if content_length.is_none() {
-                    content_length = Some(n);
-                } else if content_length != Some(n) {
-                    return None;
-                }
-            }
-        } else {
-            return None;
+        // mrtr-router patch: a value that is one number, as nearly every one is, is read as it
+        // is (the one token the split below would find in it), without the UTF-8 check, the
+        // split and the trim, which cost a few hundred instructions per head.
+        if let Some(n) = from_digits(h.as_bytes()) {
+            merge(n)?;
+            continue;
+        }
+        for v in h.to_str().ok()?.split(',') {
+            merge(from_digits(v.trim().as_bytes())?)?;
         }
     }
 
