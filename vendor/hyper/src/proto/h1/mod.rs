@@ -17,6 +17,8 @@ mod decode;
 pub(crate) mod dispatch;
 mod encode;
 mod io;
+// mrtr-router patch: header names through a per-thread cache (`names.rs`).
+mod names;
 mod role;
 
 cfg_client! {

@@ -36,7 +36,8 @@ const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
 macro_rules! header_name {
     ($bytes:expr) => {{
         {
-            match HeaderName::from_bytes($bytes) {
+            // mrtr-router patch: through the per-thread cache of names (`names.rs`).
+            match super::names::from_bytes($bytes) {
                 Ok(name) => name,
                 Err(e) => maybe_panic!(e),
             }
