@@ -342,7 +342,11 @@ where
             ));
         }
 
-        self.state.allow_trailer_fields = headers::te_is_trailers(&msg.head.headers);
+        // mrtr-router patch: only a server reads the flag (`write_trailers`), so only a server
+        // looks for `TE: trailers`; a client looked in every answer it read.
+        if T::is_server() {
+            self.state.allow_trailer_fields = headers::te_is_trailers(&msg.head.headers);
+        }
 
         Poll::Ready(Some(Ok((msg.head, msg.decode, wants))))
     }

@@ -1,0 +1,357 @@
+//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 11), each checked on
+//! real connections by what a server or a client reads:
+//! - a `Content-Length` that is one number is read without the list split (change 9), and
+//!   every other form as stock hyper reads it (an answer's length decides where the next one
+//!   starts);
+//! - header names come from a per-thread cache keyed by their bytes (change 10): whatever the
+//!   cache holds, every name reads lowercased, with its own value;
+//! - only a server looks for `TE: trailers` (change 11): a server still sends trailers to a
+//!   client that asked for them, and only to one, and a client still reads them.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body::Frame;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Bounds every wait here, so a hang fails the test instead of stalling it.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+// ---- Content-Length (change 9) -----------------------------------------------------------
+
+/// What a hyper client makes of an answer whose head carries `lengths` (one header line each)
+/// and whose body is `0123456789`: the body it read, or none if it refused the answer.
+async fn answer_read_with(lengths: &[&str]) -> Option<Bytes> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let head: String = lengths.iter().map(|l| format!("content-length: {l}\r\n")).collect();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        // The request's head, then the answer.
+        let mut buf = [0u8; 1024];
+        let mut read = Vec::new();
+        while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the client closed before its request was whole");
+            read.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(format!("HTTP/1.1 200 OK\r\n{head}\r\n0123456789").as_bytes())
+            .await
+            .unwrap();
+        // Held open until the client is done, so a length cut short cannot end at the close.
+        let _ = s.read(&mut buf).await;
+    });
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    let driver = tokio::spawn(conn);
+    let request = Request::get("/")
+        .header("host", "x")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let read = async {
+        let answer = send.send_request(request).await.ok()?;
+        answer.into_body().collect().await.ok().map(|b| b.to_bytes())
+    };
+    let body = tokio::time::timeout(DEADLINE, read)
+        .await
+        .expect("the answer within the deadline");
+    drop(send);
+    driver.abort();
+    server.abort();
+    body
+}
+
+#[tokio::test]
+async fn one_number_is_the_length() {
+    assert_eq!(answer_read_with(&["4"]).await.as_deref(), Some(&b"0123"[..]));
+    assert_eq!(answer_read_with(&["10"]).await.as_deref(), Some(&b"0123456789"[..]));
+    // Leading zeros are digits too (stock hyper reads them so).
+    assert_eq!(answer_read_with(&["0004"]).await.as_deref(), Some(&b"0123"[..]));
+    assert_eq!(answer_read_with(&["0"]).await.as_deref(), Some(&b""[..]));
+}
+
+#[tokio::test]
+async fn the_same_number_repeated_is_the_length() {
+    // In one line (a list, as RFC 9110 allows), in two lines, and both at once.
+    assert_eq!(answer_read_with(&["4, 4"]).await.as_deref(), Some(&b"0123"[..]));
+    assert_eq!(answer_read_with(&["4,4"]).await.as_deref(), Some(&b"0123"[..]));
+    assert_eq!(answer_read_with(&["4", "4"]).await.as_deref(), Some(&b"0123"[..]));
+    assert_eq!(answer_read_with(&["4", "4, 4"]).await.as_deref(), Some(&b"0123"[..]));
+    assert_eq!(answer_read_with(&["4, 4", "4"]).await.as_deref(), Some(&b"0123"[..]));
+}
+
+#[tokio::test]
+async fn lengths_that_disagree_or_are_not_numbers_are_refused() {
+    for lengths in [
+        &["4", "5"][..],
+        &["4, 5"],
+        &["4", "4, 5"],
+        &["5, 4", "4"],
+        &["+4"],
+        &["-4"],
+        &["4x"],
+        &["x"],
+        &["4,"],
+        &[","],
+        // Past u64: refused, never wrapped.
+        &["18446744073709551616"],
+        &["4", "18446744073709551620"],
+    ] {
+        assert_eq!(answer_read_with(lengths).await, None, "content-length {lengths:?}");
+    }
+}
+
+// ---- Header names (change 10) ------------------------------------------------------------
+
+/// Heads sent on one connection, one after another.
+const HEADS: usize = 300;
+
+/// The header lines of head `n`, as sent (any case) and as they must read (lowercased).
+fn lines(n: usize) -> Vec<(String, String)> {
+    let spelled = |name: &str, n: usize| -> String {
+        match n % 3 {
+            0 => name.to_owned(),
+            1 => name.to_ascii_lowercase(),
+            _ => name.to_ascii_uppercase(),
+        }
+    };
+    let letter = (b'a' + (n % 26) as u8) as char;
+    let names = [
+        // A standard name and an MCP one, spelled three ways.
+        spelled("Accept", n),
+        spelled("Mcp-Routing-Id", n + 1),
+        // Same length, first and last byte: one slot, a different name each head.
+        format!("x-{letter}{letter}-z"),
+        format!("X-{letter}{letter}-Z"),
+        // A new name each head: more than the cache's slots, many times over.
+        format!("x-head-{n}"),
+        // Longer than the cache keeps.
+        format!("x-{}-{n}", "long".repeat(10)),
+        spelled("Content-Type", n + 2),
+    ];
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| (name, format!("v{n}-{i}")))
+        .collect()
+}
+
+/// Head `n`'s names and values as they must read, sorted.
+fn expected(n: usize) -> Vec<(String, String)> {
+    let mut want: Vec<_> = lines(n).into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    // `x-aa-z` and `X-AA-Z` are one name: it reads as one name with both values.
+    want.sort();
+    want
+}
+
+/// A head's names and values as read, sorted.
+fn read(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    let mut got: Vec<_> = headers
+        .iter()
+        .filter(|(k, _)| *k != "host" && *k != "content-length")
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+        .collect();
+    got.sort();
+    got
+}
+
+fn head_text(n: usize) -> String {
+    lines(n).iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect()
+}
+
+/// Reads one HTTP/1.1 message with a `content-length` off `s` (into `buf`, which may hold the
+/// next one's first bytes afterwards) and returns its body.
+async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |l| l.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                let body = buf[end + 4..end + 4 + len].to_vec();
+                buf.drain(..end + 4 + len);
+                return body;
+            }
+        }
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed mid-message");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test]
+async fn a_server_reads_every_name_as_sent_whatever_it_read_before() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // The server answers with the names and values it read, one per line.
+    let server = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let service = service_fn(|req: Request<Incoming>| async move {
+            let text: String = read(req.headers()).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(text))))
+        });
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(s), service)
+            .await
+            .unwrap();
+    });
+    let run = async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut buf = Vec::new();
+        for n in 0..HEADS {
+            let request = format!("GET / HTTP/1.1\r\nHost: x\r\n{}\r\n", head_text(n));
+            s.write_all(request.as_bytes()).await.unwrap();
+            let body = read_message(&mut s, &mut buf).await;
+            let want: String = expected(n).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+            assert_eq!(String::from_utf8(body).unwrap(), want, "request {n}");
+        }
+    };
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("every answer within the deadline");
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_client_reads_every_name_as_sent_whatever_it_read_before() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // The server answers request `n` with head `n`'s lines.
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        for n in 0..HEADS {
+            read_message(&mut s, &mut buf).await;
+            let answer = format!("HTTP/1.1 200 OK\r\n{}Content-Length: 0\r\n\r\n", head_text(n));
+            s.write_all(answer.as_bytes()).await.unwrap();
+        }
+    });
+    let run = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+        let driver = tokio::spawn(conn);
+        for n in 0..HEADS {
+            let request = Request::get("/")
+                .header("host", "x")
+                .body(Empty::<Bytes>::new())
+                .unwrap();
+            let answer = send.send_request(request).await.unwrap();
+            assert_eq!(read(answer.headers()), expected(n), "answer {n}");
+            answer.into_body().collect().await.unwrap();
+        }
+        driver.abort();
+    };
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("every answer within the deadline");
+    server.abort();
+}
+
+// ---- TE: trailers (change 11) ------------------------------------------------------------
+
+/// What a hyper server writes for a chunked answer with a trailer field, to a request with
+/// these extra header lines: the raw answer, up to the end of its last chunk's trailers.
+async fn chunked_answer_to(extra: &str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let service = service_fn(|_req: Request<Incoming>| async move {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-done", "yes".parse().unwrap());
+            // A body of unknown length, so the answer is chunked and can carry trailers.
+            let frames = [
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"part"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let body = StreamBody::new(futures_util::stream::iter(frames));
+            // hyper sends only the trailer fields the head declares.
+            let answer = Response::builder().header("trailer", "x-done").body(body).unwrap();
+            Ok::<_, std::convert::Infallible>(answer)
+        });
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(s), service)
+            .await
+            .unwrap();
+    });
+    let run = async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET / HTTP/1.1\r\nHost: x\r\n{extra}\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1024];
+        // The last chunk is `0`, then its trailer lines, then an empty line.
+        while !got.windows(5).any(|w| w == b"\r\n0\r\n") || !got.ends_with(b"\r\n\r\n") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the server closed mid-answer: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8(got).unwrap()
+    };
+    let answer = tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("the answer within the deadline");
+    server.abort();
+    answer
+}
+
+#[tokio::test]
+async fn a_server_sends_trailers_only_to_a_client_that_asked_for_them() {
+    let asked = chunked_answer_to("TE: trailers\r\n").await;
+    assert!(
+        asked.to_ascii_lowercase().ends_with("\r\n0\r\nx-done: yes\r\n\r\n"),
+        "{asked}"
+    );
+    let asked_in_a_list = chunked_answer_to("TE: gzip, Trailers\r\n").await;
+    assert!(
+        asked_in_a_list.to_ascii_lowercase().contains("\r\nx-done: yes\r\n"),
+        "{asked_in_a_list}"
+    );
+    let not_asked = chunked_answer_to("").await;
+    assert!(not_asked.ends_with("\r\n0\r\n\r\n"), "{not_asked}");
+    assert!(!not_asked.to_ascii_lowercase().contains("x-done: yes"), "{not_asked}");
+}
+
+#[tokio::test]
+async fn a_client_reads_an_answers_trailers() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        read_message(&mut s, &mut buf).await;
+        s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\npart\r\n0\r\nX-Done: yes\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = s.read(&mut [0u8; 64]).await;
+    });
+    let run = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let request = Request::get("/")
+            .header("host", "x")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let answer = send.send_request(request).await.unwrap();
+        let collected = answer.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("the answer's trailers");
+        assert_eq!(collected.to_bytes(), "part");
+        assert_eq!(trailers.get("x-done").map(|v| v.to_str().unwrap()), Some("yes"));
+        driver.abort();
+    };
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("the answer within the deadline");
+    server.abort();
+}
