@@ -8,6 +8,9 @@
 //! - only a server looks for `TE: trailers` (change 11): a server still sends trailers to a
 //!   client that asked for them, and only to one, and a client still reads them.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,13 +18,91 @@ use http::{HeaderMap, Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 
 /// Bounds every wait here, so a hang fails the test instead of stalling it.
 const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A hyper HTTP/1 client connection, with the task that drives it (stopped when dropped).
+struct Client {
+    send: SendRequest<Empty<Bytes>>,
+    driver: JoinHandle<hyper::Result<()>>,
+}
+
+impl Client {
+    async fn to(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+        Client {
+            send,
+            driver: tokio::spawn(conn),
+        }
+    }
+
+    /// Sends `GET /`; the answer's head, or the error hyper refused it with.
+    async fn get(&mut self) -> hyper::Result<Response<Incoming>> {
+        let request = Request::get("/").header("host", "x").body(Empty::new()).unwrap();
+        self.send.send_request(request).await
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Runs `run` to its end within [`DEADLINE`], then stops the `server` task beside it.
+async fn within<T>(server: JoinHandle<()>, run: impl Future<Output = T>) -> T {
+    let out = tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("done within the deadline");
+    server.abort();
+    out
+}
+
+/// Serves the next connection `listener` accepts with a hyper HTTP/1 server and `answer`.
+fn hyper_server<F, B>(listener: TcpListener, answer: fn(Request<Incoming>) -> F) -> JoinHandle<()>
+where
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(s), service_fn(answer))
+            .await
+            .unwrap();
+    })
+}
+
+/// Reads one HTTP/1.1 message with a `content-length` off `s` (into `buf`, which may hold the
+/// next one's first bytes afterwards) and returns its body.
+async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |l| l.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                let body = buf[end + 4..end + 4 + len].to_vec();
+                buf.drain(..end + 4 + len);
+                return body;
+            }
+        }
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed mid-message");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
 
 // ---- Content-Length (change 9) -----------------------------------------------------------
 
@@ -33,38 +114,19 @@ async fn answer_read_with(lengths: &[&str]) -> Option<Bytes> {
     let head: String = lengths.iter().map(|l| format!("content-length: {l}\r\n")).collect();
     let server = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        // The request's head, then the answer.
-        let mut buf = [0u8; 1024];
-        let mut read = Vec::new();
-        while !read.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the client closed before its request was whole");
-            read.extend_from_slice(&buf[..n]);
-        }
+        read_message(&mut s, &mut Vec::new()).await;
         s.write_all(format!("HTTP/1.1 200 OK\r\n{head}\r\n0123456789").as_bytes())
             .await
             .unwrap();
         // Held open until the client is done, so a length cut short cannot end at the close.
-        let _ = s.read(&mut buf).await;
+        let _ = s.read(&mut [0u8; 64]).await;
     });
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
-    let driver = tokio::spawn(conn);
-    let request = Request::get("/")
-        .header("host", "x")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
+    let mut client = Client::to(addr).await;
     let read = async {
-        let answer = send.send_request(request).await.ok()?;
+        let answer = client.get().await.ok()?;
         answer.into_body().collect().await.ok().map(|b| b.to_bytes())
     };
-    let body = tokio::time::timeout(DEADLINE, read)
-        .await
-        .expect("the answer within the deadline");
-    drop(send);
-    driver.abort();
-    server.abort();
-    body
+    within(server, read).await
 }
 
 #[tokio::test]
@@ -165,44 +227,14 @@ fn head_text(n: usize) -> String {
     lines(n).iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect()
 }
 
-/// Reads one HTTP/1.1 message with a `content-length` off `s` (into `buf`, which may hold the
-/// next one's first bytes afterwards) and returns its body.
-async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .map_or(0, |l| l.trim().parse().unwrap());
-            if buf.len() >= end + 4 + len {
-                let body = buf[end + 4..end + 4 + len].to_vec();
-                buf.drain(..end + 4 + len);
-                return body;
-            }
-        }
-        let n = s.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "the connection closed mid-message");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
 #[tokio::test]
 async fn a_server_reads_every_name_as_sent_whatever_it_read_before() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     // The server answers with the names and values it read, one per line.
-    let server = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        let service = service_fn(|req: Request<Incoming>| async move {
-            let text: String = read(req.headers()).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(text))))
-        });
-        hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(s), service)
-            .await
-            .unwrap();
+    let server = hyper_server(listener, |req| async move {
+        let text: String = read(req.headers()).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        Ok(Response::new(Full::new(Bytes::from(text))))
     });
     let run = async {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -215,10 +247,7 @@ async fn a_server_reads_every_name_as_sent_whatever_it_read_before() {
             assert_eq!(String::from_utf8(body).unwrap(), want, "request {n}");
         }
     };
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("every answer within the deadline");
-    server.abort();
+    within(server, run).await;
 }
 
 #[tokio::test]
@@ -236,24 +265,14 @@ async fn a_client_reads_every_name_as_sent_whatever_it_read_before() {
         }
     });
     let run = async {
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
-        let driver = tokio::spawn(conn);
+        let mut client = Client::to(addr).await;
         for n in 0..HEADS {
-            let request = Request::get("/")
-                .header("host", "x")
-                .body(Empty::<Bytes>::new())
-                .unwrap();
-            let answer = send.send_request(request).await.unwrap();
+            let answer = client.get().await.unwrap();
             assert_eq!(read(answer.headers()), expected(n), "answer {n}");
             answer.into_body().collect().await.unwrap();
         }
-        driver.abort();
     };
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("every answer within the deadline");
-    server.abort();
+    within(server, run).await;
 }
 
 // ---- TE: trailers (change 11) ------------------------------------------------------------
@@ -263,25 +282,17 @@ async fn a_client_reads_every_name_as_sent_whatever_it_read_before() {
 async fn chunked_answer_to(extra: &str) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        let service = service_fn(|_req: Request<Incoming>| async move {
-            let mut trailers = HeaderMap::new();
-            trailers.insert("x-done", "yes".parse().unwrap());
-            // A body of unknown length, so the answer is chunked and can carry trailers.
-            let frames = [
-                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"part"))),
-                Ok(Frame::trailers(trailers)),
-            ];
-            let body = StreamBody::new(futures_util::stream::iter(frames));
-            // hyper sends only the trailer fields the head declares.
-            let answer = Response::builder().header("trailer", "x-done").body(body).unwrap();
-            Ok::<_, std::convert::Infallible>(answer)
-        });
-        hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(s), service)
-            .await
-            .unwrap();
+    let server = hyper_server(listener, |_req| async move {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-done", "yes".parse().unwrap());
+        // A body of unknown length, so the answer is chunked and can carry trailers.
+        let frames = [
+            Ok(Frame::data(Bytes::from_static(b"part"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(frames));
+        // hyper sends only the trailer fields the head declares.
+        Ok(Response::builder().header("trailer", "x-done").body(body).unwrap())
     });
     let run = async {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -298,11 +309,7 @@ async fn chunked_answer_to(extra: &str) -> String {
         }
         String::from_utf8(got).unwrap()
     };
-    let answer = tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("the answer within the deadline");
-    server.abort();
-    answer
+    within(server, run).await
 }
 
 #[tokio::test]
@@ -336,22 +343,12 @@ async fn a_client_reads_an_answers_trailers() {
         let _ = s.read(&mut [0u8; 64]).await;
     });
     let run = async {
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
-        let driver = tokio::spawn(conn);
-        let request = Request::get("/")
-            .header("host", "x")
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let answer = send.send_request(request).await.unwrap();
+        let mut client = Client::to(addr).await;
+        let answer = client.get().await.unwrap();
         let collected = answer.into_body().collect().await.unwrap();
         let trailers = collected.trailers().cloned().expect("the answer's trailers");
         assert_eq!(collected.to_bytes(), "part");
         assert_eq!(trailers.get("x-done").map(|v| v.to_str().unwrap()), Some("yes"));
-        driver.abort();
     };
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("the answer within the deadline");
-    server.abort();
+    within(server, run).await;
 }
