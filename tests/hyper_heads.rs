@@ -66,19 +66,40 @@ async fn within<T>(server: JoinHandle<()>, run: impl Future<Output = T>) -> T {
     out
 }
 
-/// Serves the next connection `listener` accepts with a hyper HTTP/1 server and `answer`.
-fn hyper_server<F, B>(listener: TcpListener, answer: fn(Request<Incoming>) -> F) -> JoinHandle<()>
+/// A hyper HTTP/1 server answering one connection with `answer`: its address, its task.
+async fn hyper_server<F, B>(answer: fn(Request<Incoming>) -> F) -> (SocketAddr, JoinHandle<()>)
 where
     F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: http_body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
 {
-    tokio::spawn(async move {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
         let (s, _) = listener.accept().await.unwrap();
         hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(s), service_fn(answer))
             .await
             .unwrap();
-    })
+    });
+    (addr, task)
+}
+
+/// A server that answers one connection's requests, in turn, with `answers` (raw HTTP/1.1),
+/// then holds it open until the client is done (so an answer cut short cannot end at the
+/// close): its address, its task.
+async fn raw_server(answers: Vec<String>) -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        for answer in answers {
+            read_message(&mut s, &mut buf).await;
+            s.write_all(answer.as_bytes()).await.unwrap();
+        }
+        let _ = s.read(&mut [0u8; 64]).await;
+    });
+    (addr, task)
 }
 
 /// Reads one HTTP/1.1 message with a `content-length` off `s` (into `buf`, which may hold the
@@ -109,18 +130,8 @@ async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
 /// What a hyper client makes of an answer whose head carries `lengths` (one header line each)
 /// and whose body is `0123456789`: the body it read, or none if it refused the answer.
 async fn answer_read_with(lengths: &[&str]) -> Option<Bytes> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let head: String = lengths.iter().map(|l| format!("content-length: {l}\r\n")).collect();
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        read_message(&mut s, &mut Vec::new()).await;
-        s.write_all(format!("HTTP/1.1 200 OK\r\n{head}\r\n0123456789").as_bytes())
-            .await
-            .unwrap();
-        // Held open until the client is done, so a length cut short cannot end at the close.
-        let _ = s.read(&mut [0u8; 64]).await;
-    });
+    let (addr, server) = raw_server(vec![format!("HTTP/1.1 200 OK\r\n{head}\r\n0123456789")]).await;
     let mut client = Client::to(addr).await;
     let read = async {
         let answer = client.get().await.ok()?;
@@ -229,13 +240,12 @@ fn head_text(n: usize) -> String {
 
 #[tokio::test]
 async fn a_server_reads_every_name_as_sent_whatever_it_read_before() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     // The server answers with the names and values it read, one per line.
-    let server = hyper_server(listener, |req| async move {
+    let (addr, server) = hyper_server(|req| async move {
         let text: String = read(req.headers()).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
         Ok(Response::new(Full::new(Bytes::from(text))))
-    });
+    })
+    .await;
     let run = async {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let mut buf = Vec::new();
@@ -252,18 +262,9 @@ async fn a_server_reads_every_name_as_sent_whatever_it_read_before() {
 
 #[tokio::test]
 async fn a_client_reads_every_name_as_sent_whatever_it_read_before() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     // The server answers request `n` with head `n`'s lines.
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = Vec::new();
-        for n in 0..HEADS {
-            read_message(&mut s, &mut buf).await;
-            let answer = format!("HTTP/1.1 200 OK\r\n{}Content-Length: 0\r\n\r\n", head_text(n));
-            s.write_all(answer.as_bytes()).await.unwrap();
-        }
-    });
+    let answers = (0..HEADS).map(|n| format!("HTTP/1.1 200 OK\r\n{}Content-Length: 0\r\n\r\n", head_text(n)));
+    let (addr, server) = raw_server(answers.collect()).await;
     let run = async {
         let mut client = Client::to(addr).await;
         for n in 0..HEADS {
@@ -280,9 +281,7 @@ async fn a_client_reads_every_name_as_sent_whatever_it_read_before() {
 /// What a hyper server writes for a chunked answer with a trailer field, to a request with
 /// these extra header lines: the raw answer, up to the end of its last chunk's trailers.
 async fn chunked_answer_to(extra: &str) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = hyper_server(listener, |_req| async move {
+    let (addr, server) = hyper_server(|_req| async move {
         let mut trailers = HeaderMap::new();
         trailers.insert("x-done", "yes".parse().unwrap());
         // A body of unknown length, so the answer is chunked and can carry trailers.
@@ -293,7 +292,8 @@ async fn chunked_answer_to(extra: &str) -> String {
         let body = StreamBody::new(futures_util::stream::iter(frames));
         // hyper sends only the trailer fields the head declares.
         Ok(Response::builder().header("trailer", "x-done").body(body).unwrap())
-    });
+    })
+    .await;
     let run = async {
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(format!("GET / HTTP/1.1\r\nHost: x\r\n{extra}\r\n").as_bytes())
@@ -331,17 +331,8 @@ async fn a_server_sends_trailers_only_to_a_client_that_asked_for_them() {
 
 #[tokio::test]
 async fn a_client_reads_an_answers_trailers() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = Vec::new();
-        read_message(&mut s, &mut buf).await;
-        s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\npart\r\n0\r\nX-Done: yes\r\n\r\n")
-            .await
-            .unwrap();
-        let _ = s.read(&mut [0u8; 64]).await;
-    });
+    let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\npart\r\n0\r\nX-Done: yes\r\n\r\n";
+    let (addr, server) = raw_server(vec![chunked.to_owned()]).await;
     let run = async {
         let mut client = Client::to(addr).await;
         let answer = client.get().await.unwrap();
