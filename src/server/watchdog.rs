@@ -488,8 +488,8 @@ pub fn peek(fd: impl AsFd) -> Peeked {
 }
 
 /// Waits, without an await (so tokio's reactor does not turn and does not see them), until
-/// bytes a test's client wrote (or its end) are in `socket`: loopback delivers within the write as a rule;
-/// a bounded spin (not a sleep) covers a late softirq.
+/// bytes a test's client wrote (or its end) are in `socket`: loopback delivers within the
+/// write as a rule; a bounded spin (not a sleep) covers a late softirq.
 #[cfg(test)]
 pub fn spin_until_sent(socket: impl AsFd) {
     let mut spins = 0;
