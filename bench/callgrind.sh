@@ -9,6 +9,9 @@
 #   BENCH_CG_LOAD=body BENCH_CG_PEERS=mrtr bench/callgrind.sh       # body-keyed (key only in messageId)
 #   BENCH_CG_LOAD=h2c BENCH_CG_PEERS="mrtr haproxy" bench/callgrind.sh   # HTTP/2 clients: h2load, 8
 #     connections x 16 streams, prior knowledge, as bench/run.py's *-h2c rows (one key per run)
+#   BENCH_CG_PEERS="floor floor-scan" bench/callgrind.sh   # hyper-floor, and the floor that also
+#     reads each body whole and runs the router's envelope scan on it (examples/hyper_floor_scan.rs);
+#     with BENCH_CG_LOAD=h2c, floor is the HTTP/2 listener's floor (examples/hyper_floor_h2c.rs)
 #   BENCH_CG_UPSTREAM=tls BENCH_CG_PEERS="mrtr haproxy nginx" bench/callgrind.sh   # HTTPS to the backends
 #     (as bench/run.py's *-upstream-tls rows: a test CA made here, the certificate for bench.test,
 #     verified); BENCH_CG_UPSTREAM=h2c: HTTP/2 with prior knowledge (mrtr and haproxy only)
@@ -21,7 +24,8 @@
 # (1 thread, 16 connections, bench/mcp.lua header-keyed), dumps the counters and divides by the
 # requests wrk completed. Leaves the callgrind files in $BENCH_CG_DIR for callgrind_annotate.
 # Needs valgrind, wrk, nginx, haproxy (Debian packages) and a release build of the router and of
-# examples/hyper_floor.rs (`cargo build --release --bins --example hyper_floor`).
+# the examples/hyper_floor*.rs floors (`cargo build --release --bins --example hyper_floor
+# --example hyper_floor_h2c --example hyper_floor_scan`).
 set -euo pipefail
 
 REPO_DIR=$(cd "$(dirname "$0")/.." && pwd)
@@ -235,12 +239,20 @@ for peer in $PEERS; do
     nginx)
       [[ $UPSTREAM != h2c ]] || die "nginx cannot proxy HTTP/2 to its backends (BENCH_CG_UPSTREAM=h2c)"
       measure nginx nginx -p "$OUT/nginx-proxy" -c "$OUT/nginx-proxy.conf" ;;
-    floor)
+    floor | floor-scan)
       [[ $UPSTREAM == h1 ]] || die "hyper-floor speaks HTTP/1.1 in clear text only (BENCH_CG_UPSTREAM=$UPSTREAM)"
-      [[ -x $FLOOR_BIN ]] || die "no $FLOOR_BIN (cargo build --release --example hyper_floor)"
-      measure floor "$FLOOR_BIN" "127.0.0.1:$PROXY_PORT" \
+      # floor-scan: each body read whole and scanned (examples/hyper_floor_scan.rs); under h2c
+      # load the floor's listener speaks HTTP/2 (examples/hyper_floor_h2c.rs).
+      bin=$FLOOR_BIN
+      [[ $peer != floor-scan ]] || bin=$(dirname "$FLOOR_BIN")/hyper_floor_scan
+      if [[ $LOAD == h2c ]]; then
+        [[ $peer == floor ]] || die "floor-scan has no HTTP/2 listener (BENCH_CG_LOAD=h2c: floor only)"
+        bin=$(dirname "$FLOOR_BIN")/hyper_floor_h2c
+      fi
+      [[ -x $bin ]] || die "no $bin (cargo build --release --example hyper_floor --example $(basename "$bin"))"
+      measure "$peer" "$bin" "127.0.0.1:$PROXY_PORT" \
         "127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}" ;;
-    *) die "unknown peer '$peer' (mrtr, haproxy, nginx, floor)" ;;
+    *) die "unknown peer '$peer' (mrtr, haproxy, nginx, floor, floor-scan)" ;;
   esac
 done
 echo "callgrind files: $OUT (callgrind_annotate --inclusive=yes $OUT/<peer>.<pid>.1)"

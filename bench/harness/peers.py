@@ -494,9 +494,15 @@ class Peers:
             raise PeerError(self.build_err)
         if not os.access(self.s.floor_bin, os.X_OK):
             raise PeerError(f"{self.s.floor_bin} not found (cargo build --example hyper_floor, or set BENCH_FLOOR_BIN)")
+        # The HTTP/2 and scanning floors are binaries of their own, beside hyper_floor.
+        binary = self.s.floor_bin
+        if row.h2 or row.scan:
+            binary = binary.with_name("hyper_floor_h2c" if row.h2 else "hyper_floor_scan")
+            if not os.access(binary, os.X_OK):
+                raise PeerError(f"{binary} not found (cargo build --example {binary.name})")
         peer.log = d / "hyper-floor.log"
         backends = ",".join(self._backends_of(row).values())
-        peer.proc = self.procs.spawn([str(self.s.floor_bin), f"{HOST}:{self.ports.floor}", backends],
+        peer.proc = self.procs.spawn([str(binary), f"{HOST}:{self.ports.floor}", backends],
                                      cpus=cpus, log=peer.log)
 
     def _wait_ready(self, peer):

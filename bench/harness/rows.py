@@ -47,6 +47,7 @@ class Row:
     baseline: str = "haproxy-header"  # the row the rps/hap and cpu/hap columns divide by
     plain: str = ""              # upstream rows: the same peer's plain-HTTP/1.1 row (the cost over it)
     one_core: bool = False       # the proxy on the load's cpu: no wake-up crosses vCPUs
+    scan: bool = False           # floor rows: every body read whole and scanned (hyper_floor_scan)
 
 
 def _r(*a, **k):
@@ -71,6 +72,7 @@ ROWS = [
     _r("haproxy-mix-paced-awake", HAPROXY, MIX, "HAProxy body-keyed config, the paced mix with both cores held out of halt", key="body", paced=True, awake=True),
     _r("nginx-header", NGINX, MCP, "nginx: hash $http_mcp_routing_id consistent, upstream keepalive 3 x connections"),
     _r("hyper-floor", FLOOR, MCP, "examples/hyper_floor.rs, 1 thread: hyper and tokio forwarding by a hash of Mcp-Routing-Id, no router logic (the floor under any hyper proxy)"),
+    _r("hyper-floor-scan", FLOOR, MCP, "examples/hyper_floor_scan.rs: hyper-floor that reads each body whole and runs the router's envelope scan on it (DESIGN.md's 400 for a body not JSON)", scan=True),
 
     # --- target 3 of issue #22: TLS at the listener (TLS 1.3, ECDSA P-256) ---------------------
     _r("mrtr-tls-header", ROUTER, MCP, "mrtr-router, HTTPS keep-alive (wrk), header-keyed", tls=True, baseline="haproxy-tls-header"),
@@ -87,6 +89,7 @@ ROWS = [
     _r("mrtr-h2c", ROUTER, H2, "mrtr-router, h2load over h2c (prior knowledge)", h2=True, baseline="haproxy-h2c"),
     _r("haproxy-h2c", HAPROXY, H2, "HAProxy, bind proto h2, h2load over h2c", h2=True, baseline="haproxy-h2c"),
     _r("nginx-h2c", NGINX, H2, "nginx, listen http2 (h2c only), h2load over h2c", h2=True, baseline="haproxy-h2c"),
+    _r("hyper-floor-h2c", FLOOR, H2, "examples/hyper_floor_h2c.rs: hyper-floor with hyper's HTTP/2 server at the listener, h2load over h2c (the floor under any hyper HTTP/2 proxy)", h2=True, baseline="haproxy-h2c"),
     _r("mrtr-h2-tls", ROUTER, H2, "mrtr-router, h2load over TLS 1.3 (ALPN h2)", h2=True, tls=True, baseline="haproxy-h2-tls"),
     _r("haproxy-h2-tls", HAPROXY, H2, "HAProxy, ssl alpn h2,http/1.1, h2load over TLS 1.3", h2=True, tls=True, baseline="haproxy-h2-tls"),
     _r("nginx-h2-tls", NGINX, H2, "nginx, listen ssl http2, h2load over TLS 1.3", h2=True, tls=True, baseline="haproxy-h2-tls"),

@@ -60,14 +60,15 @@ def ensure(settings):
 
 
 def build_release(settings):
-    """cargo build --release of the router and hyper-floor, unless told not to; returns an
+    """cargo build --release of the router and the hyper floors, unless told not to; returns an
     error message (the router rows then fail) or None. One release build at a time on a shared
     machine: under flock when flock exists."""
     if settings.skip_build:
         return None
     if shutil.which("cargo") is None:
         return "cargo not found; cannot build the router (set BENCH_SKIP_BUILD=1 and BENCH_ROUTER_BIN)"
-    cmd = ["cargo", "build", "--release", "--bins", "--example", "hyper_floor"]
+    cmd = ["cargo", "build", "--release", "--bins", "--example", "hyper_floor", "--example", "hyper_floor_h2c",
+           "--example", "hyper_floor_scan"]
     if shutil.which("flock"):
         cmd = ["flock", "/tmp/mrtr-release.lock"] + cmd
     log(" ".join(cmd) + " ...")
