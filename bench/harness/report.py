@@ -123,6 +123,32 @@ def _ratio(a, b):
     return round(a / b, 2)
 
 
+# Pairs of rows whose paired CPU ratio is printed (and kept in the JSON) when both ran: the
+# router on its floors, and the floors beside HAProxy (bench/README.md, "Paired ratios").
+PAIRS = (("mrtr-header", "haproxy-header"), ("mrtr-body", "haproxy-body"), ("mrtr-header", "hyper-floor"),
+         ("mrtr-header", "hyper-floor-scan"), ("hyper-floor-scan", "hyper-floor"),
+         ("mrtr-h2c", "haproxy-h2c"), ("mrtr-h2c", "hyper-floor-h2c"), ("hyper-floor-h2c", "haproxy-h2c"))
+
+
+def paired_ratio(a, b):
+    """The median over rounds of a's CPU per request divided by b's in the same round (rounds
+    both passed). One round's rows ran within minutes of each other, so a drift of the VM from
+    round to round cancels out, where a ratio of the two medians can set one row's fast round
+    against the other's slow one."""
+    def by_round(e):
+        return {r["round"]: r.get("proxy_cpu_us_per_req") for r in e["rounds"] if r["status"] in OK}
+    ra, rb = by_round(a), by_round(b)
+    ratios = [ra[k] / rb[k] for k in ra if k in rb and ra[k] and rb[k]]
+    return None if not ratios else round(measure.median(ratios), 2)
+
+
+def paired_ratios(entries):
+    """{"a/b": paired ratio} for the PAIRS whose two rows both ran."""
+    by = {e["peer"]: e for e in entries}
+    return {f"{a}/{b}": paired_ratio(by[a], by[b]) for a, b in PAIRS
+            if a in by and b in by and "rps" in by[a] and "rps" in by[b]}
+
+
 def add_ratios(entries):
     """rps/cpu against each row's baseline row (an HAProxy row of the same load), memory per
     connection against the HAProxy and nginx rows of the same kind, when those ran and passed."""
@@ -133,6 +159,7 @@ def add_ratios(entries):
         if "rps" in e:
             e["rps_vs_baseline"] = _ratio(e["rps"], base["rps"]) if usable else None
             e["cpu_vs_baseline"] = _ratio(e["proxy_cpu_us_per_req"], base["proxy_cpu_us_per_req"]) if usable else None
+            e["cpu_vs_baseline_paired"] = paired_ratio(e, base) if usable else None
         up = e.get("upstream") or {}
         if up.get("plain_row"):
             # the upstream rows against the same peer's plain-HTTP/1.1 row of the same run
@@ -167,9 +194,9 @@ def print_tables(settings, entries, out):
     w = max([23] + [len(e["peer"]) for e in entries])
     req = [e for e in entries if "rps" in e]
     if req:
-        fmt = f"%-{w}s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s %8s  %s\n"
+        fmt = f"%-{w}s %9s %8s %8s %7s %9s %13s %6s %6s %8s %8s %8s %8s  %s\n"
         out.write("\n" + fmt % ("peer", "req/s", "p50 ms", "p99 ms", "errors", "CPU us/r", "CPU min-max",
-                                "core%", "new-up", "be-sleep", "rps/hap", "cpu/hap", "status"))
+                                "core%", "new-up", "be-sleep", "rps/hap", "cpu/hap", "paired", "status"))
         for e in req:
             rng = "-"
             if e["proxy_cpu_us_per_req_min"] is not None:
@@ -178,7 +205,7 @@ def print_tables(settings, entries, out):
                              _show(e["errors_total"]), _show(e["proxy_cpu_us_per_req"]), rng,
                              _show(e["proxy_core_busy_pct"]), _show(e["new_upstream_conns"]),
                              _show(e["backend_sleeps_per_1k_req"]), _show(e["rps_vs_baseline"]),
-                             _show(e["cpu_vs_baseline"]), _status(e)))
+                             _show(e["cpu_vs_baseline"]), _show(e["cpu_vs_baseline_paired"]), _status(e)))
         out.write(f"\nEach number is the median over {settings.rounds} round(s); the rounds ran interleaved (every row once per round).\n")
         out.write(f"req/s, p50/p99: the load tool (wrk: 1 thread, {settings.connections} conns; h2load: "
                   f"{settings.h2_connections} conns x {settings.h2_streams} streams; handshake rows: "
@@ -190,8 +217,13 @@ def print_tables(settings, entries, out):
         out.write("be-sleep: times the backend nginx went to sleep per 1000 requests (each one a wake-up the "
                   "proxy paid for in its send): fewer means the proxy sends in bursts.\n")
         out.write("errors: sum over the rounds. rps/hap, cpu/hap: ratio of the medians to the row's HAProxy "
-                  "row (haproxy-header for the short-request rows; see bench/README.md). direct has no proxy: "
+                  "row (haproxy-header for the short-request rows; see bench/README.md). paired: the median over "
+                  "rounds of the per-round cpu/hap (drift between rounds cancels). direct has no proxy: "
                   "its new-up are wrk's own connections.\n")
+        pairs = paired_ratios(entries)
+        if pairs:
+            out.write("Paired CPU ratios (median over rounds of the per-round ratio): "
+                      + ", ".join(f"{k} {_show(v)}" for k, v in pairs.items()) + "\n")
 
     ups = [e for e in entries if (e.get("upstream") or {}).get("plain_row")]
     if ups:
@@ -281,10 +313,12 @@ def write_json(path, settings, entries, extra_settings, versions, ok):
         "aggregation": "per row: median over rounds of rps, p50_ms, p99_ms, proxy_cpu_us_per_req, "
                        "proxy_core_busy_pct, backend_cpu_us_per_req, load_core_busy_pct, memory and the SSE "
                        "numbers; max_ms, new_upstream_conns and proxy_threads are the max, errors_total the sum; "
-                       "rps_vs_baseline/cpu_vs_baseline divide by the row named in baseline_row; every round's "
-                       "raw numbers are in rounds[]",
+                       "rps_vs_baseline/cpu_vs_baseline divide by the row named in baseline_row; "
+                       "cpu_vs_baseline_paired and paired_cpu_ratios are medians over rounds of the per-round "
+                       "ratio; every round's raw numbers are in rounds[]",
         "settings": {**settings.as_json(), **extra_settings},
         "versions": versions,
+        "paired_cpu_ratios": paired_ratios(entries),
         "rows": entries,
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")

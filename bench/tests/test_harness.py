@@ -19,7 +19,7 @@ BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "clients"))
 
-from harness import measure, peers, rows, runner, settings  # noqa: E402
+from harness import measure, peers, report, rows, runner, settings  # noqa: E402
 from harness.procs import Procs  # noqa: E402
 import sse_load  # noqa: E402
 
@@ -219,6 +219,30 @@ class Measure(unittest.TestCase):
                          {"route_decisions": {"ring": 15, "pin": 3}, "pins_created": 3,
                           "upstream_errors": 0, "router_errors": 0})
         self.assertIsNone(runner.metrics_delta("", "other 1\n"))
+
+
+class Report(unittest.TestCase):
+    @staticmethod
+    def entry(name, cpus, failed=()):
+        rounds = [{"round": i + 1, "status": "failed" if i + 1 in failed else "ok", "proxy_cpu_us_per_req": c}
+                  for i, c in enumerate(cpus)]
+        return {"peer": name, "rps": 1, "rounds": rounds}
+
+    def test_paired_ratio_pairs_rounds_and_skips_failed_ones(self):
+        # The VM slowed down in round 3 for both rows: the ratio of medians (12/10 = 1.2) sets
+        # a's slow round against b's fast ones; the paired ratio does not.
+        a = self.entry("a", [10, 12, 30])
+        b = self.entry("b", [10, 10, 30])
+        self.assertEqual(report.paired_ratio(a, b), 1.0)
+        self.assertEqual(report._ratio(measure.median([10, 12, 30]), measure.median([10, 10, 30])), 1.2)
+        # A round either row failed does not count.
+        self.assertEqual(report.paired_ratio(self.entry("a", [10, 20, 30], failed=(2,)), b), 1.0)
+        self.assertIsNone(report.paired_ratio(self.entry("a", [10], failed=(1,)), b))
+
+    def test_paired_ratios_of_the_pairs_that_ran(self):
+        got = report.paired_ratios([self.entry("mrtr-header", [12, 24]), self.entry("hyper-floor", [10, 20]),
+                                    self.entry("mrtr-h2c", [1])])
+        self.assertEqual(got, {"mrtr-header/hyper-floor": 1.2})
 
 
 class BackendLog(unittest.TestCase):
