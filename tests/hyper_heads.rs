@@ -1,4 +1,4 @@
-//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 11), each checked on
+//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 12), each checked on
 //! real connections by what a server or a client reads:
 //! - a `Content-Length` that is one number is read without the list split (change 9), and
 //!   every other form as stock hyper reads it (an answer's length decides where the next one
@@ -6,7 +6,10 @@
 //! - header names come from a per-thread cache keyed by their bytes (change 10): whatever the
 //!   cache holds, every name reads lowercased, with its own value;
 //! - only a server looks for `TE: trailers` (change 11): a server still sends trailers to a
-//!   client that asked for them, and only to one, and a client still reads them.
+//!   client that asked for them, and only to one, and a client still reads them;
+//! - HTTP/2 looks for connection-specific fields in one pass before taking them out (change
+//!   12): an answer or a request that has some still loses exactly those (h2 would refuse to
+//!   send it otherwise), one that has none keeps every field.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,7 +23,7 @@ use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -340,6 +343,132 @@ async fn a_client_reads_an_answers_trailers() {
         let trailers = collected.trailers().cloned().expect("the answer's trailers");
         assert_eq!(collected.to_bytes(), "part");
         assert_eq!(trailers.get("x-done").map(|v| v.to_str().unwrap()), Some("yes"));
+    };
+    within(server, run).await;
+}
+
+/// Connection-specific fields, each of which hyper's HTTP/2 side takes out of a message (h2
+/// refuses to send a message that still has one): `x-hop` because `Connection` names it.
+const CONNECTION_SPECIFIC: [(&str, &str); 7] = [
+    ("connection", "keep-alive, x-hop"),
+    ("x-hop", "1"),
+    ("keep-alive", "timeout=5"),
+    ("proxy-connection", "keep-alive"),
+    ("transfer-encoding", "chunked"),
+    ("upgrade", "h2c"),
+    ("te", "gzip"),
+];
+
+/// The names in `headers`, sorted, less the ones every answer gets (`date`, `content-length`).
+fn names(headers: &HeaderMap) -> Vec<String> {
+    let mut names: Vec<String> = headers
+        .keys()
+        .map(|n| n.as_str().to_owned())
+        .filter(|n| n != "date" && n != "content-length")
+        .collect();
+    names.sort();
+    names
+}
+
+/// An HTTP/2 server (prior knowledge) answering `answer`, and a client connected to it.
+async fn h2_pair<F>(
+    answer: fn(Request<Incoming>) -> F,
+) -> (hyper::client::conn::http2::SendRequest<Empty<Bytes>>, JoinHandle<()>)
+where
+    F: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(s), service_fn(answer))
+            .await;
+    });
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (send, server)
+}
+
+/// An HTTP/2 request for `path` carrying `headers`.
+fn h2_request(path: &str, headers: &[(&str, &str)]) -> Request<Empty<Bytes>> {
+    let mut request = Request::get(format!("http://x{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Empty::new()).unwrap()
+}
+
+/// The ways a message can carry connection-specific fields: each alone (`x-hop` with the
+/// `Connection` that names it), all of them, and none.
+fn hop_cases() -> Vec<Vec<(&'static str, &'static str)>> {
+    let mut cases: Vec<Vec<_>> = CONNECTION_SPECIFIC
+        .iter()
+        .filter(|(name, _)| *name != "x-hop")
+        .map(|field| vec![*field])
+        .collect();
+    cases.push(vec![("connection", "x-hop"), ("x-hop", "1")]);
+    cases.push(CONNECTION_SPECIFIC.to_vec());
+    cases.push(vec![]);
+    cases
+}
+
+#[tokio::test]
+async fn an_h2_server_takes_connection_specific_fields_out_of_an_answer_and_only_those() {
+    // The answer to `/N` carries the fields of `hop_cases()[N]`.
+    let (mut client, server) = h2_pair(|req| async move {
+        let case: usize = req.uri().path()[1..].parse().unwrap();
+        let mut answer = Response::builder()
+            .header("x-kept", "yes")
+            .header("content-type", "text/plain");
+        for (name, value) in &hop_cases()[case] {
+            answer = answer.header(*name, *value);
+        }
+        Ok(answer.body(Full::new(Bytes::from_static(b"ok"))).unwrap())
+    })
+    .await;
+    let run = async {
+        for case in 0..hop_cases().len() {
+            let path = format!("/{case}");
+            let answer = client.send_request(h2_request(&path, &[])).await.unwrap();
+            assert_eq!(answer.status(), 200, "{:?}", hop_cases()[case]);
+            assert_eq!(
+                names(answer.headers()),
+                ["content-type", "x-kept"],
+                "{:?}",
+                hop_cases()[case]
+            );
+            assert_eq!(answer.into_body().collect().await.unwrap().to_bytes(), "ok");
+        }
+    };
+    within(server, run).await;
+}
+
+#[tokio::test]
+async fn an_h2_client_takes_connection_specific_fields_out_of_a_request_and_only_those() {
+    // The server answers with the names of the fields it received.
+    let (mut client, server) = h2_pair(|req| async move {
+        let body = names(req.headers()).join(",");
+        Ok(Response::new(Full::new(Bytes::from(body))))
+    })
+    .await;
+    let run = async {
+        for mut headers in hop_cases() {
+            headers.push(("x-kept", "yes"));
+            let answer = client.send_request(h2_request("/", &headers)).await.unwrap();
+            let got = answer.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(got, "x-kept", "{headers:?}");
+        }
+        // `TE: trailers` is the one TE an HTTP/2 request may carry; nothing at all stays nothing.
+        let cases: [(&[(&str, &str)], &str); 2] = [(&[("te", "trailers"), ("accept", "*/*")], "accept,te"), (&[], "")];
+        for (headers, want) in cases {
+            let answer = client.send_request(h2_request("/", headers)).await.unwrap();
+            let got = answer.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(got, want, "{headers:?}");
+        }
     };
     within(server, run).await;
 }

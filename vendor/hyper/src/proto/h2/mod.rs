@@ -48,6 +48,12 @@ enum MessageKind {
 }
 
 fn strip_connection_headers(headers: &mut HeaderMap, kind: MessageKind) {
+    // mrtr-router (vendor/README.md, change 12): one pass over the names first. Most messages
+    // carry none of these, and each `remove` below hashes its name and probes the map: six of
+    // them cost ~600 instructions on every message; the pass costs ~10 a header.
+    if !headers.keys().any(is_connection_specific) {
+        return;
+    }
     for header in &CONNECTION_HEADERS {
         if headers.remove(header).is_some() {
             warn!("Connection header illegal in HTTP/2: {}", header.as_str());
@@ -86,6 +92,21 @@ fn strip_connection_headers(headers: &mut HeaderMap, kind: MessageKind) {
                 headers.remove(name);
             }
         }
+    }
+}
+
+/// Whether `strip_connection_headers` acts on a header of this name (or on the names its value
+/// lists, for `Connection`): `CONNECTION_HEADERS`, `te` and `connection`. Most names are told
+/// apart by their length alone.
+fn is_connection_specific(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    match name.len() {
+        2 => name == "te",
+        7 => name == "upgrade",
+        10 => name == "connection" || name == "keep-alive",
+        16 => name == "proxy-connection",
+        17 => name == "transfer-encoding",
+        _ => false,
     }
 }
 
