@@ -124,7 +124,7 @@ def _ratio(a, b):
 
 
 # Pairs of rows whose paired CPU ratio is printed (and kept in the JSON) when both ran: the
-# router on its floors, and the floors beside HAProxy (bench/README.md, "Paired ratios").
+# router on its floors, and the floors beside HAProxy (bench/README.md, "Paired CPU ratios").
 PAIRS = (("mrtr-header", "haproxy-header"), ("mrtr-body", "haproxy-body"), ("mrtr-header", "hyper-floor"),
          ("mrtr-header", "hyper-floor-scan"), ("hyper-floor-scan", "hyper-floor"),
          ("mrtr-h2c", "haproxy-h2c"), ("mrtr-h2c", "hyper-floor-h2c"), ("hyper-floor-h2c", "haproxy-h2c"))
