@@ -33,7 +33,7 @@ async fn scanned(req: Request<Incoming>, backends: &'static [SocketAddr]) -> flo
     let (parts, body) = req.into_parts();
     let body = body.collect().await?.to_bytes();
     if mrtr_router::internals::parse_request(&body, "messageId").is_err() {
-        return Ok(floor::answer(StatusCode::BAD_REQUEST, "not JSON\n"));
+        return Ok(floor::short_answer(StatusCode::BAD_REQUEST, "not JSON\n"));
     }
     floor::relay(Request::from_parts(parts, Full::new(body)), backends).await
 }

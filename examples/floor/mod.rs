@@ -103,16 +103,16 @@ pub async fn relay<B: Forwarded>(req: Request<B>, backends: &'static [SocketAddr
         sender = connect(backends[at]).await.ok();
     }
     let Some(mut sender) = sender else {
-        return Ok(answer(StatusCode::BAD_GATEWAY, "bad gateway\n"));
+        return Ok(bad_gateway());
     };
     let answer = match sender.send_request(req).await {
         Ok(answer) => answer,
-        Err(_) => return Ok(self::answer(StatusCode::BAD_GATEWAY, "bad gateway\n")),
+        Err(_) => return Ok(bad_gateway()),
     };
     let (parts, body) = answer.into_parts();
     let body = match body.collect().await {
         Ok(body) => body.to_bytes(),
-        Err(_) => return Ok(self::answer(StatusCode::BAD_GATEWAY, "bad gateway\n")),
+        Err(_) => return Ok(bad_gateway()),
     };
     if !sender.is_closed() {
         B::idle().with(|idle| idle.borrow_mut()[at].push(sender));
@@ -131,8 +131,12 @@ async fn connect<B: Forwarded>(backend: SocketAddr) -> Result<SendRequest<B>, Bo
     Ok(sender)
 }
 
+fn bad_gateway() -> Response<Full<Bytes>> {
+    short_answer(StatusCode::BAD_GATEWAY, "bad gateway\n")
+}
+
 /// A short answer of the floor's own.
-pub fn answer(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+pub fn short_answer(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
     let mut answer = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
     *answer.status_mut() = status;
     answer
