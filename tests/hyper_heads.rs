@@ -1,4 +1,4 @@
-//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 12), each checked on
+//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 13), each checked on
 //! real connections by what a server or a client reads:
 //! - a `Content-Length` that is one number is read without the list split (change 9), and
 //!   every other form as stock hyper reads it (an answer's length decides where the next one
@@ -9,7 +9,10 @@
 //!   client that asked for them, and only to one, and a client still reads them;
 //! - HTTP/2 looks for connection-specific fields in one pass before taking them out (change
 //!   12): an answer or a request that has some still loses exactly those (h2 would refuse to
-//!   send it otherwise), one that has none keeps every field.
+//!   send it otherwise), one that has none keeps every field;
+//! - a `Connection` value of one token is compared as it is (change 13): a client and a server
+//!   still keep or close the connection as `close` and `keep-alive` say, in any case, alone or
+//!   in a list, and a token that only starts like one says nothing.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -108,6 +111,11 @@ async fn raw_server(answers: Vec<String>) -> (SocketAddr, JoinHandle<()>) {
 /// Reads one HTTP/1.1 message with a `content-length` off `s` (into `buf`, which may hold the
 /// next one's first bytes afterwards) and returns its body.
 async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
+    next_message(s, buf).await.expect("the connection closed mid-message")
+}
+
+/// [`read_message`], or `None` if the peer closed the connection before a message began.
+async fn next_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     let mut chunk = [0u8; 4096];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -119,11 +127,14 @@ async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
             if buf.len() >= end + 4 + len {
                 let body = buf[end + 4..end + 4 + len].to_vec();
                 buf.drain(..end + 4 + len);
-                return body;
+                return Some(body);
             }
         }
         let n = s.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "the connection closed mid-message");
+        if n == 0 {
+            assert!(buf.is_empty(), "the connection closed mid-message");
+            return None;
+        }
         buf.extend_from_slice(&chunk[..n]);
     }
 }
@@ -471,4 +482,100 @@ async fn an_h2_client_takes_connection_specific_fields_out_of_a_request_and_only
         }
     };
     within(server, run).await;
+}
+
+// ---- Connection tokens (change 13) --------------------------------------------------------
+
+/// Whether a hyper client sends a second request on the connection after an answer that
+/// starts with `status_line` and carries `connection` lines: the server answers whatever comes
+/// on that connection, and the second request fails if hyper closed it after the first answer.
+async fn client_reuses_after(status_line: &str, connection: &[&str]) -> bool {
+    let lines: String = connection.iter().map(|v| format!("connection: {v}\r\n")).collect();
+    let first = format!("{status_line}\r\n{lines}content-length: 2\r\n\r\nok");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut answer = first;
+        while next_message(&mut s, &mut buf).await.is_some() {
+            s.write_all(answer.as_bytes()).await.unwrap();
+            answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_owned();
+        }
+    });
+    let run = async {
+        let mut client = Client::to(addr).await;
+        let first = client.get().await.unwrap();
+        assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "ok");
+        match client.get().await {
+            Ok(second) => second.into_body().collect().await.is_ok(),
+            Err(_) => false,
+        }
+    };
+    within(server, run).await
+}
+
+#[tokio::test]
+async fn a_client_keeps_or_closes_its_connection_as_the_answers_connection_tokens_say() {
+    let cases: [(&str, &[&str], bool); 11] = [
+        ("HTTP/1.1 200 OK", &[], true),
+        ("HTTP/1.1 200 OK", &["keep-alive"], true),
+        ("HTTP/1.1 200 OK", &["close"], false),
+        ("HTTP/1.1 200 OK", &["Close"], false),
+        ("HTTP/1.1 200 OK", &["closed"], true),
+        ("HTTP/1.1 200 OK", &["keep-alive, close"], false),
+        ("HTTP/1.1 200 OK", &["keep-alive", "close"], false),
+        ("HTTP/1.0 200 OK", &[], false),
+        ("HTTP/1.0 200 OK", &["keep-alive"], true),
+        ("HTTP/1.0 200 OK", &["Keep-Alive"], true),
+        ("HTTP/1.0 200 OK", &["keep-alives"], false),
+    ];
+    for (status_line, connection, reused) in cases {
+        assert_eq!(
+            client_reuses_after(status_line, connection).await,
+            reused,
+            "{status_line} {connection:?}"
+        );
+    }
+}
+
+/// How many of two requests, sent at once with `request_line` and `connection` lines, a hyper
+/// server answers before it closes the connection (it answers both when it keeps it open).
+async fn server_answers_of_two(request_line: &str, connection: &[&str]) -> usize {
+    let (addr, server) = hyper_server(|_req| async { Ok(Response::new(Full::new(Bytes::from_static(b"ok")))) }).await;
+    let lines: String = connection.iter().map(|v| format!("connection: {v}\r\n")).collect();
+    let request = format!("{request_line}\r\nhost: x\r\n{lines}\r\n");
+    let run = async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("{request}{request}").as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let mut answers = 0;
+        while answers < 2 && next_message(&mut s, &mut buf).await.is_some() {
+            answers += 1;
+        }
+        answers
+    };
+    within(server, run).await
+}
+
+#[tokio::test]
+async fn a_server_keeps_or_closes_its_connection_as_the_requests_connection_tokens_say() {
+    let cases: [(&str, &[&str], usize); 9] = [
+        ("GET / HTTP/1.1", &[], 2),
+        ("GET / HTTP/1.1", &["keep-alive"], 2),
+        ("GET / HTTP/1.1", &["close"], 1),
+        ("GET / HTTP/1.1", &["CLOSE"], 1),
+        ("GET / HTTP/1.1", &["closed"], 2),
+        ("GET / HTTP/1.1", &["te, close"], 1),
+        ("GET / HTTP/1.0", &[], 1),
+        ("GET / HTTP/1.0", &["keep-alive"], 2),
+        ("GET / HTTP/1.0", &["Keep-Alive"], 2),
+    ];
+    for (request_line, connection, answers) in cases {
+        assert_eq!(
+            server_answers_of_two(request_line, connection).await,
+            answers,
+            "{request_line} {connection:?}"
+        );
+    }
 }
