@@ -95,9 +95,9 @@ fn strip_connection_headers(headers: &mut HeaderMap, kind: MessageKind) {
     }
 }
 
-/// mrtr-router patch: whether `strip_connection_headers` acts on a header of this name (or on the names its value
-/// lists, for `Connection`): `CONNECTION_HEADERS`, `te` and `connection`. Most names are told
-/// apart by their length alone.
+/// mrtr-router patch: whether `strip_connection_headers` acts on a header of this name (or on
+/// the names its value lists, for `Connection`): `CONNECTION_HEADERS`, `te` and `connection`.
+/// Most names are told apart by their length alone.
 fn is_connection_specific(name: &HeaderName) -> bool {
     let name = name.as_str();
     match name.len() {
