@@ -1,4 +1,4 @@
-//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 13), each checked on
+//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 14), each checked on
 //! real connections by what a server or a client reads:
 //! - a `Content-Length` that is one number is read without the list split (change 9), and
 //!   every other form as stock hyper reads it (an answer's length decides where the next one
@@ -12,7 +12,9 @@
 //!   send it otherwise), one that has none keeps every field;
 //! - a `Connection` value of one token is compared as it is (change 13): a client and a server
 //!   still keep or close the connection as `close` and `keep-alive` say, in any case, alone or
-//!   in a list, and a token that only starts like one says nothing.
+//!   in a list, and a token that only starts like one says nothing;
+//! - the server's `Date` is checked against the coarse wall clock (change 14): it is the wall
+//!   clock's second, and it turns with it.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -578,4 +580,41 @@ async fn a_server_keeps_or_closes_its_connection_as_the_requests_connection_toke
             "{request_line} {connection:?}"
         );
     }
+}
+
+/// The `Date` second of a server's answer on `client`'s connection.
+async fn date_of(client: &mut Client) -> std::time::SystemTime {
+    let answer = client.get().await.expect("an answer");
+    let date = answer.headers().get(http::header::DATE).expect("a Date header");
+    httpdate::parse_http_date(date.to_str().unwrap()).expect("an HTTP date")
+}
+
+#[tokio::test]
+async fn the_date_is_the_wall_clocks_second_and_turns_with_it() {
+    let (addr, server) = hyper_server(|_| async { Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new())) }).await;
+    let mut client = Client::to(addr).await;
+    let run = async {
+        let first = date_of(&mut client).await;
+        // The coarse clock runs a few milliseconds behind, never a second.
+        let now = std::time::SystemTime::now();
+        let lag = now.duration_since(first).expect("a date not ahead of the clock");
+        assert!(lag < Duration::from_millis(1100), "Date {lag:?} behind the clock");
+        // Within three seconds of asking again, the second has turned, to one that is again
+        // the clock's.
+        let turned = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let date = date_of(&mut client).await;
+            if date != first {
+                break date;
+            }
+            assert!(
+                now.elapsed().unwrap() < Duration::from_secs(3),
+                "Date stuck at {first:?}"
+            );
+        };
+        let lag = std::time::SystemTime::now().duration_since(turned).expect("not ahead");
+        assert!(lag < Duration::from_millis(1100), "Date {lag:?} behind the clock");
+        assert!(turned > first);
+    };
+    within(server, run).await;
 }
