@@ -15,6 +15,8 @@
 #   BENCH_CG_UPSTREAM=tls BENCH_CG_PEERS="mrtr haproxy nginx" bench/callgrind.sh   # HTTPS to the backends
 #     (as bench/run.py's *-upstream-tls rows: a test CA made here, the certificate for bench.test,
 #     verified); BENCH_CG_UPSTREAM=h2c: HTTP/2 with prior knowledge (mrtr and haproxy only)
+#   BENCH_CG_CACHE=1 bench/callgrind.sh   # also simulates the caches and branch predictor (slower):
+#     I1/D1 misses, mispredicts and hot code KiB per request (bench/cg_cache.py, BENCHMARKS.md)
 #   BENCH_CG_ROUTER_EXTRA=$'[log]\naccess = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh   # config appended
 #     to the router's (the backends' nginx also takes OTLP exports at /v1/traces, so
 #     BENCH_CG_ROUTER_EXTRA=$'[tracing]\notlp_endpoint = "http://127.0.0.1:<BASE+1>"' measures tracing on)
@@ -35,6 +37,12 @@ FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
 LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument (header or body), or h2c (h2load)
 UPSTREAM=${BENCH_CG_UPSTREAM:-h1}  # what the proxies speak to the backends: h1, tls or h2c
+CG_ARGS=(--tool=callgrind)
+case ${BENCH_CG_CACHE:-0} in
+  0) ;;
+  1) CG_ARGS+=(--cache-sim=yes --branch-sim=yes --dump-instr=yes) ;;
+  *) echo "callgrind: error: BENCH_CG_CACHE is 0 or 1, not '$BENCH_CG_CACHE'" >&2; exit 2 ;;
+esac
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
 # Ports of their own (BENCH_CG_PORT_BASE, default 27100), so a bench run elsewhere on the machine
 # cannot answer in the measured proxy's place.
@@ -210,7 +218,7 @@ load() {  # load <seconds>: the client load on the proxy, its report on stdout
 
 measure() {  # measure <name> <command...>
   local name=$1; shift
-  valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.%p" "$@" >"$OUT/$name.log" 2>&1 &
+  valgrind "${CG_ARGS[@]}" --callgrind-out-file="$OUT/$name.%p" "$@" >"$OUT/$name.log" 2>&1 &
   local vp=$!
   PIDS+=("$vp")
   ready || die "$name did not answer under valgrind (see $OUT/$name.log)"
@@ -230,6 +238,10 @@ measure() {  # measure <name> <command...>
   ir=$(grep -h '^summary:\|^totals:' "$OUT/$name.$vp.1" | tail -1 | awk '{print $2}')
   [[ -n $req && $req -gt 0 && -n $ir ]] || die "$name: no measurement (see $OUT)"
   printf '%-10s %-6s %-4s requests %7d   instructions/request %7d\n' "$name" "$LOAD" "$UPSTREAM" "$req" $((ir / req))
+  if [[ ${#CG_ARGS[@]} -gt 1 ]]; then
+    printf '%-10s ' "$name"
+    python3 "$BENCH_DIR/cg_cache.py" "$OUT/$name.$vp.1" "$req" || die "$name: bench/cg_cache.py failed"
+  fi
 }
 
 for peer in $PEERS; do
