@@ -37,12 +37,6 @@ FLOOR_BIN=${BENCH_FLOOR_BIN:-$(dirname "$ROUTER_BIN")/examples/hyper_floor}
 PEERS=${BENCH_CG_PEERS:-mrtr haproxy floor}
 LOAD=${BENCH_CG_LOAD:-header}   # bench/mcp.lua's argument (header or body), or h2c (h2load)
 UPSTREAM=${BENCH_CG_UPSTREAM:-h1}  # what the proxies speak to the backends: h1, tls or h2c
-CG_ARGS=(--tool=callgrind)
-case ${BENCH_CG_CACHE:-0} in
-  0) ;;
-  1) CG_ARGS+=(--cache-sim=yes --branch-sim=yes --dump-instr=yes) ;;
-  *) echo "callgrind: error: BENCH_CG_CACHE is 0 or 1, not '$BENCH_CG_CACHE'" >&2; exit 2 ;;
-esac
 OUT=${BENCH_CG_DIR:-$(mktemp -d /tmp/mrtr-callgrind.XXXXXX)}
 # Ports of their own (BENCH_CG_PORT_BASE, default 27100), so a bench run elsewhere on the machine
 # cannot answer in the measured proxy's place.
@@ -52,6 +46,14 @@ PROXY_PORT=$((BASE + 80))
 ADMIN_PORT=$((BASE + 90))
 
 die() { echo "callgrind: error: $*" >&2; exit 2; }
+
+CG_ARGS=(--tool=callgrind)
+case ${BENCH_CG_CACHE:-0} in
+  0) ;;
+  1) CG_ARGS+=(--cache-sim=yes --branch-sim=yes --dump-instr=yes) ;;
+  *) die "BENCH_CG_CACHE is 0 or 1, not '$BENCH_CG_CACHE'" ;;
+esac
+
 for tool in valgrind callgrind_control wrk nginx haproxy curl; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install valgrind wrk nginx haproxy curl)"
 done

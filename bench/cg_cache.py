@@ -7,7 +7,8 @@ The file must come from `valgrind --tool=callgrind --cache-sim=yes --branch-sim=
 --dump-instr=yes` (what callgrind.sh runs with BENCH_CG_CACHE=1). Prints one line: instruction
 fetches that missed the simulated L1 instruction cache (I1), data accesses that missed L1 (D1),
 mispredicted branches (conditional + indirect), all per request, and the hot code: the bytes of
-the 64-byte code lines that run at least once every two requests. When the hot code is larger
+the 64-byte code lines that run at least half an instruction per request on average (the code
+on the path of every request; start-up and rare paths fall below). When the hot code is larger
 than the L1 instruction cache (32 KiB here), nearly every hot line is fetched again from L2 on
 every request, so I1 misses track the hot code, not the instruction count.
 

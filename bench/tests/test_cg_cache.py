@@ -60,7 +60,7 @@ class CgCache(unittest.TestCase):
         self.assertAlmostEqual(f["i1_misses"], 2.5)
         self.assertAlmostEqual(f["d1_misses"], 1.0)
         self.assertAlmostEqual(f["mispredicts"], 0.5)
-        # Two lines run at least once every two requests; the callee's does not.
+        # Two lines run at least half an instruction per request; the callee's does not.
         self.assertAlmostEqual(f["hot_code_kib"], 2 * 64 / 1024)
 
     def test_a_file_without_the_simulations_is_refused(self):
