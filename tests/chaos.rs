@@ -76,6 +76,19 @@ const SCHEDULE: [(u64, Event); 8] = [
     (4600, Event::Remove(0)),
 ];
 
+/// Kills an instance like a crash, counted in `started` before and in `done` once it is gone
+/// (a call that began between the two may have been answered by it). Returns both moments.
+async fn kill(worker: Worker, started: &AtomicU64, done: &AtomicU64) -> (Instant, Instant) {
+    started.fetch_add(1, SeqCst);
+    let from = Instant::now();
+    worker.stop().await;
+    // Let the aborted connection tasks go before declaring the instance gone.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let gone = Instant::now();
+    done.fetch_add(1, SeqCst);
+    (from, gone)
+}
+
 struct Slot {
     name: String,
     addr: SocketAddr,
@@ -170,13 +183,7 @@ impl Chaos {
     async fn kill_and_restart(&self, slot: usize) {
         let worker = self.live.lock().remove(&slot).expect("a live instance");
         let s = &self.slots[slot];
-        s.kills_started.fetch_add(1, SeqCst);
-        let started = Instant::now();
-        worker.stop().await;
-        // Let the aborted connection tasks go before declaring the instance gone.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let done = Instant::now();
-        s.kills_done.fetch_add(1, SeqCst);
+        let (started, done) = kill(worker, &s.kills_started, &s.kills_done).await;
         eventually(Duration::from_secs(5), "the killed backend is ejected", || {
             self.healthy(slot) != Some(true)
         })
@@ -820,16 +827,12 @@ impl TokenStorm {
         let name = &self.names[slot];
         let worker = live.remove(&slot).unwrap();
         let addr = worker.addr;
-        self.kills_started[slot].fetch_add(1, SeqCst);
         let from = Instant::now();
         self.windows.lock().push(KillWindow {
             from,
             until: from + Duration::from_secs(3600),
         });
-        worker.stop().await;
-        // Let the aborted connection tasks go before declaring the instance gone.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        self.kills_done[slot].fetch_add(1, SeqCst);
+        kill(worker, &self.kills_started[slot], &self.kills_done[slot]).await;
         let state = |f: &dyn Fn(&mrtr_router::handle::BackendState) -> bool| {
             self.replicas
                 .iter()
