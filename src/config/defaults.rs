@@ -20,6 +20,7 @@ pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// Request-body bytes held at once across all connections while POST bodies are read: 256
 /// bodies of the default `max_body_bytes`.
 pub const MAX_BODY_BUFFER_BYTES: usize = 256 * 1024 * 1024;
+pub const ERRORS_NAME_BACKENDS: bool = false;
 /// The admin listener's own limits: Prometheus, probes and operators need few connections.
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);

@@ -34,6 +34,10 @@ pub struct ServerConfig {
     /// Request-body bytes the router holds at once across all connections while it reads POST
     /// bodies; a body that would go past it is answered 503 `router_overloaded`.
     pub max_body_buffer_bytes: usize,
+    /// Whether the router's own error answers (502, 503, 504) name the backend. Off: a client
+    /// learns nothing about the fleet from them (what sealed tokens hide stays hidden); the
+    /// log, the access log, traces and metrics name it either way.
+    pub errors_name_backends: bool,
     /// `tls_cert` + `tls_key`: the proxy listener speaks TLS (HTTP/1.1 and HTTP/2 by ALPN).
     pub tls: Option<TlsConfig>,
 }
@@ -138,6 +142,7 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
             defaults::MAX_BODY_BUFFER_BYTES as i64,
             64..=1 << 40,
         )? as usize,
+        errors_name_backends: s.bool("errors_name_backends", defaults::ERRORS_NAME_BACKENDS)?,
         tls: tls(&mut s)?,
     };
     if server.max_body_buffer_bytes < server.max_body_bytes {
