@@ -11,7 +11,7 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use memchr::memmem;
 
-use crate::dialect::{self, Outcome, RequestKeys, SESSION_HEADER};
+use crate::dialect::{self, Message, Outcome, RequestKeys, TaskState, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
 use crate::route::{Decision, Matched};
 use crate::sealing::{Replacement, Unsealed};
@@ -209,32 +209,17 @@ impl Call {
     pub fn observe_message(&self, msg: &[u8]) -> Observed {
         let c = self;
         let mut seen = Observed::default();
-        // Cheap pre-check: only responses matter, and they carry "result" or "error"; but for
-        // a task's status notifications, whose task ids are sealed too.
-        let result_at = RESPONSE_MARKERS[0].find(msg);
-        if result_at.is_none() && RESPONSE_MARKERS[1].find(msg).is_none() {
-            if c.snap.sealing.is_some() && TASK_NOTICE.find(msg).is_some() {
-                if let Outcome::TaskNotice(task) = dialect::parse_outcome(msg) {
-                    let (key, sealed) = self.task_handle(&task.task_id);
-                    if task.terminal {
-                        self.finish(key);
-                    }
-                    seen.replacement = sealed.map(|s| Replacement::new(msg, task.at, &s));
-                }
-            }
-            return seen;
-        }
         let prior = c.matched.filter(|m| m.pin.kind != PinKind::Session);
-        // Single-round traffic: no pin to finish, and an answer without these fields (inside
-        // its result, so after it; an error continues nothing) cannot continue a call, so there
-        // is nothing to parse.
-        if prior.is_none() && !result_at.is_some_and(|at| may_continue(&msg[at..])) {
+        if !may_matter(msg, prior.is_some()) {
             return seen;
         }
-        let outcome = dialect::parse_outcome(msg);
+        let Message { outcome, tasks } = dialect::parse_message(msg);
         let rounds = self.round();
+        let is_task = outcome == Outcome::Task;
         match outcome {
             Outcome::NotAResponse => {}
+            // The call goes on as a task (pinned below): its earlier keys are done with.
+            Outcome::Task => self.finish_call(prior, None),
             Outcome::Pending => {
                 for key in c.client_keys.iter().flatten() {
                     seen.created |= self.pin(*key, rounds);
@@ -259,34 +244,32 @@ impl Call {
                     self.finish(m.key);
                 }
             }
-            Outcome::Task(task) => {
-                let (key, sealed) = self.task_handle(&task.task_id);
-                if task.terminal {
-                    self.finish(key);
-                } else {
-                    seen.created = self.pin(key, rounds);
-                }
-                seen.replacement = sealed.map(|s| Replacement::new(msg, task.at, &s));
-                self.finish_call(prior, None);
-            }
-            Outcome::TaskList(tasks) => {
-                // The ids a client may follow up on reach it sealed like any other.
-                for task in tasks {
-                    if let (_, Some(sealed)) = self.task_handle(&task.task_id) {
-                        seen.replacement = Some(match seen.replacement.take() {
-                            Some(r) => r.and(msg, task.at, &sealed),
-                            None => Replacement::new(msg, task.at, &sealed),
-                        });
-                    }
-                }
-                self.finish_call(prior, Some(rounds))
-            }
-            Outcome::TaskNotice(_) => {}
+            Outcome::TaskList => self.finish_call(prior, Some(rounds)),
             Outcome::Final => {
                 if let Some(m) = c.matched.filter(|m| m.pin.kind == PinKind::Task && c.is_task_cancel) {
                     self.finish(m.key);
                 }
                 self.finish_call(prior, Some(rounds))
+            }
+        }
+        // Every task id the message names, whatever shape carries it: sealed for the client,
+        // and the task's pin made or finished by the status the message reports.
+        for task in &tasks {
+            let (key, sealed) = self.task_handle(&task.task_id);
+            match task.status {
+                Some(TaskState::Over) => {
+                    self.finish(key);
+                }
+                // A live task is pinned by an answer about it; a notification or a list only
+                // names it.
+                Some(TaskState::Live) if is_task => seen.created |= self.pin(key, rounds),
+                _ => {}
+            }
+            if let Some(sealed) = sealed {
+                seen.replacement = Some(match seen.replacement.take() {
+                    Some(r) => r.and(msg, task.at.clone(), &sealed),
+                    None => Replacement::new(msg, task.at.clone(), &sealed),
+                });
             }
         }
         seen
@@ -321,44 +304,53 @@ impl Call {
 
 // These markers are searched with searchers built once (`memmem::find` builds one per call).
 
-/// The method of a task's status notifications (`notifications/tasks`, `.../tasks/status`).
-static TASK_NOTICE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"notifications/tasks"));
-
-/// Fields one of which every JSON-RPC response carries.
+/// Fields one of which every response carries.
 static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
     LazyLock::new(|| [b"\"result\"".as_slice(), b"\"error\""].map(memmem::Finder::new));
 
-/// Fields one of which every answer that continues a call carries (DESIGN §4).
+/// Field names one of which every message that continues a call or names a task carries
+/// (`"taskId` covers `taskIds` too).
 static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
-    LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId\""].map(memmem::Finder::new));
+    LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId"].map(memmem::Finder::new));
 
-/// Whether `msg` has one of those fields. (A search per field beats one pass over every quote:
-/// the searchers are vectorised, and a per-quote check pays a search's start-up at each quote.)
-fn may_continue(msg: &[u8]) -> bool {
+/// Whether `msg` may change a pin or carry a handle to seal, so that it is worth parsing: it
+/// names a field that continues a call or names a task, or it may be the final answer of a
+/// call that is pinned (`pinned`). A filter, never a verdict: what a message is, the parse
+/// says by its structure. (A search per field beats one pass over every quote: the searchers
+/// are vectorised, and a per-quote check pays a search's start-up at each quote.)
+fn may_matter(msg: &[u8], pinned: bool) -> bool {
     CONTINUATION_MARKERS.iter().any(|m| m.find(msg).is_some())
+        || (pinned && RESPONSE_MARKERS.iter().any(|m| m.find(msg).is_some()))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::may_continue;
+    use super::may_matter;
 
     #[test]
-    fn the_continuation_pre_check_finds_each_field_and_no_look_alike() {
+    fn the_pre_check_finds_each_field_and_no_look_alike() {
         for msg in [
             &br#"{"id":1,"result":{"pending":true}}"#[..],
             br#"{"id":1,"result":{"resultType":"input_required","requestState":"s"}}"#,
             br#"{"id":1,"result":{"task":{"taskId":"t-1","status":"working"}}}"#,
+            br#"{"method":"notifications/tasks","params":{"taskId":"t","result":{}}}"#,
+            br#"{"method":"notifications/subscriptions/acknowledged","params":{"notifications":{"taskIds":[]}}}"#,
         ] {
-            assert!(may_continue(msg), "{}", String::from_utf8_lossy(msg));
+            assert!(may_matter(msg, false), "{}", String::from_utf8_lossy(msg));
         }
         for msg in [
             &br#"{"id":1,"result":{"content":[{"type":"text","text":"done"}]}}"#[..],
-            br#"{"id":1,"result":{"pendingX":true,"resultTypes":1,"taskIds":[]}}"#,
+            br#"{"id":1,"result":{"pendingX":true,"resultTypes":1,"taskI":[]}}"#,
             br#"{"id":1,"result":{"p":"r","t":""}}"#,
             b"",
             b"\"",
         ] {
-            assert!(!may_continue(msg), "{}", String::from_utf8_lossy(msg));
+            assert!(!may_matter(msg, false), "{}", String::from_utf8_lossy(msg));
         }
+        // A pinned call's final answer or error matters; a notification without those fields
+        // does not.
+        assert!(may_matter(br#"{"id":1,"result":{}}"#, true));
+        assert!(may_matter(br#"{"id":1,"error":{"code":1}}"#, true));
+        assert!(!may_matter(br#"{"method":"notifications/progress","params":{}}"#, true));
     }
 }
