@@ -143,8 +143,17 @@ async fn a_task_cancelled_on_another_replica_and_its_ids_in_lists_and_notificati
         .collect();
     assert_eq!(ids.len(), 2, "{text}");
     assert!(ids[0].starts_with("mrt2.") && ids[0] == ids[1], "{ids:?}");
+    // Its polls are answered over SSE too, a notification first: the same id in both.
     let got = follow(&b, "tasks/get", &ids[0], None, json!({})).await;
-    assert_eq!(got.json()["result"]["status"], "working", "{got:?}");
+    let events: Vec<Value> = String::from_utf8_lossy(&got.body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{got:?}");
+    assert_eq!(events[0]["params"]["taskId"], ids[0].as_str());
+    assert_eq!(events[1]["result"]["taskId"], ids[0].as_str());
+    assert_eq!(events[1]["result"]["status"], "working", "{got:?}");
     assert_eq!(a.total_unknown_followups(), 0);
 }
 

@@ -161,6 +161,16 @@ impl Worker {
     }
 }
 
+/// An SSE answer of these messages, one event each, whole.
+fn sse_response(st: &WorkerState, messages: &[Value]) -> Response<WorkerBody> {
+    let events: String = messages.iter().map(|m| format!("data: {m}\n\n")).collect();
+    let mut r = json_response(st, StatusCode::OK, &Value::Null);
+    *r.body_mut() = http_body_util::Either::Left(Full::new(Bytes::from(events)));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r
+}
+
 fn json_response(st: &WorkerState, status: StatusCode, v: &Value) -> Response<WorkerBody> {
     let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(v.to_string()))));
     *r.status_mut() = status;
@@ -218,6 +228,10 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
         }
         return r;
     }
+    if req.method() == http::Method::GET {
+        // The GET stream a client listens on: a status notification for each task held.
+        return sse_response(&st, &tasks::notices(&st));
+    }
     let body = match Limited::new(req.into_body(), 16 << 20).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return json_response(&st, StatusCode::BAD_REQUEST, &json!({"error": "unreadable body"})),
@@ -252,25 +266,23 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
         ("tools/call", "stream") => stream_answer(st.clone(), answer, &args),
         ("tools/call", "task") => {
             let created = answer(tasks::start(&st, &args));
-            if !args.get("sse").and_then(Value::as_bool).unwrap_or(false) {
-                return json_response(&st, StatusCode::OK, &created);
-            }
-            // Over SSE: the task's status notification first, then the answer.
             let id = created["result"]["taskId"].as_str().unwrap_or_default();
-            let events = format!("data: {}\n\ndata: {created}\n\n", tasks::notice(id, "working"));
-            let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(events))));
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            r
+            match tasks::notice_of(&st, id).filter(|_| tasks::over_sse(&st, id)) {
+                Some(notice) => sse_response(&st, &[notice, created]),
+                None => json_response(&st, StatusCode::OK, &created),
+            }
         }
-        (m, _) if m.starts_with("tasks/") => match tasks::follow_up(&st, m, &params, name_header.as_deref()) {
-            Ok(result) => json_response(&st, StatusCode::OK, &answer(result)),
-            Err((code, message)) => json_response(
-                &st,
-                StatusCode::OK,
-                &rpc_error(&id, mid.as_deref(), code, &message, &st.name),
-            ),
-        },
+        (m, _) if m.starts_with("tasks/") => {
+            let answered = match tasks::follow_up(&st, m, &params, name_header.as_deref()) {
+                Ok(result) => answer(result),
+                Err((code, message)) => rpc_error(&id, mid.as_deref(), code, &message, &st.name),
+            };
+            let task = params.get("taskId").and_then(Value::as_str).unwrap_or_default();
+            match tasks::notice_of(&st, task).filter(|_| tasks::over_sse(&st, task)) {
+                Some(notice) => sse_response(&st, &[notice, answered]),
+                None => json_response(&st, StatusCode::OK, &answered),
+            }
+        }
         ("tools/call", _) | ("confirm", _) => {
             let Some(m) = mid.clone() else {
                 return json_response(

@@ -2,8 +2,13 @@
 //! `tools/call` of the `task` tool answers `resultType: "task"` with a task held in this
 //! instance's memory; `tasks/get` polls it (it works for `steps` polls, may then ask for input),
 //! `tasks/update` answers its input requests, `tasks/cancel` ends it, `tasks/list` lists this
-//! instance's tasks. Like a real server, the worker checks `Mcp-Name` against `params.taskId`,
-//! and a task id it never issued is a misroute (`unknown_followups`).
+//! instance's tasks. A task started with `"fail": true` fails instead of completing; one
+//! started with `"sse": true` has every answer about it sent over SSE, after a status
+//! notification carrying the whole task as the specification shapes it (status, and its
+//! `inputRequests`, `result` or `error` inlined). A GET stream sends one such notification per
+//! task held. One started with `"background": true` completes on its own at once, so that
+//! only a poll or a notification tells. Like a real server, the worker checks `Mcp-Name` against `params.taskId`, and a
+//! task id it never issued is a misroute (`unknown_followups`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -22,6 +27,13 @@ pub(super) struct Task {
     status: &'static str,
     /// The opaque state the task hands the client, echoed back on its follow-ups.
     request_state: String,
+    /// It fails (a JSON-RPC error inlined) where it would complete.
+    fails: bool,
+    /// Answers about it go over SSE, each after a status notification.
+    pub(super) over_sse: bool,
+    /// The method of its status notifications: `notifications/tasks` (2026-07-28) or
+    /// `notifications/tasks/status` (2025-11-25).
+    notice_method: String,
 }
 
 /// The tasks of one instance, and the counter its ids come from.
@@ -51,12 +63,19 @@ pub(super) fn start(st: &WorkerState, args: &Value) -> Value {
     tasks.issued += 1;
     // Opaque, as a real server's: nothing in it names the instance (but it is unique to it).
     let id = format!("task-{:08x}-{}", tasks.instance, tasks.issued);
-    let task = Task {
+    let mut task = Task {
         steps_left: args.get("steps").and_then(Value::as_u64).unwrap_or(1) as u32,
         asks_input: args.get("input").and_then(Value::as_bool).unwrap_or(false),
         input_given: false,
         status: "working",
         request_state: format!("task-state-{}", tasks.issued),
+        fails: args.get("fail").and_then(Value::as_bool).unwrap_or(false),
+        over_sse: args.get("sse").and_then(Value::as_bool).unwrap_or(false),
+        notice_method: args
+            .get("notice")
+            .and_then(Value::as_str)
+            .unwrap_or("notifications/tasks")
+            .to_string(),
     };
     let result = json!({
         "resultType": "task",
@@ -66,6 +85,11 @@ pub(super) fn start(st: &WorkerState, args: &Value) -> Value {
         "pollIntervalMs": 10,
         "requestState": task.request_state,
     });
+    if args.get("background").and_then(Value::as_bool).unwrap_or(false) {
+        // Done on its own at once: a client learns it from a notification, or a poll.
+        task.status = "completed";
+        st.executions.fetch_add(1, Ordering::Relaxed);
+    }
     tasks.held.insert(id, task);
     result
 }
@@ -130,10 +154,16 @@ fn poll(id: &str, task: &mut Task, st: &WorkerState) -> Value {
         } else if task.asks_input && !task.input_given {
             task.status = "input_required";
         } else {
-            task.status = "completed";
+            task.status = if task.fails { "failed" } else { "completed" };
             st.executions.fetch_add(1, Ordering::Relaxed);
         }
     }
+    detailed(id, task, st)
+}
+
+/// The task as `tasks/get` and status notifications show it: its status-specific fields
+/// inlined.
+fn detailed(id: &str, task: &Task, st: &WorkerState) -> Value {
     let mut v = json!({
         "resultType": "complete",
         "taskId": id,
@@ -144,20 +174,47 @@ fn poll(id: &str, task: &mut Task, st: &WorkerState) -> Value {
     });
     match task.status {
         "input_required" => {
-            v["inputRequests"] = json!({format!("confirm-{id}"): {"method": "elicitation/create",
+            v["inputRequests"] = json!({"confirm": {"method": "elicitation/create",
                 "params": {"message": "Proceed?", "requestedSchema": {"type": "object"}}}});
         }
         "completed" => {
             v["result"] = json!({"content": [{"type": "text", "text": format!("task done by {}", st.name)}]});
+        }
+        "failed" => {
+            v["error"] = json!({"code": -32603, "message": format!("task failed on {}", st.name)});
         }
         _ => {}
     }
     v
 }
 
-/// The status notification of a task (`notifications/tasks`), as a server pushes it.
-pub(super) fn notice(id: &str, status: &str) -> Value {
-    json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": {"taskId": id, "status": status}})
+/// The status notification of a task, as a server pushes it: the whole task, and the task it
+/// relates to in `_meta` (the same id, as the 2025-11-25 revision has every task message carry).
+fn notice(id: &str, task: &Task, st: &WorkerState) -> Value {
+    let mut params = detailed(id, task, st);
+    params.as_object_mut().map(|p| p.remove("resultType"));
+    params["_meta"] = json!({"io.modelcontextprotocol/related-task": {"taskId": id}});
+    json!({"jsonrpc": "2.0", "method": task.notice_method, "params": params})
+}
+
+/// The status notification of task `id`, if this instance holds it.
+pub(super) fn notice_of(st: &WorkerState, id: &str) -> Option<Value> {
+    let tasks = st.tasks.lock();
+    tasks.held.get(id).map(|t| notice(id, t, st))
+}
+
+/// Whether the answers about task `id` go over SSE.
+pub(super) fn over_sse(st: &WorkerState, id: &str) -> bool {
+    st.tasks.lock().held.get(id).is_some_and(|t| t.over_sse)
+}
+
+/// A status notification for every task this instance holds (a GET stream's events), in the
+/// order of their ids.
+pub(super) fn notices(st: &WorkerState) -> Vec<Value> {
+    let tasks = st.tasks.lock();
+    let mut ids: Vec<&String> = tasks.held.keys().collect();
+    ids.sort();
+    ids.into_iter().map(|id| notice(id, &tasks.held[id], st)).collect()
 }
 
 /// `Mcp-Name` as text: `=?base64?…?=` decoded.
