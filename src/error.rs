@@ -9,7 +9,10 @@ pub const ROUTER_ERROR_HEADER: &str = "mcp-router-error";
 /// The methods MCP's Streamable HTTP uses, named by the `Allow` of a 405.
 pub const ALLOWED_METHODS: &str = "GET, POST, DELETE";
 
-/// A request the router answers itself instead of forwarding.
+/// A request the router answers itself instead of forwarding. Its message (`Display`) is what
+/// the client reads, so it never names a backend: the backend a variant carries goes to the
+/// log, the access log, traces and metrics, and into the message only when the operator asks
+/// (`server.errors_name_backends`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouterError {
     #[error("request body is not valid JSON")]
@@ -36,15 +39,15 @@ pub enum RouterError {
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
-    #[error("backend {backend} has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
+    #[error("the backend has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
     UpstreamBusy { backend: String },
     #[error("the router does not forward {method} requests")]
     MethodNotAllowed { method: &'static str },
-    #[error("backend {backend} is unavailable")]
+    #[error("the backend is unavailable")]
     UpstreamUnavailable { backend: String },
-    #[error("backend {backend} did not answer within upstream_timeout")]
+    #[error("the backend did not answer within upstream_timeout")]
     UpstreamTimeout { backend: String },
-    #[error("TLS with backend {backend} failed (handshake or certificate)")]
+    #[error("TLS with the backend failed (handshake or certificate)")]
     UpstreamTls { backend: String },
 }
 
@@ -95,8 +98,27 @@ impl RouterError {
         self.parts().2
     }
 
-    /// Renders the JSON-RPC error answer. `id` is the request's raw JSON id, if known.
+    /// The backend the error is about, if any.
+    pub fn backend(&self) -> Option<&str> {
+        use RouterError::*;
+        match self {
+            PinnedBackendUnavailable { backend, .. }
+            | UpstreamBusy { backend }
+            | UpstreamUnavailable { backend }
+            | UpstreamTimeout { backend }
+            | UpstreamTls { backend } => Some(backend),
+            _ => None,
+        }
+    }
+
+    /// Renders the JSON-RPC error answer, naming no backend. `id` is the request's raw JSON id,
+    /// if known.
     pub fn to_response<B: From<Bytes>>(&self, id: Option<&str>, retry_after_secs: u64) -> Response<B> {
+        self.render(id, retry_after_secs, false)
+    }
+
+    /// [`RouterError::to_response`], with the backend named in the message when `name_backend`.
+    pub fn render<B: From<Bytes>>(&self, id: Option<&str>, retry_after_secs: u64, name_backend: bool) -> Response<B> {
         let (status, code, reason) = self.parts();
         let data = match self {
             RouterError::PinnedBackendUnavailable { key, .. } | RouterError::TooManyRounds { key, .. } => {
@@ -107,7 +129,11 @@ impl RouterError {
             }
             _ => format!(",\"data\":{{\"reason\":\"{reason}\"}}"),
         };
-        let message = serde_json::Value::from(self.to_string());
+        let message = match self.backend().filter(|_| name_backend) {
+            Some(backend) => format!("{self} (backend {backend})"),
+            None => self.to_string(),
+        };
+        let message = serde_json::Value::from(message);
         let body = format!(
             "{{\"jsonrpc\":\"2.0\",\"id\":{},\"error\":{{\"code\":{code},\"message\":{message}{data}}}}}",
             id.unwrap_or("null")

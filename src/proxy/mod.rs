@@ -286,7 +286,8 @@ fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<P
         _ => {}
     }
     metrics.router_errors.with_label_values(&[e.reason()]).inc();
-    e.to_response(id, defaults::RETRY_AFTER_SECS)
+    let name_backend = e.backend().is_some() && shared.snapshot().config.server.errors_name_backends;
+    e.render(id, defaults::RETRY_AFTER_SECS, name_backend)
 }
 
 /// The `method` label: the JSON-RPC method if it is a known MCP one (so clients cannot grow
