@@ -40,6 +40,31 @@ pub struct Unsealed {
     pub task_id: Option<String>,
 }
 
+/// Why the sealed values of a request are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// A value of ours that does not verify.
+    Token(Rejected),
+    /// Values that verify but name different backends.
+    Conflict,
+}
+
+impl From<Rejected> for Refused {
+    fn from(r: Rejected) -> Refused {
+        Refused::Token(r)
+    }
+}
+
+impl Refused {
+    /// The `reason` label of `mrtr_tokens_rejected_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refused::Token(r) => r.reason(),
+            Refused::Conflict => "conflict",
+        }
+    }
+}
+
 /// JSON string literals in an answer to replace by wrapped values. Each literal is found by
 /// its bytes as the backend wrote them (escapes and all) and by which occurrence of those bytes
 /// it is, so that the same literal earlier in the message (a tool echoing the state in its
@@ -105,13 +130,17 @@ impl Sealing {
 
     /// Verifies every sealed value the request carries, each as the kind of handle it stands
     /// for. `Ok(None)`: nothing of ours in it. Any value of ours that fails verification
-    /// rejects the request.
-    pub fn unseal(&self, keys: &RequestKeys, now: SystemTime) -> Result<Option<Unsealed>, Rejected> {
+    /// rejects the request, and so do two that name different backends (docs/src/routing.md:
+    /// each handle's state lives on its own instance, so no choice could serve both).
+    pub fn unseal(&self, keys: &RequestKeys, now: SystemTime) -> Result<Option<Unsealed>, Refused> {
         let mut first: Option<Claims> = None;
         let mut rounds: Option<u32> = None;
         let mut issued_ms: Option<u64> = None;
         // `timed`: the token has an issue time (a stable task token has none).
         let mut note = |claims: Claims, counts_rounds: bool, timed: bool| {
+            if first.as_ref().is_some_and(|f| f.backend != claims.backend) {
+                return Err(Refused::Conflict);
+            }
             if counts_rounds {
                 rounds = rounds.max(claims.rounds);
             }
@@ -119,26 +148,27 @@ impl Sealing {
                 issued_ms.get_or_insert(claims.issued_ms);
             }
             first.get_or_insert(claims);
+            Ok(())
         };
         if let Some(h) = keys.header_key.filter(|h| token::is_token(h)) {
-            note(self.calls.verify(Kind::RoutingId, h, now)?, true, true);
+            note(self.calls.verify(Kind::RoutingId, h, now)?, true, true)?;
         }
         let mut request_state = None;
         if let Some(s) = keys.request_state.as_deref().filter(|s| token::is_token(s)) {
             let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
-            note(claims, true, true);
+            note(claims, true, true)?;
             request_state = Some(original.into_owned());
         }
         let mut session_id = None;
         if let Some(s) = keys.session_id.filter(|s| token::is_token(s)) {
             let (original, claims) = self.sessions.open_value(Kind::Session, s, now)?;
-            note(claims, false, true);
+            note(claims, false, true)?;
             session_id = Some(original.into_owned());
         }
         let mut task_id = None;
         if let Some(t) = keys.task_id.as_deref().filter(|t| token::is_token(t)) {
             let (original, claims) = self.calls.open_value(Kind::Task, t, now)?;
-            note(claims, false, false);
+            note(claims, false, false)?;
             task_id = Some(original.into_owned());
         }
         Ok(first.map(|claims| Unsealed {
@@ -291,6 +321,17 @@ mod tests {
     }
 
     #[test]
+    fn every_refusal_has_its_label_value() {
+        let all = Rejected::ALL.map(Refused::Token).into_iter().chain([Refused::Conflict]);
+        for refused in all {
+            assert!(
+                crate::metrics::TOKEN_REJECTIONS.contains(&refused.reason()),
+                "{refused:?}"
+            );
+        }
+    }
+
+    #[test]
     fn tampered_values_reject_the_request() {
         let s = sealing();
         let good = s.wrap_session("0123abcd", "w2", SystemTime::now());
@@ -302,7 +343,10 @@ mod tests {
             &http::HeaderName::from_static("mcp-routing-id"),
             Default::default(),
         );
-        assert_eq!(s.unseal(&keys, SystemTime::now()), Err(Rejected::BadSignature));
+        assert_eq!(
+            s.unseal(&keys, SystemTime::now()),
+            Err(Refused::Token(Rejected::BadSignature))
+        );
         headers.insert("mcp-session-id", good.parse().unwrap());
         let keys = RequestKeys::new(
             &headers,

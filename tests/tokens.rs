@@ -451,3 +451,58 @@ async fn tokens_from_before_a_backend_restart_are_lost_pins_on_every_replica() {
 fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
+
+/// Sealed handles in one request that name different backends are refused, whichever the
+/// kinds (docs/src/routing.md): each handle's state lives on its own instance, so routing by
+/// any one of them would strand the other. Handles that agree route as one.
+#[tokio::test]
+async fn sealed_handles_that_name_different_backends_are_refused() {
+    let fleet = Fleet::start(2, &tokens(&[KEY_A])).await;
+    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let now = SystemTime::now();
+    let to = |backend: &str| keys.seal(TokenKind::RoutingId, backend, 1, now);
+    let session_on = |backend: &str| keys.seal_value(TokenKind::Session, "0123abcd", backend, 0, now);
+    let task_on = |backend: &str| keys.seal_stable(TokenKind::Task, "task-1", backend);
+    let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    let served = fleet.total_requests();
+    let a = fleet
+        .post(
+            &[
+                ("mcp-routing-id", &to("worker-1")),
+                ("mcp-session-id", &session_on("worker-0")),
+            ],
+            &ping,
+        )
+        .await;
+    assert_eq!(
+        (a.status.as_u16(), a.router_error()),
+        (400, Some("invalid_routing_token")),
+        "{a:?}"
+    );
+    assert_eq!(a.json()["error"]["code"], -32600);
+    let get = json!({"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{"taskId": task_on("worker-0")}});
+    let a = fleet.post(&[("mcp-routing-id", &to("worker-1"))], &get).await;
+    assert_eq!(
+        (a.status.as_u16(), a.router_error()),
+        (400, Some("invalid_routing_token")),
+        "{a:?}"
+    );
+    assert_eq!(fleet.total_requests(), served, "no refused request reached a backend");
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_tokens_rejected_total{reason=\"conflict\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    // Agreeing, they route together.
+    let a = fleet
+        .post(
+            &[
+                ("mcp-routing-id", &to("worker-0")),
+                ("mcp-session-id", &session_on("worker-0")),
+            ],
+            &ping,
+        )
+        .await;
+    assert_eq!((a.status.as_u16(), a.worker().as_str()), (200, "worker-0"), "{a:?}");
+}
