@@ -98,6 +98,27 @@ impl RouterError {
         self.parts().2
     }
 
+    /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
+    /// `mrtr_router_errors_total` from the start.
+    pub const REASONS: [&'static str; 16] = [
+        "parse_error",
+        "body_too_large",
+        "body_timeout",
+        "header_timeout",
+        "invalid_routing_token",
+        "too_many_rounds",
+        "pin_capacity",
+        "pinned_backend_unavailable",
+        "header_mismatch",
+        "no_backend",
+        "router_overloaded",
+        "upstream_busy",
+        "method_not_allowed",
+        "upstream_unavailable",
+        "upstream_timeout",
+        "upstream_tls",
+    ];
+
     /// The backend the error is about, if any.
     pub fn backend(&self) -> Option<&str> {
         use RouterError::*;
@@ -157,6 +178,51 @@ impl RouterError {
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full};
+
+    /// One of each variant; the match has no wildcard, so a new variant fails to compile here
+    /// until it is listed, and then `REASONS` must have its reason.
+    fn one_of_each() -> Vec<RouterError> {
+        use RouterError::*;
+        let b = || "b".to_string();
+        let all = vec![
+            Parse,
+            BodyBroken,
+            BodyTooLarge { limit: 1 },
+            BodyTimeout,
+            HeaderTimeout,
+            InvalidToken { reason: "x" },
+            TooManyRounds { key: b(), max: 1 },
+            PinCapacity { max: 1 },
+            PinnedBackendUnavailable { key: b(), backend: b() },
+            HeaderMismatch,
+            NoBackend,
+            Overloaded,
+            UpstreamBusy { backend: b() },
+            MethodNotAllowed { method: "TRACE" },
+            UpstreamUnavailable { backend: b() },
+            UpstreamTimeout { backend: b() },
+            UpstreamTls { backend: b() },
+        ];
+        for e in &all {
+            match e {
+                Parse | BodyBroken | BodyTooLarge { .. } | BodyTimeout | HeaderTimeout | InvalidToken { .. } => {}
+                TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
+                NoBackend | Overloaded | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
+                UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn reasons_lists_every_reason_once() {
+        let mut seen: Vec<&str> = one_of_each().iter().map(RouterError::reason).collect();
+        seen.sort();
+        seen.dedup();
+        let mut listed = RouterError::REASONS.to_vec();
+        listed.sort();
+        assert_eq!(seen, listed);
+    }
 
     #[tokio::test]
     async fn renders_json_rpc_error_with_id() {

@@ -13,6 +13,18 @@ use prometheus::{
 pub const PIN_KINDS: [&str; 4] = ["client", "request_state", "task", "session"];
 /// The `source` label values of `mrtr_route_decisions_total`, indexed by `route::Source as usize`.
 pub const ROUTE_SOURCES: [&str; 4] = ["token", "pin", "ring", "keyless"];
+/// The `kind` label values of `mrtr_upstream_errors_total`.
+pub const UPSTREAM_ERROR_KINDS: [&str; 5] = ["connect", "tls", "reset", "timeout", "stream_idle"];
+/// The `reason` label values of `mrtr_tokens_rejected_total`: why a token does not verify, and
+/// `conflict` (two that verify name different backends).
+pub const TOKEN_REJECTIONS: [&str; 5] = ["malformed", "unknown_key", "bad_signature", "expired", "conflict"];
+/// The `reason` label values of `mrtr_connections_refused_total`.
+pub const CONNECTION_REFUSALS: [&str; 3] = ["cap", "fds", "admin_cap"];
+/// The `protocol` label values of `mrtr_connections`.
+pub const PROTOCOLS: [&str; 3] = ["pending", "http1", "http2"];
+/// The `result` label values of `mrtr_config_reloads_total` and
+/// `mrtr_discovery_resolutions_total`.
+pub const RESULTS: [&str; 2] = ["ok", "error"];
 
 /// Log lines (access log and the router's own) dropped because their output (stdout, stderr)
 /// was not being read fast enough: counted per process, as the outputs are the process's, and
@@ -182,7 +194,7 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(connections_parked.clone())).expect("unique metric");
-        Metrics {
+        let metrics = Metrics {
             requests_total: counter(
                 &r,
                 "mrtr_requests_total",
@@ -278,6 +290,34 @@ impl Metrics {
             body_buffer: BodyBuffer::default(),
             body_buffer_bytes,
             registry: r,
+        };
+        metrics.show_every_label_value();
+        metrics
+    }
+
+    /// Creates the series of every label value the router knows, at zero, so that a dashboard
+    /// or an alert sees a count that has not moved yet (and the docs can list exactly what is
+    /// shown).
+    fn show_every_label_value(&self) {
+        let each = |vec: &IntCounterVec, values: &[&str]| values.iter().for_each(|v| drop(vec.with_label_values(&[v])));
+        each(&self.pins_expired, &PIN_KINDS);
+        each(&self.router_errors, &crate::error::RouterError::REASONS);
+        each(&self.tokens_rejected, &TOKEN_REJECTIONS);
+        each(&self.connections_refused, &CONNECTION_REFUSALS);
+        each(&self.config_reloads, &RESULTS);
+        each(&self.discovery_resolutions, &RESULTS);
+        for kind in PIN_KINDS {
+            drop(self.pins.with_label_values(&[kind]));
+        }
+        for protocol in PROTOCOLS {
+            drop(self.connections.with_label_values(&[protocol]));
+        }
+    }
+
+    /// Creates a backend's error series at zero, one per kind, when the router learns of it.
+    pub fn know_backend(&self, name: &str) {
+        for kind in UPSTREAM_ERROR_KINDS {
+            drop(self.upstream_errors.with_label_values(&[name, kind]));
         }
     }
 

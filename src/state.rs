@@ -190,6 +190,7 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previou
     let mut backends = HashMap::new();
     let mut ring_members = Vec::new();
     for (b, removed) in m.members() {
+        metrics.know_backend(&b.name);
         let draining = removed || b.admin_drained.load(Ordering::Relaxed);
         metrics
             .backend_up

@@ -74,8 +74,12 @@ async fn no_error_a_client_can_trigger_names_a_backend() {
         "{a:?}"
     );
     let m = fleet.metrics().await;
-    assert!(
-        m.contains("mrtr_upstream_errors_total{backend=\"charlie-down-43\",kind=\"connect\"}"),
+    assert_eq!(
+        metric(
+            &m,
+            "mrtr_upstream_errors_total{backend=\"charlie-down-43\",kind=\"connect\"}"
+        ),
+        Some(1.0),
         "the metrics keep the name:\n{m}"
     );
     answers.push(("upstream_unavailable".into(), a));

@@ -328,6 +328,19 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The sum of every sample of metric `name` whose series contains each of `with` (label
+/// matchers such as `kind="tls"`): e.g. all upstream errors, whatever their labels.
+pub fn metric_sum(text: &str, name: &str, with: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter(|l| with.iter().all(|w| l.contains(w)))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.trim().parse::<f64>().ok()))
+        .sum()
+}
+
 /// Polls `cond` every 5 ms until it holds; fails after `limit`.
 pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + limit;
