@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::Method;
+use mrtr_router::internals::PinKind;
 use serde_json::json;
 use support::*;
 
@@ -183,4 +184,84 @@ async fn a_state_asked_for_again_stays_pinned() {
     );
     let refused: usize = servers.iter().map(|s| s.refused.load(Ordering::SeqCst)).sum();
     assert_eq!(refused, 0);
+}
+
+/// A server that answers each round over SSE, its messages full of the names and texts the
+/// router looks for in places that carry no meaning for it: a request to the client whose
+/// params hold `result` and `error` objects, a log notification with an `error`, content text
+/// that spells a whole `input_required` result. Each message is read by its structure
+/// (docs/src/dialects.md): the state is pinned and sealed by the real `input_required` answer
+/// only, nothing finishes the call early, and the final answer ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_read_by_their_structure_not_by_the_names_in_them() {
+    let spec = test_backend("noisy-1", |_: Method, body: Bytes| async move {
+        let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let id = &req["id"];
+        let decoy = r#"{\"resultType\":\"input_required\",\"requestState\":\"decoy\"}"#;
+        let mut events = vec![
+            json!({"jsonrpc":"2.0","id":90,"method":"elicitation/create",
+                "params":{"message":"\"result\"","result":{"pending":true},"error":{"code":1},
+                          "requestedSchema":{"properties":{"result":{"type":"string"}}}}})
+            .to_string(),
+            json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"error","data":{"error":"x","result":1}}}).to_string(),
+        ];
+        let last = match req["params"]["requestState"].as_str() {
+            None => format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{decoy}"}}],"resultType":"input_required","inputRequests":{{"ask":{{"error":{{"code":2}},"result":"\"error\""}}}},"requestState":"state-noisy"}}}}"#
+            ),
+            Some("state-noisy") => format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{decoy}"}}],"structuredContent":{{"resultType":"input_required","requestState":"x","pending":true}}}}}}"#
+            ),
+            Some(other) => panic!("the backend got back a state it did not issue: {other}"),
+        };
+        events.push(last);
+        let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(http_body_util::Full::new(Bytes::from(body)))
+            .unwrap()
+    })
+    .await;
+    let fleet = Fleet::start_backends(Vec::new(), &[spec], &tokens(KEY_A)).await;
+    let first = send(&fleet.client, Method::POST, &fleet.url(), &[], call(1, None)).await;
+    let text = String::from_utf8_lossy(&first.body).to_string();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(events.len(), 3, "{text}");
+    let sealed = events[2]["result"]["requestState"].as_str().unwrap().to_string();
+    assert!(sealed.starts_with("mrt2."), "the real state is sealed: {text}");
+    assert_eq!(text.matches("mrt2.").count(), 1, "and nothing else is: {text}");
+    let pin = fleet
+        .handle
+        .pin(PinKind::RequestState, &sealed)
+        .expect("the state is pinned");
+    assert!(!pin.finished);
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_pins_finished_total{kind=\"request_state\"}"),
+        Some(0.0)
+    );
+    let retry = send(
+        &fleet.client,
+        Method::POST,
+        &fleet.url(),
+        &[],
+        call(2, Some(&format!("\"{sealed}\""))),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&retry.body).to_string();
+    assert!(!text.contains("mrt2."), "a final answer pins nothing: {text}");
+    assert!(
+        fleet.handle.pin(PinKind::RequestState, &sealed).unwrap().finished,
+        "the final answer ends the call"
+    );
+    let m = fleet.metrics().await;
+    assert_eq!(metric(&m, "mrtr_pins_created_total{kind=\"request_state\"}"), Some(1.0));
+    assert_eq!(
+        metric(&m, "mrtr_pins_finished_total{kind=\"request_state\"}"),
+        Some(1.0)
+    );
 }
