@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # User-space instructions per proxied request, counted by valgrind's callgrind: a number that,
 # unlike CPU time on a shared VM, comes out the same run after run (±1%). It leaves out the
-# kernel (about half of every proxy's cost, see BENCHMARKS.md).
+# kernel (two thirds of every proxy's cost here, see docs/src/benchmarks.md).
 #
 #   bench/callgrind.sh                 # mrtr-router (header-keyed), HAProxy and hyper-floor, side by side
 #   BENCH_CG_PEERS=mrtr bench/callgrind.sh
@@ -16,7 +16,7 @@
 #     (as bench/run.py's *-upstream-tls rows: a test CA made here, the certificate for bench.test,
 #     verified); BENCH_CG_UPSTREAM=h2c: HTTP/2 with prior knowledge (mrtr and haproxy only)
 #   BENCH_CG_CACHE=1 bench/callgrind.sh   # also simulates the caches and branch predictor (slower):
-#     I1/D1 misses, mispredicts and hot code KiB per request (bench/cg_cache.py, BENCHMARKS.md)
+#     I1/D1 misses, mispredicts and hot code KiB per request (bench/cg_cache.py, docs/src/benchmarks.md)
 #   BENCH_CG_ROUTER_EXTRA=$'[log]\naccess = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh   # config appended
 #     to the router's (the backends' nginx also takes OTLP exports at /v1/traces, so
 #     BENCH_CG_ROUTER_EXTRA=$'[tracing]\notlp_endpoint = "http://127.0.0.1:<BASE+1>"' measures tracing on)

@@ -1,4 +1,5 @@
--- wrk script for bench/run.sh: two-round MCP traffic (section 2a of DESIGN.md).
+-- wrk script for bench/run.sh: two-round MCP traffic (the routing-id dialect,
+-- docs/src/dialects.md).
 --
 -- A share of new calls (default 20%) is two-round: the first request carries
 -- `X-Bench-Phase: pending`, and the bench backend answers it with

@@ -1,5 +1,6 @@
 //! Micro costs of the request path: pin table insert + lookup, ring lookups at 3/64/512
-//! backends, and key extraction from a 300-byte and a 64 KiB body (BENCHMARKS.md has numbers).
+//! backends, and key extraction from a 300-byte and a 64 KiB body (the figures are in
+//! docs/src/benchmarks.md).
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,8 +1,9 @@
-//! hyper-floor with the one piece of work DESIGN.md makes every proxied POST do: each body is
+//! hyper-floor with the one piece of work the router does to every proxied POST: each body is
 //! read whole and checked with the router's own envelope scan (`parse_request`, looking for
 //! `messageId` as the router does by default); a body that is not JSON is answered 400, the
-//! rest forwarded. Otherwise `examples/hyper_floor.rs`. `bench/run.py` runs it as the
-//! `hyper-floor-scan` row: the floor any router that keeps DESIGN.md's contract stands on.
+//! rest forwarded (the router's `parse_error`, docs/src/errors.md). Otherwise
+//! `examples/hyper_floor.rs`. `bench/run.py` runs it as the `hyper-floor-scan` row: the floor
+//! any router stands on that checks every body as mrtr-router does.
 //!
 //! ```sh
 //! cargo run --release --example hyper_floor_scan -- 127.0.0.1:18083 127.0.0.1:19001,127.0.0.1:19002

@@ -13,7 +13,7 @@
 //! watchdog, below); the test's clients and the backend's connections are not polled then,
 //! and keep theirs, so what comes back is the router's. Stock hyper gives back nothing.
 //! Resident memory would not do: how much of a freed buffer an allocator returns to the
-//! system depends on what else shares its pages (BENCHMARKS.md has the resident figures).
+//! system depends on what else shares its pages (docs/src/benchmarks.md has the resident figures).
 //!
 //! The routers of the counting tests look at each connection every 10 s (a quarter of
 //! `header_read_timeout = "40s"`, which also closes idle connections after 40-50 s, later than

@@ -1,7 +1,7 @@
 """The rows, as data: which peer, under which load, in which variant. Everything else (the
 peer's config, the load tool, what is measured) follows from these fields, so a new row is one
 line here. bench/README.md explains every row; the names of the rows bench/run.sh had are kept
-as they were, so BENCHMARKS.md's comparisons stay valid.
+as they were, so figures of earlier runs (docs/src/benchmarks.md, git history) compare.
 """
 
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ STREAMS = "streams"      # clients/sse_load.py: held SSE streams, memory per str
 IDLE = "idle"            # clients/sse_load.py: idle keep-alive connections, memory per connection
 # upstream: what the proxy speaks to the backend nginx (bench/README.md, "TLS and HTTP/2 to the
 # backends"); each has its own three backend ports (peers.Ports)
-UP_H1 = "h1"             # HTTP/1.1 in clear text, kept alive: every row before issue #18
+UP_H1 = "h1"             # HTTP/1.1 in clear text, kept alive: every row but the upstream ones
 UP_TLS = "tls"           # HTTPS (HTTP/1.1 over TLS), the certificate checked for bench.test
 UP_H2C = "h2c"           # HTTP/2 with prior knowledge, in clear text
 UPSTREAMS = (UP_H1, UP_TLS, UP_H2C)
@@ -72,9 +72,9 @@ ROWS = [
     _r("haproxy-mix-paced-awake", HAPROXY, MIX, "HAProxy body-keyed config, the paced mix with both cores held out of halt", key="body", paced=True, awake=True),
     _r("nginx-header", NGINX, MCP, "nginx: hash $http_mcp_routing_id consistent, upstream keepalive 3 x connections"),
     _r("hyper-floor", FLOOR, MCP, "examples/hyper_floor.rs, 1 thread: hyper and tokio forwarding by a hash of Mcp-Routing-Id, no router logic (the floor under any hyper proxy)"),
-    _r("hyper-floor-scan", FLOOR, MCP, "examples/hyper_floor_scan.rs: hyper-floor that reads each body whole and runs the router's envelope scan on it (DESIGN.md's 400 for a body not JSON)", scan=True),
+    _r("hyper-floor-scan", FLOOR, MCP, "examples/hyper_floor_scan.rs: hyper-floor that reads each body whole and runs the router's envelope scan on it (400 parse_error for a body not JSON, as the router)", scan=True),
 
-    # --- target 3 of issue #22: TLS at the listener (TLS 1.3, ECDSA P-256) ---------------------
+    # --- TLS at the listener (TLS 1.3, ECDSA P-256) --------------------------------------------
     _r("mrtr-tls-header", ROUTER, MCP, "mrtr-router, HTTPS keep-alive (wrk), header-keyed", tls=True, baseline="haproxy-tls-header"),
     _r("haproxy-tls-header", HAPROXY, MCP, "HAProxy, HTTPS keep-alive (wrk), header-keyed", tls=True, baseline="haproxy-tls-header"),
     _r("nginx-tls-header", NGINX, MCP, "nginx, HTTPS keep-alive (wrk), header-keyed", tls=True, baseline="haproxy-tls-header"),
@@ -85,7 +85,7 @@ ROWS = [
     _r("haproxy-tls-resume", HAPROXY, HANDSHAKE, "HAProxy, a new TLS connection per request, resuming the last session", tls=True, resume=True, baseline="haproxy-tls-resume"),
     _r("nginx-tls-resume", NGINX, HANDSHAKE, "nginx, a new TLS connection per request, resuming the last session", tls=True, resume=True, baseline="haproxy-tls-resume"),
 
-    # --- target 4: HTTP/2 clients (h2load, connections x streams), header-keyed ---------------
+    # --- HTTP/2 clients (h2load, connections x streams), header-keyed -------------------------
     _r("mrtr-h2c", ROUTER, H2, "mrtr-router, h2load over h2c (prior knowledge)", h2=True, baseline="haproxy-h2c"),
     _r("haproxy-h2c", HAPROXY, H2, "HAProxy, bind proto h2, h2load over h2c", h2=True, baseline="haproxy-h2c"),
     _r("nginx-h2c", NGINX, H2, "nginx, listen http2 (h2c only), h2load over h2c", h2=True, baseline="haproxy-h2c"),
@@ -94,14 +94,14 @@ ROWS = [
     _r("haproxy-h2-tls", HAPROXY, H2, "HAProxy, ssl alpn h2,http/1.1, h2load over TLS 1.3", h2=True, tls=True, baseline="haproxy-h2-tls"),
     _r("nginx-h2-tls", NGINX, H2, "nginx, listen ssl http2, h2load over TLS 1.3", h2=True, tls=True, baseline="haproxy-h2-tls"),
 
-    # --- target 5: big bodies, body-keyed, messageId the last member ---------------------------
+    # --- big bodies, body-keyed, messageId the last member -------------------------------------
     _r("mrtr-body-64k", ROUTER, BIG, "mrtr-router, body-keyed 64 KiB tools/call, messageId last", key="body", body_bytes=64 * KIB, baseline="haproxy-body-64k"),
     _r("haproxy-body-64k", HAPROXY, BIG, "HAProxy body-keyed, tune.bufsize 128 KiB (sees the key), 64 KiB calls", key="body", body_bytes=64 * KIB, bufsize=128 * KIB, baseline="haproxy-body-64k"),
     _r("haproxy-body-64k-defbuf", HAPROXY, BIG, "HAProxy body-keyed, default 16 KiB buffer, 64 KiB calls: json_query misses the key (expected)", key="body", body_bytes=64 * KIB, expect_miss=True, baseline="haproxy-body-64k"),
     _r("mrtr-body-1m", ROUTER, BIG, "mrtr-router, body-keyed 1 MiB tools/call, messageId last (max_body_bytes 2 MiB)", key="body", body_bytes=1024 * KIB, baseline="haproxy-body-1m"),
     _r("haproxy-body-1m", HAPROXY, BIG, "HAProxy body-keyed, tune.bufsize 1 MiB + 64 KiB (sees the key), 1 MiB calls", key="body", body_bytes=1024 * KIB, bufsize=1088 * KIB, baseline="haproxy-body-1m"),
 
-    # --- target 2: open streams at scale, and idle keep-alive connections ---------------------
+    # --- open streams at scale, and idle keep-alive connections -------------------------------
     _r("mrtr-streams", ROUTER, STREAMS, "mrtr-router, held SSE streams (BENCH_STREAMS) + events on random streams", awake=True, baseline="haproxy-streams"),
     _r("haproxy-streams", HAPROXY, STREAMS, "HAProxy header-keyed, held SSE streams + events on random streams", awake=True, baseline="haproxy-streams"),
     _r("nginx-streams", NGINX, STREAMS, "nginx (proxy_buffering off), held SSE streams + events on random streams", awake=True, baseline="haproxy-streams"),
@@ -114,7 +114,7 @@ ROWS = [
     _r("haproxy-idle-conns", HAPROXY, IDLE, "HAProxy, idle keep-alive client connections after one request each", baseline="haproxy-idle-conns"),
     _r("nginx-idle-conns", NGINX, IDLE, "nginx, idle keep-alive client connections after one request each", baseline="haproxy-idle-conns"),
 
-    # --- issue #18: TLS and HTTP/2 to the BACKENDS, the *-header load (wrk, mcp.lua header) ----
+    # --- TLS and HTTP/2 to the BACKENDS, the *-header load (wrk, mcp.lua header) --------------
     # Plain HTTP/1.1 client -> proxy -> backend nginx over HTTPS (test CA, certificate for
     # bench.test only, verified; kept alive, sessions resumed) or over h2c. nginx has no h2 row:
     # its proxy module speaks HTTP/1.0 and 1.1 upstream only (bench/README.md).
