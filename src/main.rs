@@ -1,4 +1,5 @@
-//! `mrtr-router`, the binary: the CLI (serve, `check`, `route`, `demo`) over the library.
+//! `mrtr-router`, the binary: the CLI (serve, `check`, `route`, `config`, `demo`) over the
+//! library.
 
 use std::path::PathBuf;
 
@@ -36,8 +37,21 @@ enum Command {
         #[arg(long)]
         body: Option<String>,
     },
+    /// The config file's keys: their reference, or a complete example file.
+    Config {
+        #[command(subcommand)]
+        what: ConfigCommand,
+    },
     /// Start the router in front of built-in example workers and drive sample calls.
     Demo,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the reference of every section and key as Markdown (docs/src/configuration.md).
+    Reference,
+    /// Print a complete config file: every key at its default, with its meaning above it.
+    Example,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +103,14 @@ fn main() -> anyhow::Result<()> {
                     .explain(key.as_deref(), body.as_bytes())
                     .context("--body is not JSON")?;
                 println!("{explained:#}");
+                Ok(())
+            }
+            (Some(Command::Config { what }), _) => {
+                let reference = Config::reference()?;
+                match what {
+                    ConfigCommand::Reference => print!("{}", reference.markdown()),
+                    ConfigCommand::Example => print!("{}", reference.example()),
+                }
                 Ok(())
             }
             (Some(Command::Demo), _) => mrtr_router::demo::run(&cli.config, ctrl_c())
