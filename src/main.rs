@@ -13,10 +13,13 @@ use clap::{Parser, Subcommand};
 use mrtr_router::config::LogFormat;
 use mrtr_router::{Config, Listeners, Router};
 
+/// The version `--version` prints: the package's and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MRTR_COMMIT"), ")");
+
 /// Reverse proxy for fleets of MCP servers: every round of a multi-round call reaches the
 /// instance that holds it.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = VERSION, about)]
 struct Cli {
     /// Config file (TOML).
     #[arg(long, global = true, default_value = "config.toml")]

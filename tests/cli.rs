@@ -1,4 +1,5 @@
-//! The binary: `check`, `route`, and a served router reloaded by SIGHUP and stopped by SIGTERM.
+//! The binary: `check`, `route`, `--version`, and a served router reloaded by SIGHUP and
+//! stopped by SIGTERM.
 
 mod support;
 
@@ -269,6 +270,32 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
     signal(&child, "INT");
     let status = wait_for_exit(&mut child, "the demo to stop on Ctrl-C").await;
     assert!(status.success(), "{status}");
+}
+
+/// `--version` names the commit the binary was built from (`build.rs`): the checkout's `HEAD`,
+/// or `unknown` outside a git checkout.
+#[test]
+fn version_names_the_commit() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    let commit = text
+        .trim_end()
+        .strip_prefix(&format!("mrtr-router {version} ("))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_string());
+    match head {
+        Some(head) => assert_eq!(commit, head, "{text:?}"),
+        None => assert_eq!(commit, "unknown", "{text:?}"),
+    }
 }
 
 /// Each verb fails with a message naming the problem, and a non-zero status, never a panic.
