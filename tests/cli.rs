@@ -1,4 +1,4 @@
-//! The binary: `check`, `route`, `--version`, and a served router reloaded by SIGHUP and
+//! The binary: `check`, `route`, `demo`, `--version`, and a served router reloaded by SIGHUP and
 //! stopped by SIGTERM.
 
 mod support;
@@ -270,6 +270,82 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
     signal(&child, "INT");
     let status = wait_for_exit(&mut child, "the demo to stop on Ctrl-C").await;
     assert!(status.success(), "{status}");
+}
+
+/// `demo` fits its config to the machine: under an open-file limit that caps the router below
+/// `server.max_connections`, the demo lowers it and warns of nothing, while the router served
+/// from the same file still warns.
+#[test]
+fn the_demo_fits_max_connections_to_the_open_file_limit_and_serving_still_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.toml");
+    let (port, admin) = (free_port(), free_port());
+    let mut text = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 10000\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n"
+    );
+    for i in 0..2 {
+        text.push_str(&format!(
+            "[[backend]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{}\"\n",
+            free_port()
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
+    // 512 descriptors (soft and hard): the router affords (512 - 128) / 2 = 192 connections.
+    let run = |verb: &str| {
+        let script = format!("ulimit -n 512 && exec \"$0\" {verb} --config \"$1\"");
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(BIN)
+            .arg(&path)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = KillOnDrop(child);
+        let lines = stderr_until(&mut child.0, "accepting client connections");
+        (child, lines)
+    };
+    let (demo, lines) = run("demo");
+    let warned = |lines: &[String]| lines.iter().any(|l| l.contains("open-file limit allows fewer"));
+    assert!(!warned(&lines), "{lines:#?}");
+    assert!(
+        lines.last().unwrap().contains("cap=128"),
+        "a quarter of the limit: {lines:#?}"
+    );
+    drop(demo);
+    let (_served, lines) = run("");
+    assert!(warned(&lines), "{lines:#?}");
+    assert!(lines.last().unwrap().contains("cap=192"), "{lines:#?}");
+}
+
+/// The lines `child` writes to stderr up to the first that contains `marker` (included); panics
+/// after [`CHILD_DEADLINE`].
+fn stderr_until(child: &mut std::process::Child, marker: &str) -> Vec<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = std::time::Instant::now() + CHILD_DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.contains(marker);
+                lines.push(line);
+                if done {
+                    return lines;
+                }
+            }
+            Err(_) => panic!("no line with {marker:?} on stderr: {lines:#?}"),
+        }
+    }
 }
 
 /// `--version` names the commit the binary was built from (`build.rs`): the checkout's `HEAD`,
