@@ -8,8 +8,8 @@ fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let commit = match git_dirs(&manifest_dir) {
         Some((git_dir, common_dir)) => {
-            // A new commit moves HEAD or the branch it points to; a branch may live in
-            // packed-refs. In a worktree, HEAD is in its own git dir and the refs in the common one.
+            // A new commit moves HEAD or the branch it points to, which may live in packed-refs.
+            // In a worktree, HEAD is in its own git dir and the refs are in the common one.
             println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());
             if let Some(branch) = git(&manifest_dir, &["symbolic-ref", "-q", "HEAD"]) {
                 for file in [common_dir.join(&branch), common_dir.join("packed-refs")] {

@@ -216,7 +216,6 @@ async fn sighup_reloads_and_sigterm_stops() {
 /// two-round calls whose rounds each reach one worker, then it serves until Ctrl-C.
 #[tokio::test]
 async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("demo.toml");
     let mut text = format!(
@@ -239,13 +238,7 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (lines_tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
+    let lines = lines_of(child.stdout.take().unwrap());
     let mut calls = Vec::new();
     loop {
         let Ok(line) = lines.recv_timeout(CHILD_DEADLINE) else {
@@ -323,14 +316,7 @@ fn the_demo_fits_max_connections_to_the_open_file_limit_and_serving_still_warns(
 /// The lines `child` writes to stderr up to the first that contains `marker` (included); panics
 /// after [`CHILD_DEADLINE`].
 fn stderr_until(child: &mut std::process::Child, marker: &str) -> Vec<String> {
-    use std::io::BufRead;
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = lines_of(child.stderr.take().unwrap());
     let mut lines = Vec::new();
     let deadline = std::time::Instant::now() + CHILD_DEADLINE;
     loop {
@@ -346,6 +332,20 @@ fn stderr_until(child: &mut std::process::Child, marker: &str) -> Vec<String> {
             Err(_) => panic!("no line with {marker:?} on stderr: {lines:#?}"),
         }
     }
+}
+
+/// The lines of `pipe` as they come, read by a thread of their own.
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// `--version` names the commit the binary was built from (`build.rs`): the checkout's `HEAD`,

@@ -1,5 +1,5 @@
-//! `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (docs/src/observability.md); off unless
-//! `otlp_endpoint` is set.
+//! `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (docs/src/observability.md); off
+//! unless `otlp_endpoint` is set.
 
 use super::reader::{key, quoted, Section};
 use super::reference::Kind;

@@ -229,12 +229,14 @@ impl<'a, 't> Section<'a, 't> {
         Ok(x)
     }
 
-    /// A duration like `"10s"`, `"5m"`: greater than zero, at most [`defaults::MAX_DURATION`]; printed.
+    /// A duration like `"10s"`, `"5m"`: greater than zero, at most [`defaults::MAX_DURATION`];
+    /// printed.
     pub fn duration(&mut self, key: Key, default: Duration) -> Result<Duration, ConfigError> {
         self.duration_at_least(key, default, Duration::ZERO)
     }
 
-    /// A duration of at least `min` (or greater than zero), at most [`defaults::MAX_DURATION`]; printed.
+    /// A duration of at least `min` (and greater than zero), at most [`defaults::MAX_DURATION`];
+    /// printed.
     pub fn duration_at_least(&mut self, key: Key, default: Duration, min: Duration) -> Result<Duration, ConfigError> {
         // The bounds every duration has are said once, in the reference's introduction.
         let doc = || {
