@@ -20,7 +20,10 @@ pub async fn run(
     config_path: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let config = Config::load(config_path).map_err(|e| e.to_string())?;
+    let mut config = Config::load(config_path).map_err(|e| e.to_string())?;
+    if let Ok((open_file_limit, _)) = crate::raise_open_file_limit() {
+        fit_connections(&mut config, open_file_limit);
+    }
     if config.server.tls.is_some() {
         return Err(format!(
             "demo drives its calls over plain HTTP; run it with a config without server.tls_cert / server.tls_key (not {})",
@@ -52,7 +55,8 @@ pub async fn run(
         .map_err(|e| format!("cannot bind router listeners: {e}"))?;
     let proxy_addr = listeners.proxy.local_addr().map_err(|e| e.to_string())?;
     let admin_addr = listeners.admin.local_addr().map_err(|e| e.to_string())?;
-    let router = Router::from_file(config_path).map_err(|e| e.to_string())?;
+    // From the config as fitted, not the file: the demo does not follow edits to the file.
+    let router = Router::new(config);
     let served = tokio::spawn(router.run(listeners, shutdown));
     println!("mrtr-router listening on http://{proxy_addr}/mcp\n");
 
@@ -96,6 +100,16 @@ pub async fn run(
         w.stop().await;
     }
     Ok(())
+}
+
+/// Lowers `server.max_connections` to a quarter of the open-file limit: the demo's config fits
+/// the machine it runs on, whatever the file says, so the demo shows no warning that the limit
+/// caps it. A quarter is well inside what the router affords (half of what the limit leaves
+/// after a reserve; see `server.max_connections` in the configuration reference), and plenty
+/// for a demo. A served config keeps its value, and the router warns when the limit caps it.
+fn fit_connections(config: &mut Config, open_file_limit: u64) {
+    let quarter = usize::try_from(open_file_limit / 4).unwrap_or(usize::MAX).max(1);
+    config.server.max_connections = config.server.max_connections.min(quarter);
 }
 
 async fn post(

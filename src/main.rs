@@ -1,4 +1,5 @@
-//! `mrtr-router`, the binary: the CLI (serve, `check`, `route`, `demo`) over the library.
+//! `mrtr-router`, the binary: the CLI (serve, `check`, `route`, `config`, `demo`) over the
+//! library.
 
 use std::path::PathBuf;
 
@@ -12,10 +13,13 @@ use clap::{Parser, Subcommand};
 use mrtr_router::config::LogFormat;
 use mrtr_router::{Config, Listeners, Router};
 
+/// The version `--version` prints: the package's and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MRTR_COMMIT"), ")");
+
 /// Reverse proxy for fleets of MCP servers: every round of a multi-round call reaches the
 /// instance that holds it.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = VERSION, about)]
 struct Cli {
     /// Config file (TOML).
     #[arg(long, global = true, default_value = "config.toml")]
@@ -36,8 +40,21 @@ enum Command {
         #[arg(long)]
         body: Option<String>,
     },
+    /// The config file's keys: their reference, or a complete example file.
+    Config {
+        #[command(subcommand)]
+        what: ConfigCommand,
+    },
     /// Start the router in front of built-in example workers and drive sample calls.
     Demo,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the reference of every section and key as Markdown (docs/src/configuration.md).
+    Reference,
+    /// Print a complete config file: every key at its default, with its meaning above it.
+    Example,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +106,14 @@ fn main() -> anyhow::Result<()> {
                     .explain(key.as_deref(), body.as_bytes())
                     .context("--body is not JSON")?;
                 println!("{explained:#}");
+                Ok(())
+            }
+            (Some(Command::Config { what }), _) => {
+                let reference = Config::reference()?;
+                match what {
+                    ConfigCommand::Reference => print!("{}", reference.markdown()),
+                    ConfigCommand::Example => print!("{}", reference.example()),
+                }
                 Ok(())
             }
             (Some(Command::Demo), _) => mrtr_router::demo::run(&cli.config, ctrl_c())
@@ -143,9 +168,9 @@ async fn serve(router: Router) -> anyhow::Result<()> {
 /// memory freed in 64 KiB pages stays resident inside a 2 MiB one: with 9,500 idle keep-alive
 /// connections, 6-29 MiB of the resident set were huge pages, and what each connection left
 /// resident moved between 2.9 and 7.1 KiB from run to run on a ~2 KiB heap (2.2 without them;
-/// BENCHMARKS.md, session 12). The router's request path touches far less than one huge page
-/// covers, so the TLB gains nothing to pay that for. Not fatal: a kernel without the call
-/// keeps its default.
+/// the memory measurements in docs/src/benchmarks.md). The router's request path touches far
+/// less than one huge page covers, so the TLB gains nothing to pay that for. Not fatal: a
+/// kernel without the call keeps its default.
 fn no_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes one integer argument and touches no memory of ours.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };

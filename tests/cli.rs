@@ -1,4 +1,5 @@
-//! The binary: `check`, `route`, and a served router reloaded by SIGHUP and stopped by SIGTERM.
+//! The binary: `check`, `route`, `demo`, `--version`, and a served router reloaded by SIGHUP and
+//! stopped by SIGTERM.
 
 mod support;
 
@@ -215,7 +216,6 @@ async fn sighup_reloads_and_sigterm_stops() {
 /// two-round calls whose rounds each reach one worker, then it serves until Ctrl-C.
 #[tokio::test]
 async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("demo.toml");
     let mut text = format!(
@@ -238,13 +238,7 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (lines_tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
+    let lines = lines_of(child.stdout.take().unwrap());
     let mut calls = Vec::new();
     loop {
         let Ok(line) = lines.recv_timeout(CHILD_DEADLINE) else {
@@ -269,6 +263,115 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
     signal(&child, "INT");
     let status = wait_for_exit(&mut child, "the demo to stop on Ctrl-C").await;
     assert!(status.success(), "{status}");
+}
+
+/// `demo` fits its config to the machine: under an open-file limit that caps the router below
+/// `server.max_connections`, the demo lowers it and warns of nothing, while the router served
+/// from the same file still warns.
+#[test]
+fn the_demo_fits_max_connections_to_the_open_file_limit_and_serving_still_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.toml");
+    let (port, admin) = (free_port(), free_port());
+    let mut text = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 10000\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n"
+    );
+    for i in 0..2 {
+        text.push_str(&format!(
+            "[[backend]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{}\"\n",
+            free_port()
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
+    // 512 descriptors (soft and hard): the router affords (512 - 128) / 2 = 192 connections.
+    let run = |verb: &str| {
+        let script = format!("ulimit -n 512 && exec \"$0\" {verb} --config \"$1\"");
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(BIN)
+            .arg(&path)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = KillOnDrop(child);
+        let lines = stderr_until(&mut child.0, "accepting client connections");
+        (child, lines)
+    };
+    let (demo, lines) = run("demo");
+    let warned = |lines: &[String]| lines.iter().any(|l| l.contains("open-file limit allows fewer"));
+    assert!(!warned(&lines), "{lines:#?}");
+    assert!(
+        lines.last().unwrap().contains("cap=128"),
+        "a quarter of the limit: {lines:#?}"
+    );
+    drop(demo);
+    let (_served, lines) = run("");
+    assert!(warned(&lines), "{lines:#?}");
+    assert!(lines.last().unwrap().contains("cap=192"), "{lines:#?}");
+}
+
+/// The lines `child` writes to stderr up to the first that contains `marker` (included); panics
+/// after [`CHILD_DEADLINE`].
+fn stderr_until(child: &mut std::process::Child, marker: &str) -> Vec<String> {
+    let rx = lines_of(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    let deadline = std::time::Instant::now() + CHILD_DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.contains(marker);
+                lines.push(line);
+                if done {
+                    return lines;
+                }
+            }
+            Err(_) => panic!("no line with {marker:?} on stderr: {lines:#?}"),
+        }
+    }
+}
+
+/// The lines of `pipe` as they come, read by a thread of their own.
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// `--version` names the commit the binary was built from (`build.rs`): the checkout's `HEAD`,
+/// or `unknown` outside a git checkout.
+#[test]
+fn version_names_the_commit() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    let commit = text
+        .trim_end()
+        .strip_prefix(&format!("mrtr-router {version} ("))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_string());
+    match head {
+        Some(head) => assert_eq!(commit, head, "{text:?}"),
+        None => assert_eq!(commit, "unknown", "{text:?}"),
+    }
 }
 
 /// Each verb fails with a message naming the problem, and a non-zero status, never a panic.

@@ -22,6 +22,7 @@ pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
 pub const MAX_BODY_BUFFER_BYTES: usize = 256 * 1024 * 1024;
 pub const ERRORS_NAME_BACKENDS: bool = false;
 /// The admin listener's own limits: Prometheus, probes and operators need few connections.
+pub const ADMIN_PROTECT_READS: bool = false;
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ADMIN_BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,9 +46,11 @@ pub const HEALTH_PATH: &str = "";
 pub const UNHEALTHY_AFTER: u32 = 3;
 pub const HEALTHY_AFTER: u32 = 2;
 pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(5);
+pub const DISCOVERY_SCHEME: &str = "http";
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// Wrapped session ids live as long as a session may: clients keep them from `initialize` on.
 pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const UPSTREAM_HTTP2: bool = false;
 /// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `[upstream] max_connections_per_backend`: HTTP/1.1 connections open to one backend; a

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 
-use super::reader::{quoted, Section};
+use super::reader::{key, quoted, Key, Section};
+use super::reference::Kind;
 use super::{defaults, ConfigError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -63,9 +64,31 @@ pub(super) fn backend(
     others: &[BackendConfig],
     upstream_http2: bool,
 ) -> Result<BackendConfig, ConfigError> {
-    let Some(name) = s.text("name")? else {
-        return s.err(s.span(), "backend: needs a name");
-    };
+    let name = key(
+        "name",
+        "Unique name, 1-128 printable characters without commas; pins and tokens refer to backends by name.",
+    )
+    .example("worker-1");
+    let url = key(
+        "url",
+        "`http://host:port[/prefix]` or `https://...`; the request's path and query are appended as received.",
+    )
+    .example("http://127.0.0.1:9001");
+    let weight = key(
+        "weight",
+        "Share of the ring; 0 takes no new keys but keeps serving the calls pinned to it.",
+    );
+    let http2 = key("http2", "HTTP/2 to this backend, or not.")
+        .unset("as `upstream.http2`")
+        .example("true");
+    let tls_server_name_key = key(
+        "tls_server_name",
+        "`https://` only: the name sent as SNI and checked in the backend's certificate (for a backend \
+         reached by IP).",
+    )
+    .unset("the URL's host")
+    .example("mcp.internal");
+    let name = s.required(name, Kind::String)?;
     let name_span = name.span.clone();
     let name = name.value.trim().to_string();
     if name.is_empty() || name.len() > 128 || name.chars().any(|ch| ch.is_control() || ch == ',') {
@@ -78,9 +101,7 @@ pub(super) fn backend(
         return s.err(name_span, format!("backend.name: {name:?} is defined twice"));
     }
     s.print("name", quoted(&name));
-    let Some(url) = s.text("url")? else {
-        return s.err(s.span(), "backend.url: every backend needs a url");
-    };
+    let url = s.required(url, Kind::Url)?;
     let Ok(uri) = url.value.parse::<http::Uri>() else {
         return s.err(url.span, format!("backend.url: {:?} is not a URL", url.value));
     };
@@ -104,13 +125,13 @@ pub(super) fn backend(
         tls_server_name: None,
     };
     s.print("url", quoted(&backend.url()));
-    let weight = s.int("weight", defaults::WEIGHT as i64, 0..=1000)? as u32;
-    let http2 = s.maybe_flag("http2")?;
+    let weight = s.int(weight, defaults::WEIGHT as i64, 0..=1000)? as u32;
+    let http2 = s.maybe_bool(http2)?;
     match http2 {
         Some(on) => s.print("http2", on),
         None => s.print_comment(&format!("http2 = {upstream_http2} (from [upstream])")),
     }
-    let tls_server_name = tls_server_name(&mut s, "backend", &backend.scheme)?;
+    let tls_server_name = tls_server_name(&mut s, tls_server_name_key, &backend.scheme)?;
     s.finish(true)?;
     Ok(BackendConfig {
         weight,
@@ -122,21 +143,19 @@ pub(super) fn backend(
 
 /// `tls_server_name` of `[[backend]]` or `[discovery]`: a DNS name or an IP address, and only
 /// where the scheme is `https`; printed when set.
-fn tls_server_name(s: &mut Section, section: &str, scheme: &Scheme) -> Result<Option<String>, ConfigError> {
-    let Some(name) = s.text("tls_server_name")? else {
+fn tls_server_name(s: &mut Section, key: Key, scheme: &Scheme) -> Result<Option<String>, ConfigError> {
+    let Some(name) = s.text(key, Kind::ServerName)? else {
         return Ok(None);
     };
     let value = name.value.trim();
+    let key_name = s.key_name("tls_server_name");
     if *scheme != Scheme::HTTPS {
-        return s.err(
-            name.span,
-            format!("{section}.tls_server_name: only for https:// (TLS) backends"),
-        );
+        return s.err(name.span, format!("{key_name}: only for https:// (TLS) backends"));
     }
     if rustls::pki_types::ServerName::try_from(value).is_err() {
         return s.err(
             name.span,
-            format!("{section}.tls_server_name: {value:?} is not a DNS name or an IP address"),
+            format!("{key_name}: {value:?} is not a DNS name or an IP address"),
         );
     }
     s.print("tls_server_name", quoted(value));
@@ -147,9 +166,21 @@ pub(super) fn discovery(mut s: Section) -> Result<Option<DiscoveryConfig>, Confi
     if !s.present() {
         return s.finish(false).map(|()| None);
     }
-    let Some(dns) = s.text("dns")? else {
-        return s.err(s.span(), "discovery.dns: required, as \"name:port\"");
-    };
+    let dns = key(
+        "dns",
+        "DNS name and port whose A/AAAA records are the backends, e.g. a Kubernetes headless Service.",
+    )
+    .example("mcp-workers.default.svc.cluster.local:8000");
+    let interval = key("interval", "Time between lookups.");
+    let scheme = key("scheme", "`https`: the discovered backends are reached over TLS.");
+    let tls_server_name_key = key(
+        "tls_server_name",
+        "With `https`: the name the discovered backends' certificates are checked against (they are \
+         reached by IP).",
+    )
+    .unset("the `dns` name")
+    .example("mcp-workers.default.svc");
+    let dns = s.required(dns, Kind::HostPort)?;
     let text = dns.value.trim();
     let parsed = text
         .rsplit_once(':')
@@ -164,12 +195,12 @@ pub(super) fn discovery(mut s: Section) -> Result<Option<DiscoveryConfig>, Confi
         false => format!("{host}:{port}"),
     };
     s.print("dns", quoted(&shown));
-    let interval = s.duration("interval", defaults::DISCOVERY_INTERVAL)?;
-    let scheme = match s.choice("scheme", "http", &[("http", false), ("https", true)])? {
+    let interval = s.duration(interval, defaults::DISCOVERY_INTERVAL)?;
+    let scheme = match s.choice(scheme, defaults::DISCOVERY_SCHEME, &[("http", false), ("https", true)])? {
         true => Scheme::HTTPS,
         false => Scheme::HTTP,
     };
-    let tls_server_name = tls_server_name(&mut s, "discovery", &scheme)?;
+    let tls_server_name = tls_server_name(&mut s, tls_server_name_key, &scheme)?;
     if scheme == Scheme::HTTPS && tls_server_name.is_none() {
         s.print_comment(&format!("tls_server_name = {} (the dns name)", quoted(&host)));
     }
@@ -184,9 +215,28 @@ pub(super) fn discovery(mut s: Section) -> Result<Option<DiscoveryConfig>, Confi
 }
 
 pub(super) fn health(mut s: Section) -> Result<HealthConfig, ConfigError> {
-    let interval = s.duration("interval", defaults::HEALTH_INTERVAL)?;
-    let timeout = s.duration("timeout", defaults::HEALTH_TIMEOUT)?;
-    let (path, span) = s.string("path", defaults::HEALTH_PATH)?;
+    let interval = key(
+        "interval",
+        "Time between active checks of each backend (serving and draining).",
+    );
+    let timeout = key("timeout", "Deadline of one check.");
+    let path = key(
+        "path",
+        "`\"\"`: a TCP connect (to an `https://` backend, a TLS handshake) is the check; else an HTTP GET \
+         of this absolute path must answer 2xx.",
+    );
+    let unhealthy_after = key(
+        "unhealthy_after",
+        "Consecutive failures (checks, or connect errors, TLS failures and resets on real traffic; never \
+         upstream timeouts or client faults) that eject a backend.",
+    );
+    let healthy_after = key(
+        "healthy_after",
+        "Consecutive successful checks that re-admit an ejected backend.",
+    );
+    let interval = s.duration(interval, defaults::HEALTH_INTERVAL)?;
+    let timeout = s.duration(timeout, defaults::HEALTH_TIMEOUT)?;
+    let (path, span) = s.string(path, defaults::HEALTH_PATH)?;
     if !(path.is_empty() || path.starts_with('/') && path.parse::<http::uri::PathAndQuery>().is_ok()) {
         return s.err(
             span,
@@ -197,8 +247,8 @@ pub(super) fn health(mut s: Section) -> Result<HealthConfig, ConfigError> {
         interval,
         timeout,
         path,
-        unhealthy_after: s.int("unhealthy_after", defaults::UNHEALTHY_AFTER as i64, 1..=1000)? as u32,
-        healthy_after: s.int("healthy_after", defaults::HEALTHY_AFTER as i64, 1..=1000)? as u32,
+        unhealthy_after: s.int(unhealthy_after, defaults::UNHEALTHY_AFTER as i64, 1..=1000)? as u32,
+        healthy_after: s.int(healthy_after, defaults::HEALTHY_AFTER as i64, 1..=1000)? as u32,
     };
     s.finish(true)?;
     Ok(health)

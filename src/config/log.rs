@@ -1,7 +1,7 @@
 //! `[log]`: the format of the router's own log lines and of the access log, and whether the
 //! access log is written (one line per request, on stdout; see `crate::telemetry::access`).
 
-use super::reader::Section;
+use super::reader::{key, Section};
 use super::{defaults, ConfigError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -20,13 +20,19 @@ pub enum LogFormat {
 }
 
 pub(super) fn log(mut s: Section) -> Result<LogConfig, ConfigError> {
+    let format = key(
+        "format",
+        "`text`, or `json` (one object per line), for the router's own logs (stderr; read at start only) \
+         and the access log (stdout).",
+    );
+    let access = key("access", "`true`: one access-log line per request on stdout.");
     let log = LogConfig {
         format: s.choice(
-            "format",
+            format,
             defaults::LOG_FORMAT,
             &[("text", LogFormat::Text), ("json", LogFormat::Json)],
         )?,
-        access: s.bool("access", defaults::LOG_ACCESS)?,
+        access: s.bool(access, defaults::LOG_ACCESS)?,
     };
     s.finish(true)?;
     Ok(log)

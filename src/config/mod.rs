@@ -1,12 +1,14 @@
-//! Configuration: the TOML file (DESIGN §7) read section by section into the validated
-//! [`Config`] the rest of the router uses; nothing else sees an unchecked value. Each key is
-//! declared once, where its section is read (`reader`), which also writes `check`'s printout.
+//! Configuration: the TOML file (docs/src/configuration.md) read section by section into the
+//! validated [`Config`] the rest of the router uses; nothing else sees an unchecked value. Each
+//! key is declared once, where its section is read (`reader`), which also writes `check`'s
+//! printout and, read in reference mode, the reference and the example config (`reference`).
 
 pub mod defaults;
 mod file;
 mod fleet;
 mod log;
 mod reader;
+mod reference;
 mod routing;
 mod server;
 mod tokens;
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
 pub use log::{LogConfig, LogFormat};
+pub use reference::{KeyDefault, KeyDoc, Kind, Reference, SectionDoc, REGENERATE};
 pub use routing::{OnPinLost, RoutingConfig};
 pub use server::{AdminConfig, AdminToken, ServerConfig, TlsConfig};
 pub use tokens::TokensConfig;
@@ -53,7 +56,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub routing: RoutingConfig,
     pub health: HealthConfig,
-    /// `[tokens]`: present when sealed routing tokens are on (DESIGN §5).
+    /// `[tokens]`: present when sealed routing tokens are on (docs/src/tokens.md).
     pub tokens: Option<TokensConfig>,
     /// `[discovery]`: backends from DNS, merged with the static ones.
     pub discovery: Option<DiscoveryConfig>,
@@ -67,20 +70,6 @@ pub struct Config {
     /// The effective configuration as TOML, every default spelled out (see [`Config::to_toml`]).
     printout: String,
 }
-
-/// The sections a config file may have, in the order they are read and printed.
-const SECTIONS: [&str; 10] = [
-    "server",
-    "admin",
-    "routing",
-    "health",
-    "tokens",
-    "discovery",
-    "upstream",
-    "backend",
-    "log",
-    "tracing",
-];
 
 impl Config {
     /// Reads and validates a config file.
@@ -100,25 +89,41 @@ impl Config {
     /// Validates config text; `path` names the file in errors, and relative paths in the config
     /// (TLS files) are taken from its directory.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let mut doc = Doc::new(path, text);
+        Config::read(&mut Doc::new(path, text))
+    }
+
+    /// Reads every section, in the order the reference lists them.
+    fn read(doc: &mut Doc) -> Result<Config, ConfigError> {
         let root = doc.tables()?;
         let root = root.get_ref();
-        doc.only_sections(root, &SECTIONS)?;
-        let server = server::server(doc.section(root, "server")?)?;
-        let admin = server::admin(doc.section(root, "admin")?, &server)?;
-        let routing = routing::routing(doc.section(root, "routing")?)?;
-        let health = fleet::health(doc.section(root, "health")?)?;
-        let tokens = tokens::tokens(doc.section(root, "tokens")?)?;
-        let discovery = fleet::discovery(doc.section(root, "discovery")?)?;
-        let mut upstream = upstream::upstream(doc.section(root, "upstream")?)?;
+        let about = "The proxy listener: its address, limits and timeouts, and TLS.";
+        let server = server::server(doc.section(root, "server", about)?)?;
+        let about = "The admin listener: `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route` (HTTP/1.1).";
+        let admin = server::admin(doc.section(root, "admin", about)?, &server)?;
+        let about = "Where client keys come from, the hash ring, and how long pins live and how many there may be.";
+        let routing = routing::routing(doc.section(root, "routing", about)?)?;
+        let about = "Active health checks of every backend, and when a backend is ejected and re-admitted.";
+        let health = fleet::health(doc.section(root, "health", about)?)?;
+        let about = "Sealed routing tokens, so that every replica (and a restarted router) routes the calls in \
+                     flight: present turns them on.";
+        let tokens = tokens::tokens(doc.section(root, "tokens", about)?)?;
+        let about = "Backends found in DNS, merged with the static ones: present turns it on.";
+        let discovery = fleet::discovery(doc.section(root, "discovery", about)?)?;
+        let about = "How backends are reached: the TLS roots and client certificate, HTTP/2, pooled connections.";
+        let mut upstream = upstream::upstream(doc.section(root, "upstream", about)?)?;
+        let about = "One static backend; repeat the section for each. At least one is required unless \
+                     `[discovery]` is set.";
         let mut backends: Vec<BackendConfig> = Vec::new();
-        for (table, span) in doc.tables_of(root, "backend")? {
-            let element = Section::element(&mut doc, "backend", table, span);
+        for (table, span) in doc.elements(root, "backend", about)? {
+            let element = Section::element(doc, "backend", table, span);
             let b = fleet::backend(element, &backends, upstream.http2)?;
             backends.push(b);
         }
-        let log = log::log(doc.section(root, "log")?)?;
-        let tracing = tracing::tracing(doc.section(root, "tracing")?)?;
+        let about = "The router's own log lines (stderr) and the access log (stdout).";
+        let log = log::log(doc.section(root, "log", about)?)?;
+        let about = "OpenTelemetry traces over OTLP/HTTP: on when `otlp_endpoint` is set.";
+        let tracing = tracing::tracing(doc.section(root, "tracing", about)?)?;
+        doc.only_sections_read(root)?;
         if backends.is_empty() && discovery.is_none() {
             return doc.err(
                 None,
@@ -128,7 +133,7 @@ impl Config {
         let https = |scheme: &http::uri::Scheme| *scheme == http::uri::Scheme::HTTPS;
         let needs_tls =
             backends.iter().any(|b| https(&b.scheme)) || discovery.as_ref().is_some_and(|d| https(&d.scheme));
-        upstream::build_clients(&doc, &mut upstream.tls, needs_tls)?;
+        upstream::build_clients(doc, &mut upstream.tls, needs_tls)?;
         Ok(Config {
             server,
             admin,
@@ -140,7 +145,7 @@ impl Config {
             backends,
             log,
             tracing,
-            printout: doc.into_printout(),
+            printout: doc.take_printout(),
         })
     }
 
@@ -270,6 +275,25 @@ mod tests {
         assert!(e.to_string().contains("name:port"), "{e}");
         let e = parse(&format!("{ONE}[health]\npath = \"healthz\"\n")).unwrap_err();
         assert!(e.to_string().contains("health.path"), "{e}");
+        // A required key missing: its name, and an example of it.
+        let e = parse("[[backend]]\nurl = \"http://127.0.0.1:9001\"\n").unwrap_err();
+        assert!(
+            e.to_string().contains("backend.name: required, e.g. \"worker-1\""),
+            "{e}"
+        );
+        let e = parse(&format!("{ONE}[tokens]\ntoken_ttl = \"5m\"\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("tokens.keys: required, e.g. [\"${MRTR_TOKEN_KEY}\"]")
+                && e.line == Some(4),
+            "{e}"
+        );
+        let e = parse(&format!("{ONE}[bogus]\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("unknown section `bogus` (expected one of: server, admin,"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,17 +1,72 @@
 //! Reading the TOML document key by key. Each key is declared once, in the function that reads
-//! its section: name, type, default and bounds in one call, which checks the value (errors name
-//! the file, the line and `section.key`) and records its effective value for `check`'s printout.
+//! its section: one call names the key and says what it means, and gives its type, default and
+//! bounds. That call checks the value (errors name the file, the line and `section.key`),
+//! records the effective value for `check`'s printout and, in reference mode, the key's entry
+//! in the reference (`mrtr-router config reference`, `config example`).
+//!
+//! Adding a section: read it in `Config::read` with `doc.section(root, "name", "what it is")`
+//! (or `doc.elements` for an array of tables), in a function of its own file that reads every
+//! key with one of [`Section`]'s typed readers, e.g.
+//! `s.int(key("max_rounds", "rounds one call may take"), default, 1..=1000)?`, and ends with
+//! `s.finish(..)`. That is all: the reference, the example config and `check` follow from it.
+//! A [`key`] cannot be written without its meaning; keys without a default also say what
+//! leaving them out means ([`Key::unset`]) and give an example ([`Key::example`]).
+//!
+//! In reference mode ([`Doc::reference`]) every section is present and empty, an array of
+//! tables has one empty element, a required key reads its example and `${VAR}` a placeholder,
+//! so every key is read and documented. A section reader must therefore read all its keys
+//! whatever the values read before (read first, decide after).
 
-use std::fmt::Write;
-use std::net::SocketAddr;
-use std::ops::{Range, RangeInclusive};
+use std::fmt::{Display, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::{defaults, ConfigError};
+mod typed;
+
+use super::reference::{KeyDefault, KeyDoc, Kind, SectionDoc};
+use super::ConfigError;
+
+/// A key as its section declares it: its name and meaning, and for a key without a default,
+/// what leaving it out means and an example value.
+#[derive(Clone, Copy)]
+pub(super) struct Key {
+    name: &'static str,
+    meaning: &'static str,
+    unset: Option<&'static str>,
+    example: Option<&'static str>,
+}
+
+/// The key `name`, which means `meaning` (one line, for the reference and the example config).
+pub(super) const fn key(name: &'static str, meaning: &'static str) -> Key {
+    Key {
+        name,
+        meaning,
+        unset: None,
+        example: None,
+    }
+}
+
+impl Key {
+    /// What leaving out this key (which has no default) means, e.g. "plain HTTP".
+    pub const fn unset(self, means: &'static str) -> Key {
+        Key {
+            unset: Some(means),
+            ..self
+        }
+    }
+
+    /// A value for the example config, as the key's reader takes it (a string unquoted); a
+    /// required key reads it in reference mode.
+    pub const fn example(self, value: &'static str) -> Key {
+        Key {
+            example: Some(value),
+            ..self
+        }
+    }
+}
 
 /// The document being read: where errors point, and the printout of every key read so far.
 pub(super) struct Doc<'t> {
@@ -19,6 +74,10 @@ pub(super) struct Doc<'t> {
     text: &'t str,
     /// The effective configuration as TOML, section by section in reading order.
     printout: String,
+    /// The sections read, for rejecting the others.
+    sections: Vec<&'static str>,
+    /// In reference mode, the sections and keys read.
+    reference: Option<Vec<SectionDoc>>,
 }
 
 impl<'t> Doc<'t> {
@@ -27,6 +86,16 @@ impl<'t> Doc<'t> {
             file,
             text,
             printout: String::new(),
+            sections: Vec::new(),
+            reference: None,
+        }
+    }
+
+    /// An empty document in reference mode (see the module's comment).
+    pub fn reference() -> Doc<'static> {
+        Doc {
+            reference: Some(Vec::new()),
+            ..Doc::new(Path::new("(reference)"), "")
         }
     }
 
@@ -35,8 +104,13 @@ impl<'t> Doc<'t> {
         DeTable::parse(self.text).or_else(|e| self.err(e.span(), e.message()))
     }
 
-    pub fn into_printout(self) -> String {
-        self.printout
+    pub fn take_printout(&mut self) -> String {
+        std::mem::take(&mut self.printout)
+    }
+
+    /// The sections and keys read in reference mode.
+    pub fn into_reference(self) -> Vec<SectionDoc> {
+        self.reference.unwrap_or_default()
     }
 
     pub fn err<T>(&self, span: Option<Range<usize>>, message: impl Into<String>) -> Result<T, ConfigError> {
@@ -53,29 +127,77 @@ impl<'t> Doc<'t> {
         self.file.parent().unwrap_or(Path::new("")).join(path.trim())
     }
 
-    /// Rejects top-level keys that are no section the router knows.
-    pub fn only_sections(&self, root: &DeTable<'t>, known: &[&str]) -> Result<(), ConfigError> {
-        match root.iter().find(|(k, _)| !known.contains(&k.get_ref().as_ref())) {
+    /// The value of environment variable `name`; in reference mode, a placeholder.
+    fn env(&self, name: &str) -> Option<String> {
+        match self.reference {
+            Some(_) => Some(format!("{{the value of {name}, read when the config is loaded}}")),
+            None => std::env::var(name).ok(),
+        }
+    }
+
+    /// `text` with every `${NAME}` replaced by the environment variable NAME (which must be set).
+    fn expand_env(&self, text: &str) -> Result<String, String> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let Some(len) = rest[start + 2..].find('}') else {
+                return Err("unterminated ${".into());
+            };
+            let name = &rest[start + 2..start + 2 + len];
+            out.push_str(
+                &self
+                    .env(name)
+                    .ok_or_else(|| format!("environment variable {name} is not set"))?,
+            );
+            rest = &rest[start + 3 + len..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    /// Rejects top-level keys that are no section read.
+    pub fn only_sections_read(&self, root: &DeTable<'t>) -> Result<(), ConfigError> {
+        match root
+            .iter()
+            .find(|(k, _)| !self.sections.contains(&k.get_ref().as_ref()))
+        {
             Some((k, _)) => self.err(
                 Some(k.span()),
                 format!(
                     "unknown section `{}` (expected one of: {})",
                     k.get_ref(),
-                    known.join(", ")
+                    self.sections.join(", ")
                 ),
             ),
             None => Ok(()),
         }
     }
 
-    /// The section `name`, if the document has it (a table).
+    fn declare_section(&mut self, name: &'static str, array: bool, about: &'static str) {
+        self.sections.push(name);
+        if let Some(sections) = &mut self.reference {
+            sections.push(SectionDoc {
+                name,
+                array,
+                about,
+                optional: false,
+                keys: Vec::new(),
+            });
+        }
+    }
+
+    /// The section `name` (`[name]`), which is `about` (one line, for the reference).
     pub fn section<'a>(
         &'a mut self,
         root: &'a DeTable<'t>,
         name: &'static str,
+        about: &'static str,
     ) -> Result<Section<'a, 't>, ConfigError> {
+        self.declare_section(name, false, about);
         let value = root.get(name);
         let table = match value.map(|v| (v.get_ref(), v.span())) {
+            None if self.reference.is_some() => Some((root, 0..0)),
             None => None,
             Some((DeValue::Table(t), span)) => Some((t, span)),
             Some((_, span)) => return self.err(Some(span), format!("{name}: must be a table ([{name}])")),
@@ -83,14 +205,20 @@ impl<'t> Doc<'t> {
         Ok(Section::new(self, name, table, false))
     }
 
-    /// The elements of the array of tables `name` (`[[name]]`), each read as a section.
-    pub fn tables_of<'a>(
-        &self,
+    /// The elements of the array of tables `name` (`[[name]]`), each `about`, to be read with
+    /// [`Section::element`]. In reference mode, one empty element.
+    pub fn elements<'a>(
+        &mut self,
         root: &'a DeTable<'t>,
         name: &'static str,
+        about: &'static str,
     ) -> Result<Vec<(&'a DeTable<'t>, Range<usize>)>, ConfigError> {
+        self.declare_section(name, true, about);
         let Some(value) = root.get(name) else {
-            return Ok(Vec::new());
+            return Ok(match self.reference {
+                Some(_) => vec![(root, 0..0)],
+                None => Vec::new(),
+            });
         };
         let DeValue::Array(items) = value.get_ref() else {
             return self.err(
@@ -124,12 +252,15 @@ pub(super) struct Section<'a, 't> {
     printout: String,
 }
 
-/// An array of strings as written, with where the array stands.
-pub(super) type TextList<'a> = (Vec<Text<'a>>, Range<usize>);
-
 /// A string value as written, with where it stands (for checks made after reading).
 pub(super) struct Text<'a> {
     pub value: &'a str,
+    pub span: Option<Range<usize>>,
+}
+
+/// A string value with every `${VAR}` read from the environment, with where it stands.
+pub(super) struct Secret {
+    pub value: String,
     pub span: Option<Range<usize>>,
 }
 
@@ -151,12 +282,12 @@ impl<'a, 't> Section<'a, 't> {
         }
     }
 
-    /// An element of an array of tables (`[[name]]`).
+    /// An element of an array of tables (from [`Doc::elements`]).
     pub fn element(doc: &'a mut Doc<'t>, name: &'static str, table: &'a DeTable<'t>, span: Range<usize>) -> Self {
         Section::new(doc, name, Some((table, span)), true)
     }
 
-    /// Whether the document has this section.
+    /// Whether the document has this section (always, in reference mode).
     pub fn present(&self) -> bool {
         self.table.is_some()
     }
@@ -179,9 +310,52 @@ impl<'a, 't> Section<'a, 't> {
         format!("{}.{key}", self.name)
     }
 
-    fn value(&mut self, key: &'static str) -> Option<&'a Spanned<DeValue<'t>>> {
-        self.read.push(key);
-        self.table.and_then(|t| t.get(key))
+    /// Marks `key` read, records its entry in reference mode (`doc` makes it: the default, as
+    /// TOML, and what values are allowed), and returns its value in the document.
+    fn value(
+        &mut self,
+        key: Key,
+        kind: Kind,
+        doc: impl FnOnce() -> (KeyDefault, Option<String>),
+    ) -> Result<Option<&'a Spanned<DeValue<'t>>>, ConfigError> {
+        if !self.read.contains(&key.name) {
+            self.read.push(key.name);
+            if self.doc.reference.is_some() {
+                self.document(key, kind, doc())?;
+            }
+        }
+        Ok(self.table.and_then(|t| t.get(key.name)))
+    }
+
+    fn document(
+        &mut self,
+        key: Key,
+        kind: Kind,
+        (default, allowed): (KeyDefault, Option<String>),
+    ) -> Result<(), ConfigError> {
+        let name = self.key_name(key.name);
+        let example = match (&default, key.example) {
+            (KeyDefault::Value(v), _) => v.clone(),
+            (_, Some(e)) => kind.example(e),
+            (_, None) => return self.err(None, format!("{name}: declared without a default or an example")),
+        };
+        if matches!(default, KeyDefault::Unset(_)) && key.unset.is_none() {
+            return self.err(
+                None,
+                format!("{name}: declared without saying what leaving it out means"),
+            );
+        }
+        let sections = self.doc.reference.as_mut().expect("reference mode");
+        let section = sections.last_mut().expect("a section is declared before its keys");
+        section.keys.push(KeyDoc {
+            key: key.name,
+            kind,
+            default,
+            allowed,
+            meaning: key.meaning,
+            example,
+        });
+        Ok(())
     }
 
     fn wrong_type<T>(&self, key: &str, v: &Spanned<DeValue<'t>>, expected: &str) -> Result<T, ConfigError> {
@@ -189,7 +363,7 @@ impl<'a, 't> Section<'a, 't> {
     }
 
     /// Records `key = value` (a TOML value, already written as TOML) in the printout.
-    pub fn print(&mut self, key: &str, toml_value: impl std::fmt::Display) {
+    pub fn print(&mut self, key: &str, toml_value: impl Display) {
         let _ = writeln!(self.printout, "{key} = {toml_value}");
     }
 
@@ -198,207 +372,9 @@ impl<'a, 't> Section<'a, 't> {
         let _ = writeln!(self.printout, "# {comment}");
     }
 
-    /// A string, or `None` when the key is absent. Not printed: the caller prints what it made of it.
-    pub fn text(&mut self, key: &'static str) -> Result<Option<Text<'a>>, ConfigError> {
-        match self.value(key) {
-            None => Ok(None),
-            Some(v) => match v.get_ref() {
-                DeValue::String(s) => Ok(Some(Text {
-                    value: s.as_ref(),
-                    span: Some(v.span()),
-                })),
-                _ => self.wrong_type(key, v, "a string"),
-            },
-        }
-    }
-
-    /// A string with a default, printed.
-    pub fn string(&mut self, key: &'static str, default: &str) -> Result<(String, Option<Range<usize>>), ConfigError> {
-        let (value, span) = match self.text(key)? {
-            Some(t) => (t.value.to_string(), t.span),
-            None => (default.to_string(), None),
-        };
-        self.print(key, quoted(&value));
-        Ok((value, span))
-    }
-
-    /// An integer within `range`, printed.
-    pub fn int(&mut self, key: &'static str, default: i64, range: RangeInclusive<i64>) -> Result<i64, ConfigError> {
-        let n = match self.value(key) {
-            None => default,
-            Some(v) => {
-                let n = match v.get_ref() {
-                    DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok(),
-                    _ => None,
-                };
-                let Some(n) = n else {
-                    return self.wrong_type(key, v, "an integer");
-                };
-                if !range.contains(&n) {
-                    let (min, max) = (range.start(), range.end());
-                    return self.err(
-                        Some(v.span()),
-                        format!("{}: {n} is out of range {min}..={max}", self.key_name(key)),
-                    );
-                }
-                n
-            }
-        };
-        self.print(key, n);
-        Ok(n)
-    }
-
-    /// `true` or `false`, or `None` when the key is absent. Not printed.
-    pub fn maybe_flag(&mut self, key: &'static str) -> Result<Option<bool>, ConfigError> {
-        match self.value(key) {
-            None => Ok(None),
-            Some(v) => match v.get_ref() {
-                DeValue::Boolean(b) => Ok(Some(*b)),
-                _ => self.wrong_type(key, v, "true or false"),
-            },
-        }
-    }
-
-    /// `true` or `false` with a default, printed.
-    pub fn flag(&mut self, key: &'static str, default: bool) -> Result<bool, ConfigError> {
-        let b = self.maybe_flag(key)?.unwrap_or(default);
-        self.print(key, b);
-        Ok(b)
-    }
-
-    /// A number (integer or float) that passes `valid`, else `rule` is the error; printed.
-    pub fn float(
-        &mut self,
-        key: &'static str,
-        default: f64,
-        valid: impl Fn(f64) -> bool,
-        rule: &str,
-    ) -> Result<f64, ConfigError> {
-        let x = match self.value(key) {
-            None => default,
-            Some(v) => {
-                let x = match v.get_ref() {
-                    DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
-                    DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok().map(|n| n as f64),
-                    _ => None,
-                };
-                let Some(x) = x else {
-                    return self.wrong_type(key, v, "a number");
-                };
-                if !valid(x) {
-                    return self.err(Some(v.span()), format!("{}: {rule}", self.key_name(key)));
-                }
-                x
-            }
-        };
-        self.print(key, toml::Value::Float(x));
-        Ok(x)
-    }
-
-    /// A duration like `"10s"`, `"5m"`: greater than zero, at most [`defaults::MAX_DURATION`]; printed.
-    pub fn duration(&mut self, key: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-        let d = match self.text(key)? {
-            None => default,
-            Some(t) => {
-                let name = self.key_name(key);
-                match humantime::parse_duration(t.value.trim()) {
-                    Ok(d) if d.is_zero() => return self.err(t.span, format!("{name}: must be greater than zero")),
-                    Ok(d) if d > defaults::MAX_DURATION => {
-                        return self.err(t.span, format!("{name}: at most {} days", defaults::MAX_DURATION_DAYS))
-                    }
-                    Ok(d) => d,
-                    Err(e) => {
-                        return self.err(
-                            t.span,
-                            format!(
-                                "{name}: invalid duration {:?} ({e}); use e.g. \"10s\", \"5m\", \"1h\"",
-                                t.value
-                            ),
-                        )
-                    }
-                }
-            }
-        };
-        self.print(key, quoted(&humantime::format_duration(d).to_string()));
-        Ok(d)
-    }
-
-    /// An `IP:port` socket address; printed.
-    pub fn addr(
-        &mut self,
-        key: &'static str,
-        default: &str,
-    ) -> Result<(SocketAddr, Option<Range<usize>>), ConfigError> {
-        let (text, span) = match self.text(key)? {
-            Some(t) => (t.value, t.span),
-            None => (default, None),
-        };
-        let Ok(addr) = text.parse::<SocketAddr>() else {
-            return self.err(
-                span,
-                format!("{}: {text:?} is not an IP:port address", self.key_name(key)),
-            );
-        };
-        self.print(key, quoted(&addr.to_string()));
-        Ok((addr, span))
-    }
-
-    /// One of `choices` by name; printed.
-    pub fn choice<T: Copy>(
-        &mut self,
-        key: &'static str,
-        default: &str,
-        choices: &[(&str, T)],
-    ) -> Result<T, ConfigError> {
-        let (name, span) = match self.text(key)? {
-            Some(t) => (t.value, t.span),
-            None => (default, None),
-        };
-        let Some((name, value)) = choices.iter().find(|(n, _)| *n == name) else {
-            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            return self.err(
-                span,
-                format!("{}: {name:?} is not one of {}", self.key_name(key), names.join(", ")),
-            );
-        };
-        self.print(key, quoted(name));
-        Ok(*value)
-    }
-
-    /// A boolean (`true` or `false`); printed.
-    pub fn bool(&mut self, key: &'static str, default: bool) -> Result<bool, ConfigError> {
-        let b = match self.value(key) {
-            None => default,
-            Some(v) => match v.get_ref() {
-                DeValue::Boolean(b) => *b,
-                _ => return self.wrong_type(key, v, "true or false"),
-            },
-        };
-        self.print(key, b);
-        Ok(b)
-    }
-
-    /// An array of strings, with where each stands; not printed.
-    pub fn strings(&mut self, key: &'static str) -> Result<Option<TextList<'a>>, ConfigError> {
-        let Some(v) = self.value(key) else { return Ok(None) };
-        let DeValue::Array(items) = v.get_ref() else {
-            return self.wrong_type(key, v, "an array of strings");
-        };
-        let mut out = Vec::with_capacity(items.len());
-        for item in items.iter() {
-            match item.get_ref() {
-                DeValue::String(s) => out.push(Text {
-                    value: s.as_ref(),
-                    span: Some(item.span()),
-                }),
-                _ => return self.wrong_type(key, item, "an array of strings"),
-            }
-        }
-        Ok(Some((out, v.span())))
-    }
-
-    /// Rejects keys no reader asked for, and adds the section to the printout (a section absent
-    /// from the file is printed with its defaults when `print_absent`).
+    /// Rejects keys no reader asked for, and adds the section to the printout. A section absent
+    /// from the file is printed with its defaults when `print_absent`; one that is not is
+    /// optional, and commented out in the example config.
     pub fn finish(self, print_absent: bool) -> Result<(), ConfigError> {
         if let Some(table) = self.table {
             if let Some((k, _)) = table.iter().find(|(k, _)| !self.read.contains(&k.get_ref().as_ref())) {
@@ -412,6 +388,9 @@ impl<'a, 't> Section<'a, 't> {
                     ),
                 );
             }
+        }
+        if let Some(section) = self.doc.reference.as_mut().and_then(|s| s.last_mut()) {
+            section.optional = !print_absent;
         }
         if self.table.is_some() || print_absent {
             let out = &mut self.doc.printout;

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::reader::{quoted, Section, Text};
+use super::reader::{key, quoted, Section, Text};
+use super::reference::Kind;
 use super::{defaults, ConfigError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -122,27 +123,84 @@ impl fmt::Debug for AdminToken {
 }
 
 pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
+    let listen = key(
+        "listen",
+        "Address of the proxy listener (HTTP/1.1 and HTTP/2; TLS with `tls_cert` and `tls_key`); read at start only.",
+    );
+    let max_body_bytes = key(
+        "max_body_bytes",
+        "Largest request body read to find a key; a larger one is answered 413 `body_too_large`.",
+    );
+    let header_read_timeout = key(
+        "header_read_timeout",
+        "Time a client has to send its request headers (HTTP/1), else 408 `header_timeout`; an idle \
+         keep-alive connection, or an h2c one with no stream, is closed after as long.",
+    );
+    let body_read_timeout = key(
+        "body_read_timeout",
+        "Time a client has to send a request body once its headers are in, else 408 `body_timeout`.",
+    );
+    let upstream_timeout = key(
+        "upstream_timeout",
+        "Deadline for a non-streaming answer (its head and whole JSON body), else 504.",
+    );
+    let stream_idle_timeout = key(
+        "stream_idle_timeout",
+        "A streamed (SSE) answer with no bytes for this long is closed, and a client that takes nothing \
+         of an answer for this long is dropped; at least 60s, as MCP streams idle between events.",
+    );
+    let shutdown_grace = key(
+        "shutdown_grace",
+        "How long SIGTERM waits for in-flight requests and streams before it closes them.",
+    );
+    let max_headers = key(
+        "max_headers",
+        "Most request headers accepted (HTTP/1); more is answered 431.",
+    );
+    let max_connections = key(
+        "max_connections",
+        "Client connections open at once, and never more than the open-file limit affords (half of \
+         it after a reserve, logged at start); past it, new connections wait in the kernel's backlog.",
+    );
+    let h2_max_concurrent_streams = key(
+        "h2_max_concurrent_streams",
+        "Streams one HTTP/2 client connection may have open at once; more are refused (`REFUSED_STREAM`).",
+    );
+    let max_body_buffer_bytes = key(
+        "max_body_buffer_bytes",
+        "Request-body bytes held at once across all connections while bodies are read; a body that \
+         would go past it is answered 503 `router_overloaded`; at least `max_body_bytes`.",
+    );
+    let errors_name_backends = key(
+        "errors_name_backends",
+        "Whether the router's own 502/503/504 answers name the backend; off, clients learn nothing of \
+         the fleet from them; logs, access log, traces and metrics always name it.",
+    );
     let server = ServerConfig {
-        listen: s.addr("listen", defaults::LISTEN)?.0,
-        max_body_bytes: s.int("max_body_bytes", defaults::MAX_BODY_BYTES as i64, 64..=1 << 30)? as usize,
-        header_read_timeout: s.duration("header_read_timeout", defaults::HEADER_READ_TIMEOUT)?,
-        body_read_timeout: s.duration("body_read_timeout", defaults::BODY_READ_TIMEOUT)?,
-        upstream_timeout: s.duration("upstream_timeout", defaults::UPSTREAM_TIMEOUT)?,
-        stream_idle_timeout: stream_idle_timeout(&mut s)?,
-        shutdown_grace: s.duration("shutdown_grace", defaults::SHUTDOWN_GRACE)?,
-        max_headers: s.int("max_headers", defaults::MAX_HEADERS as i64, 16..=10_000)? as usize,
-        max_connections: s.int("max_connections", defaults::MAX_CONNECTIONS as i64, 1..=1_000_000)? as usize,
+        listen: s.addr(listen, defaults::LISTEN)?.0,
+        max_body_bytes: s.int(max_body_bytes, defaults::MAX_BODY_BYTES as i64, 64..=1 << 30)? as usize,
+        header_read_timeout: s.duration(header_read_timeout, defaults::HEADER_READ_TIMEOUT)?,
+        body_read_timeout: s.duration(body_read_timeout, defaults::BODY_READ_TIMEOUT)?,
+        upstream_timeout: s.duration(upstream_timeout, defaults::UPSTREAM_TIMEOUT)?,
+        stream_idle_timeout: s.duration_at_least(
+            stream_idle_timeout,
+            defaults::STREAM_IDLE_TIMEOUT,
+            defaults::MIN_STREAM_IDLE_TIMEOUT,
+        )?,
+        shutdown_grace: s.duration(shutdown_grace, defaults::SHUTDOWN_GRACE)?,
+        max_headers: s.int(max_headers, defaults::MAX_HEADERS as i64, 16..=10_000)? as usize,
+        max_connections: s.int(max_connections, defaults::MAX_CONNECTIONS as i64, 1..=1_000_000)? as usize,
         h2_max_concurrent_streams: s.int(
-            "h2_max_concurrent_streams",
+            h2_max_concurrent_streams,
             defaults::H2_MAX_CONCURRENT_STREAMS.into(),
             1..=10_000,
         )? as u32,
         max_body_buffer_bytes: s.int(
-            "max_body_buffer_bytes",
+            max_body_buffer_bytes,
             defaults::MAX_BODY_BUFFER_BYTES as i64,
             64..=1 << 40,
         )? as usize,
-        errors_name_backends: s.bool("errors_name_backends", defaults::ERRORS_NAME_BACKENDS)?,
+        errors_name_backends: s.bool(errors_name_backends, defaults::ERRORS_NAME_BACKENDS)?,
         tls: tls(&mut s)?,
     };
     if server.max_body_buffer_bytes < server.max_body_bytes {
@@ -159,22 +217,23 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
     Ok(server)
 }
 
-fn stream_idle_timeout(s: &mut Section) -> Result<Duration, ConfigError> {
-    let d = s.duration("stream_idle_timeout", defaults::STREAM_IDLE_TIMEOUT)?;
-    if d < defaults::MIN_STREAM_IDLE_TIMEOUT {
-        let span = s.text("stream_idle_timeout")?.and_then(|t| t.span);
-        return s.err(
-            span,
-            "server.stream_idle_timeout: must be at least 60s (MCP streams idle between events)",
-        );
-    }
-    Ok(d)
-}
-
 /// `tls_cert` and `tls_key`: both or neither; the files are read, parsed and checked to belong
 /// together here, so `check` and a reload see a bad file.
 fn tls(s: &mut Section) -> Result<Option<TlsConfig>, ConfigError> {
-    let (cert, key) = match (s.text("tls_cert")?, s.text("tls_key")?) {
+    let cert = key(
+        "tls_cert",
+        "PEM certificate chain, leaf first: the proxy listener speaks TLS (ALPN `h2` and `http/1.1`); \
+         set with `tls_key`; read again at each reload.",
+    )
+    .unset("plain HTTP")
+    .example("server.pem");
+    let key_file = key(
+        "tls_key",
+        "The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).",
+    )
+    .unset("plain HTTP")
+    .example("server.key");
+    let (cert, key) = match (s.text(cert, Kind::Path)?, s.text(key_file, Kind::Path)?) {
         (None, None) => return Ok(None),
         (Some(cert), Some(key)) => (cert, key),
         (Some(one), None) | (None, Some(one)) => {
@@ -235,23 +294,51 @@ pub(super) fn digest(contents: &[&[u8]]) -> [u8; 32] {
 }
 
 pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig, ConfigError> {
-    let (listen, span) = s.addr("listen", defaults::ADMIN_LISTEN)?;
+    let listen = key(
+        "listen",
+        "Address of the admin listener; read at start only; must differ from `server.listen`.",
+    );
+    let token = key(
+        "token",
+        "Bearer token `POST /backends/*` needs (and, with `protect_reads`, `/backends` and `/debug/route`); \
+         never printed.",
+    )
+    .unset("`POST /backends/*` answers only on a loopback admin listener, 403 elsewhere")
+    .example("${MRTR_ADMIN_TOKEN}");
+    let protect_reads = key(
+        "protect_reads",
+        "`true`: `/backends` and `/debug/route` need the token too (needs `token`); `/metrics`, \
+         `/healthz` and `/readyz` never do.",
+    );
+    let max_connections = key(
+        "max_connections",
+        "Admin connections open at once; one more closes the oldest, so idle clients cannot keep \
+         probes and scrapes out.",
+    );
+    let header_read_timeout = key(
+        "header_read_timeout",
+        "Time an admin client has to send a request head; also how long an idle admin keep-alive \
+         connection stays.",
+    );
+    let body_read_timeout = key(
+        "body_read_timeout",
+        "Time an admin client has to send a request body (`POST /debug/route`), else 408.",
+    );
+    let (listen, span) = s.addr(listen, defaults::ADMIN_LISTEN)?;
     if listen == server.listen {
         return s.err(span, "admin.listen: must differ from server.listen");
     }
-    let token = match s.text("token")? {
+    let token = match s.secret(token)? {
         None => None,
-        Some(text) => {
-            let value = super::tokens::expand_env(text.value)
-                .or_else(|e| s.err(text.span.clone(), format!("admin.token: {e}")))?;
-            if value.is_empty() {
-                return s.err(text.span, "admin.token: empty (unset the key to have no token)");
+        Some(secret) => {
+            if secret.value.is_empty() {
+                return s.err(secret.span, "admin.token: empty (unset the key to have no token)");
             }
             s.print("token", format!("{}   # value hidden", quoted("<redacted>")));
-            Some(AdminToken::new(value.as_bytes()))
+            Some(AdminToken::new(secret.value.as_bytes()))
         }
     };
-    let protect_reads = s.bool("protect_reads", false)?;
+    let protect_reads = s.bool(protect_reads, defaults::ADMIN_PROTECT_READS)?;
     if protect_reads && token.is_none() {
         let span = s.span();
         return s.err(span, "admin.protect_reads: needs admin.token");
@@ -260,9 +347,9 @@ pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig
         listen,
         token,
         protect_reads,
-        max_connections: s.int("max_connections", defaults::ADMIN_MAX_CONNECTIONS as i64, 1..=100_000)? as usize,
-        header_read_timeout: s.duration("header_read_timeout", defaults::ADMIN_HEADER_READ_TIMEOUT)?,
-        body_read_timeout: s.duration("body_read_timeout", defaults::ADMIN_BODY_READ_TIMEOUT)?,
+        max_connections: s.int(max_connections, defaults::ADMIN_MAX_CONNECTIONS as i64, 1..=100_000)? as usize,
+        header_read_timeout: s.duration(header_read_timeout, defaults::ADMIN_HEADER_READ_TIMEOUT)?,
+        body_read_timeout: s.duration(body_read_timeout, defaults::ADMIN_BODY_READ_TIMEOUT)?,
     };
     s.finish(true)?;
     Ok(admin)

@@ -1,10 +1,10 @@
-//! `[tokens]`: the keys that seal routing tokens (DESIGN §5), checked and built once here.
+//! `[tokens]`: the keys that seal routing tokens (docs/src/tokens.md), checked and built once here.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::reader::{quoted, Section};
+use super::reader::{key, quoted, Section};
 use super::{defaults, ConfigError};
 use crate::token::TokenKeys;
 
@@ -49,25 +49,33 @@ pub(super) fn tokens(mut s: Section) -> Result<Option<TokensConfig>, ConfigError
     if !s.present() {
         return s.finish(false).map(|()| None);
     }
-    let Some((texts, list_span)) = s.strings("keys")? else {
-        return s.err(s.span(), "tokens.keys: at least one key is required");
-    };
-    let mut keys = Vec::with_capacity(texts.len());
-    for (i, text) in texts.iter().enumerate() {
-        let value = expand_env(text.value).or_else(|e| s.err(text.span.clone(), format!("tokens.keys[{i}]: {e}")))?;
-        keys.push(value.into_bytes());
-    }
+    let keys = key(
+        "keys",
+        "The keys that seal routing tokens, each at least 32 bytes: the first seals, all open (rotate \
+         by putting a new one first); never printed.",
+    )
+    .example("${MRTR_TOKEN_KEY}");
+    let token_ttl = key(
+        "token_ttl",
+        "Lifetime of routing tokens and sealed `requestState` values.",
+    );
+    let session_ttl = key(
+        "session_ttl",
+        "Lifetime of wrapped `Mcp-Session-Id` values (clients keep them for the whole session).",
+    );
+    let (secrets, list_span) = s.required_secrets(keys)?;
+    let keys: Vec<Vec<u8>> = secrets.iter().map(|k| k.value.clone().into_bytes()).collect();
     let hidden = vec![quoted("<redacted>"); keys.len()].join(", ");
     s.print("keys", format!("[{hidden}]   # values hidden"));
-    let token_ttl = s.duration("token_ttl", defaults::TOKEN_TTL)?;
-    let session_ttl = s.duration("session_ttl", defaults::SESSION_TOKEN_TTL)?;
+    let token_ttl = s.duration(token_ttl, defaults::TOKEN_TTL)?;
+    let session_ttl = s.duration(session_ttl, defaults::SESSION_TOKEN_TTL)?;
     let calls = TokenKeys::build(&keys, token_ttl).or_else(|p| {
-        let span = p.index.and_then(|i| texts[i].span.clone()).or(Some(list_span.clone()));
+        let span = p.index.and_then(|i| secrets[i].span.clone()).or(list_span.clone());
         s.err(span, p.message)
     })?;
     let sessions = calls
         .with_ttl(session_ttl)
-        .or_else(|e| s.err(Some(list_span.clone()), e.replace("token_ttl", "session_ttl")))?;
+        .or_else(|e| s.err(list_span.clone(), e.replace("token_ttl", "session_ttl")))?;
     s.finish(false)?;
     Ok(Some(TokensConfig {
         keys,
@@ -76,21 +84,4 @@ pub(super) fn tokens(mut s: Section) -> Result<Option<TokensConfig>, ConfigError
         calls: Arc::new(calls),
         sessions: Arc::new(sessions),
     }))
-}
-
-/// Replaces `${NAME}` with the environment variable NAME (which must be set).
-pub(super) fn expand_env(text: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let Some(len) = rest[start + 2..].find('}') else {
-            return Err("unterminated ${".into());
-        };
-        let name = &rest[start + 2..start + 2 + len];
-        out.push_str(&std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))?);
-        rest = &rest[start + 3 + len..];
-    }
-    out.push_str(rest);
-    Ok(out)
 }

@@ -1,7 +1,8 @@
-//! `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (DESIGN §7); off unless
-//! `otlp_endpoint` is set.
+//! `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (docs/src/observability.md); off
+//! unless `otlp_endpoint` is set.
 
-use super::reader::{quoted, Section};
+use super::reader::{key, quoted, Section};
+use super::reference::Kind;
 use super::{defaults, ConfigError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -18,7 +19,22 @@ pub struct TracingConfig {
 
 /// `None` when `otlp_endpoint` is unset (tracing off); the other keys are checked either way.
 pub(super) fn tracing(mut s: Section) -> Result<Option<TracingConfig>, ConfigError> {
-    let endpoint = s.text("otlp_endpoint")?;
+    let otlp_endpoint = key(
+        "otlp_endpoint",
+        "The `http://` OTLP/HTTP collector spans are sent to; `/v1/traces` is appended to a URL without a path.",
+    )
+    .unset("tracing off")
+    .example("http://127.0.0.1:4318");
+    let service_name = key(
+        "service_name",
+        "The `service.name` resource attribute of the router's spans.",
+    );
+    let sample_ratio = key(
+        "sample_ratio",
+        "Share of the traces the router starts that are sampled (by trace id); a client's \
+         `traceparent` decides for its own trace.",
+    );
+    let endpoint = s.text(otlp_endpoint, Kind::Url)?;
     let traces_url = match &endpoint {
         None => None,
         Some(t) => {
@@ -27,15 +43,15 @@ pub(super) fn tracing(mut s: Section) -> Result<Option<TracingConfig>, ConfigErr
             Some(url)
         }
     };
-    let (service_name, span) = s.string("service_name", defaults::SERVICE_NAME)?;
+    let (service_name, span) = s.string(service_name, defaults::SERVICE_NAME)?;
     if service_name.trim().is_empty() {
         return s.err(span, "tracing.service_name: must not be empty");
     }
     let sample_ratio = s.float(
-        "sample_ratio",
+        sample_ratio,
         defaults::SAMPLE_RATIO,
         |r| (0.0..=1.0).contains(&r),
-        "must be between 0.0 and 1.0",
+        "between 0.0 and 1.0",
     )?;
     s.finish(false)?;
     Ok(traces_url.map(|traces_url| TracingConfig {

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::reader::{quoted, Doc, Section};
+use super::reader::{key, quoted, Doc, Section};
+use super::reference::Kind;
 use super::server::{digest, read_file};
 use super::{defaults, ConfigError};
 
@@ -97,15 +98,35 @@ impl UpstreamTls {
 }
 
 pub(super) fn upstream(mut s: Section) -> Result<UpstreamConfig, ConfigError> {
-    let tls = tls_files(&mut s)?;
-    let http2 = s.flag("http2", false)?;
-    let idle_timeout = s.duration("idle_timeout", defaults::UPSTREAM_IDLE_TIMEOUT)?;
-    let max_connections_per_backend = s.int(
+    let http2 = key(
+        "http2",
+        "`true`: HTTP/2 to every backend (ALPN `h2` on `https://`, prior knowledge on `http://`) unless \
+         its `[[backend]]` says otherwise.",
+    );
+    let idle_timeout = key(
+        "idle_timeout",
+        "A pooled connection idle this long is closed, never used again (below the 5 s keep-alive of \
+         uvicorn and Node).",
+    );
+    let max_connections_per_backend = key(
         "max_connections_per_backend",
+        "HTTP/1.1 connections open to one backend at most, idle or busy (each open SSE stream holds \
+         one); past it, a request waits for one.",
+    );
+    let queue_timeout = key(
+        "queue_timeout",
+        "How long a request waits for a connection of a backend at that cap before it is answered 503 \
+         `upstream_busy` (`server.upstream_timeout` bounds the wait too).",
+    );
+    let tls = tls_files(&mut s)?;
+    let http2 = s.bool(http2, defaults::UPSTREAM_HTTP2)?;
+    let idle_timeout = s.duration(idle_timeout, defaults::UPSTREAM_IDLE_TIMEOUT)?;
+    let max_connections_per_backend = s.int(
+        max_connections_per_backend,
         defaults::MAX_CONNECTIONS_PER_BACKEND as i64,
         1..=1_000_000,
     )? as usize;
-    let queue_timeout = s.duration("queue_timeout", defaults::UPSTREAM_QUEUE_TIMEOUT)?;
+    let queue_timeout = s.duration(queue_timeout, defaults::UPSTREAM_QUEUE_TIMEOUT)?;
     s.finish(true)?;
     Ok(UpstreamConfig {
         http2,
@@ -119,9 +140,25 @@ pub(super) fn upstream(mut s: Section) -> Result<UpstreamConfig, ConfigError> {
 /// `tls_ca`, `tls_client_cert` and `tls_client_key`: read, parsed and checked (the client
 /// certificate and key both or neither, and belonging together).
 fn tls_files(s: &mut Section) -> Result<UpstreamTls, ConfigError> {
+    let tls_ca = key("tls_ca", "PEM bundle of the roots that verify `https://` backends.")
+        .unset("the system trust store")
+        .example("backends-ca.pem");
+    let tls_client_cert = key(
+        "tls_client_cert",
+        "PEM certificate chain the router presents to backends that ask for one (mTLS); set with \
+         `tls_client_key`.",
+    )
+    .unset("no client certificate")
+    .example("router.pem");
+    let tls_client_key = key(
+        "tls_client_key",
+        "The private key of `tls_client_cert` (PEM: PKCS#8, PKCS#1 or SEC1).",
+    )
+    .unset("no client certificate")
+    .example("router.key");
     let mut contents: Vec<Vec<u8>> = Vec::new();
     let (mut ca_path, mut ca) = (None, Vec::new());
-    if let Some(text) = s.text("tls_ca")? {
+    if let Some(text) = s.text(tls_ca, Kind::Path)? {
         let (path, pem) = read_file(s, "upstream.tls_ca", &text)?;
         ca = crate::tls::certs(&pem)
             .or_else(|e| s.err(text.span.clone(), format!("upstream.tls_ca: {}: {e}", path.display())))?;
@@ -143,7 +180,10 @@ fn tls_files(s: &mut Section) -> Result<UpstreamTls, ConfigError> {
     } else {
         s.print_comment("tls_ca unset: https:// backends are verified against the system trust store");
     }
-    let (cert, key) = match (s.text("tls_client_cert")?, s.text("tls_client_key")?) {
+    let (cert, key) = match (
+        s.text(tls_client_cert, Kind::Path)?,
+        s.text(tls_client_key, Kind::Path)?,
+    ) {
         (None, None) => (None, None),
         (Some(cert), Some(key)) => (Some(cert), Some(key)),
         (Some(one), None) | (None, Some(one)) => {
