@@ -3,6 +3,7 @@
 
     python3 scripts/check_docs.py               # the whole repository
     python3 scripts/check_docs.py --docs-only   # the word check on the project's own docs only
+    python3 scripts/check_docs.py --built docs/book   # and the built book's heading ids
 
 Fails (exit 1, one line per problem) on:
 
@@ -13,6 +14,8 @@ Fails (exit 1, one line per problem) on:
   other than '-' and '_' dropped, '-1', '-2'... after a repeated one);
 - a chapter under docs/src that docs/src/SUMMARY.md does not list, and an entry of SUMMARY.md
   without a file;
+- with --built, a chapter whose headings mdBook gave other ids than the ones computed here (so
+  the anchor check cannot drift from the mdBook that builds the book);
 - text that points outside the repository or at how the work was organised (the brief the
   project was built from, its sections, work sessions, issue numbers), in every text file of the
   repository but vendor/ and what git ignores (target/, the venvs, the built book); with
@@ -58,6 +61,7 @@ HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*(?:#+[ \t]*)?$")
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+BUILT_HEADING = re.compile(r'<h[1-6] id="([^"]*)"')
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
@@ -203,10 +207,33 @@ class Checker:
                     self.problem(path, number, f"{m.group(0)!r} refers to {what}: cite the project's own docs")
                     break
 
-    def run(self, docs_only=False):
+    def check_built(self, built):
+        """Compares the heading ids of every built chapter with the ones computed here."""
+        built = Path(built).resolve()
+        src = self.root / BOOK_SRC
+        for chapter in sorted(src.rglob("*.md")):
+            if chapter == self.root / SUMMARY:
+                continue
+            page = built / chapter.relative_to(src).with_suffix(".html")
+            if not page.is_file():
+                self.problem(chapter, 0, f"not built: no {page}")
+                continue
+            made = set(BUILT_HEADING.findall(page.read_text(encoding="utf-8")))
+            computed = self.anchors_of(chapter)
+            if made != computed:
+                self.problem(
+                    chapter,
+                    0,
+                    f"mdBook's heading ids differ from the computed ones: only mdBook's {sorted(made - computed)}, "
+                    f"only computed {sorted(computed - made)}",
+                )
+
+    def run(self, docs_only=False, built=None):
         for path in self.doc_files():
             self.check_links(path)
         self.check_summary()
+        if built is not None:
+            self.check_built(built)
         for path in self.word_files(docs_only):
             self.check_words(path)
         return self.problems
@@ -244,9 +271,10 @@ def main(argv=None):
         action="store_true",
         help="check the words only in the book and the project's own guides, not the whole repository",
     )
+    parser.add_argument("--built", help="the built book (docs/book): check mdBook's heading ids too")
     parser.add_argument("--root", default=Path(__file__).resolve().parent.parent, help="the repository")
     args = parser.parse_args(argv)
-    problems = Checker(args.root).run(docs_only=args.docs_only)
+    problems = Checker(args.root).run(docs_only=args.docs_only, built=args.built)
     for p in problems:
         print(p)
     if problems:

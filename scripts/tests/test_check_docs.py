@@ -147,6 +147,25 @@ class CheckDocsTest(unittest.TestCase):
         (repo.root / "target/notes.md").write_text(f"{SECTION}\n")
         self.assertOneProblem(repo.problems(), "src/lib.rs:1")
 
+    def test_the_built_books_heading_ids(self):
+        repo = self.repo()
+        built = repo.root / "docs/book"
+        pages = {
+            "introduction.html": '<h1 id="introduction">',
+            "routing.html": '<h1 id="routing">x</h1><h2 id="the-order">',
+            "design/dependencies.html": '<h1 id="dependencies">',
+        }
+        for name, html in pages.items():
+            (built / name).parent.mkdir(parents=True, exist_ok=True)
+            (built / name).write_text(html)
+        self.assertEqual(repo.problems(), [])
+        self.assertEqual(check_docs.Checker(repo.root).run(built=built), [])
+        (built / "routing.html").write_text('<h1 id="routing">x</h1><h2 id="the_order">')
+        problems = check_docs.Checker(repo.root).run(built=built)
+        self.assertOneProblem(problems, "docs/src/routing.md", "the_order", "the-order")
+        (built / "routing.html").unlink()
+        self.assertOneProblem(check_docs.Checker(repo.root).run(built=built), "not built")
+
     def test_the_command_fails_loudly(self):
         repo = self.repo({"README.md": "[x](missing.md)\n"})
         run = subprocess.run(
