@@ -20,7 +20,7 @@ MDBOOK_VERSION=0.5.4
 MDBOOK=.tools/bin/mdbook
 step "docs: mdbook $MDBOOK_VERSION (installed once under .tools/), scripts/check_docs.py's unit tests, mdbook build docs, the link check"
 if [ "$("$MDBOOK" --version 2>/dev/null || true)" != "mdbook v$MDBOOK_VERSION" ]; then
-  echo "installing mdbook $MDBOOK_VERSION into .tools/ (cargo install, about 2 minutes on 2 cores; once)"
+  echo "installing mdbook $MDBOOK_VERSION into .tools/ (cargo install: about 2 minutes on two idle cores, more on a busy machine; once)"
   if ! cargo install --locked mdbook --version "$MDBOOK_VERSION" --no-default-features --features search --root .tools; then
     echo >&2 "==> FAILED: cargo install mdbook $MDBOOK_VERSION --root .tools"
     exit 1

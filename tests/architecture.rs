@@ -17,29 +17,37 @@ use std::path::{Path, PathBuf};
 /// `src/upstream/pool.rs`.
 type Module = Vec<String>;
 
-/// The module each source file of the library is.
-fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
-    let mut out = BTreeMap::new();
+/// Every `.rs` file and every folder below `src`, each with the module it is: `lib.rs` is `[]`,
+/// `upstream/pool.rs` is `["upstream", "pool"]`, `upstream/mod.rs` and the folder `upstream/` are
+/// `["upstream"]`, `main.rs` (the binary's root) is `["main"]`.
+fn source_tree(src: &Path) -> Vec<(Module, PathBuf)> {
+    let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") || path == src.join("main.rs") {
+                stack.push(path.clone());
+            } else if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
             let rel = path.strip_prefix(src).unwrap().with_extension("");
             let mut module: Module = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            if module.last().is_some_and(|l| l == "mod" || l == "lib") {
+            if (path.is_file() && module.last().is_some_and(|l| l == "mod")) || module == ["lib"] {
                 module.pop();
             }
-            out.insert(module, path);
+            out.push((module, path));
         }
     }
     out
+}
+
+/// The module each source file of the library is.
+fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
+    source_tree(src)
+        .into_iter()
+        .filter(|(module, path)| path.is_file() && module.as_slice() != ["main"])
+        .collect()
 }
 
 #[derive(Debug, PartialEq)]
@@ -331,33 +339,19 @@ fn the_check_finds_a_circle() {
     );
 }
 
-/// Every module of `src/` by its module path, with the file or folder it is: `crate` is
-/// `lib.rs`, `main` the binary's `main.rs`, `upstream::pool` is `upstream/pool.rs`, and a folder
-/// (`upstream/`) is the module its `mod.rs` is.
+/// Every module of `src/` by its module path (`crate` for `lib.rs`, `main` for the binary's
+/// root, `upstream::pool`), with the file or folder it is (a folder before its `mod.rs`).
 fn source_modules(src: &Path) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let rel = path.strip_prefix(src).unwrap().to_path_buf();
-            let mut segments: Vec<String> = rel
-                .with_extension("")
-                .iter()
-                .map(|s| s.to_string_lossy().into_owned())
-                .collect();
-            if path.is_dir() {
-                stack.push(path.clone());
-            } else if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            } else if segments.last().is_some_and(|l| l == "mod") {
-                segments.pop();
-            }
-            let name = match segments.join("::").as_str() {
-                "lib" => "crate".to_string(),
-                other => other.to_string(),
-            };
-            out.entry(name).or_insert(rel);
+    for (module, path) in source_tree(src) {
+        let name = match module.is_empty() {
+            true => "crate".to_string(),
+            false => module.join("::"),
+        };
+        let rel = path.strip_prefix(src).unwrap().to_path_buf();
+        let entry = out.entry(name).or_insert_with(|| rel.clone());
+        if path.is_dir() {
+            *entry = rel;
         }
     }
     out
