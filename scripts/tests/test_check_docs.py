@@ -129,7 +129,7 @@ class CheckDocsTest(unittest.TestCase):
         self.assertOneProblem(problems, "SUMMARY.md:7", "draft")
 
     def test_words_that_point_outside_the_repository(self):
-        for words in [BRIEF, SECTION, WORK_SESSION, "see ../" + "shared/x", "issue" + " #22"]:
+        for words in [BRIEF, SECTION, WORK_SESSION, "see ../" + "shared" + "/x", "issue" + " #22"]:
             problems = self.repo({"docs/src/routing.md": f"# Routing\n\n## The order\n\nAs {words} says.\n"}).problems()
             self.assertOneProblem(problems, "docs/src/routing.md:5")
         # "sessions 24 h" and a session id are no work sessions.
