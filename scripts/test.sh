@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every check and test of mrtr-router on a fresh machine: formatting, clippy, the Python
-# MCP SDK venv for the interop tests (created once under .venv-interop/, reused), then all tests,
-# then a smoke run of the whole-proxy bench (bench/run.sh) with the debug router.
+# Runs every check and test of mrtr-router on a fresh machine: formatting, clippy, the book
+# (built with a pinned mdbook, its links checked), the Python MCP SDK venv for the interop tests
+# (created once under .venv-interop/, reused), then all tests, then a smoke run of the
+# whole-proxy bench (bench/run.sh) with the debug router.
 # Fails loudly on anything missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,6 +14,33 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+
+# ---- docs: the book (docs/), its links and words (scripts/check_docs.py) ----------------------
+MDBOOK_VERSION=0.5.4
+MDBOOK=.tools/bin/mdbook
+step "docs: mdbook $MDBOOK_VERSION (installed once under .tools/), scripts/check_docs.py's unit tests, mdbook build docs, the link check"
+if [ "$("$MDBOOK" --version 2>/dev/null || true)" != "mdbook v$MDBOOK_VERSION" ]; then
+  echo "installing mdbook $MDBOOK_VERSION into .tools/ (cargo install: about 2 minutes on two idle cores, more on a busy machine; once)"
+  if ! cargo install --locked mdbook --version "$MDBOOK_VERSION" --no-default-features --features search --root .tools; then
+    echo >&2 "==> FAILED: cargo install mdbook $MDBOOK_VERSION --root .tools"
+    exit 1
+  fi
+fi
+if ! python3 -m unittest discover -s scripts/tests; then
+  echo >&2 "==> FAILED: the unit tests of scripts/check_docs.py (scripts/tests)"
+  exit 1
+fi
+if ! "$MDBOOK" build docs; then
+  echo >&2 "==> FAILED: mdbook build docs"
+  exit 1
+fi
+# --docs-only: the words are checked in the book and the top-level guides; the whole repository
+# (the default) once no source comment cites the brief any more.
+if ! python3 scripts/check_docs.py --docs-only --built docs/book; then
+  echo >&2 "==> FAILED: scripts/check_docs.py (a broken link or anchor, a chapter SUMMARY.md does not list, or a reference outside the repository; listed above)"
+  exit 1
+fi
+# ---- end of the docs block ---------------------------------------------------------------------
 
 step "Python venv with the official MCP SDK (tests/interop/requirements.txt)"
 MRTR_INTEROP_PYTHON="$(bash tests/interop/setup_venv.sh | tail -n1)"

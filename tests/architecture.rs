@@ -1,9 +1,14 @@
-//! Arrows go one way (DESIGN §8): no two modules of `src/` import each other, directly or
-//! through a circle. Reads every path in `src/` (unit tests excluded), resolves each to the
-//! module (file) it names, and fails naming the circle. Two graphs are checked: the top-level
-//! modules (`proxy` stands for all of `src/proxy/`), and the files, where a folder's `mod.rs`
-//! and its own files may name each other (it declares them and re-exports what they define,
-//! they use what it defines) but sibling files may not form a circle.
+//! The shape of `src/`, as ARCHITECTURE.md states it.
+//!
+//! Arrows go one way: no two modules of `src/` import each other, directly or through a circle.
+//! Reads every path in `src/` (unit tests excluded), resolves each to the module (file) it
+//! names, and fails naming the circle. Two graphs are checked: the top-level modules (`proxy`
+//! stands for all of `src/proxy/`), and the files, where a folder's `mod.rs` and its own files
+//! may name each other (it declares them and re-exports what they define, they use what it
+//! defines) but sibling files may not form a circle.
+//!
+//! The code map is whole: ARCHITECTURE.md's "Code map" names every module of `src/` (each file
+//! and folder, as a module path) in a heading of its own, and no module that does not exist.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,29 +17,37 @@ use std::path::{Path, PathBuf};
 /// `src/upstream/pool.rs`.
 type Module = Vec<String>;
 
-/// The module each source file of the library is.
-fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
-    let mut out = BTreeMap::new();
+/// Every `.rs` file and every folder below `src`, each with the module it is: `lib.rs` is `[]`,
+/// `upstream/pool.rs` is `["upstream", "pool"]`, `upstream/mod.rs` and the folder `upstream/` are
+/// `["upstream"]`, `main.rs` (the binary's root) is `["main"]`.
+fn source_tree(src: &Path) -> Vec<(Module, PathBuf)> {
+    let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") || path == src.join("main.rs") {
+                stack.push(path.clone());
+            } else if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
             let rel = path.strip_prefix(src).unwrap().with_extension("");
             let mut module: Module = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            if module.last().is_some_and(|l| l == "mod" || l == "lib") {
+            if (path.is_file() && module.last().is_some_and(|l| l == "mod")) || module == ["lib"] {
                 module.pop();
             }
-            out.insert(module, path);
+            out.push((module, path));
         }
     }
     out
+}
+
+/// The module each source file of the library is.
+fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
+    source_tree(src)
+        .into_iter()
+        .filter(|(module, path)| path.is_file() && module.as_slice() != ["main"])
+        .collect()
 }
 
 #[derive(Debug, PartialEq)]
@@ -324,4 +337,117 @@ fn the_check_finds_a_circle() {
         circle.contains("up::conn → up::pool") || circle.contains("up::pool → up::conn"),
         "{circle}"
     );
+}
+
+/// Every module of `src/` by its module path (`crate` for `lib.rs`, `main` for the binary's
+/// root, `upstream::pool`), with the file or folder it is (a folder before its `mod.rs`).
+fn source_modules(src: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    for (module, path) in source_tree(src) {
+        let name = match module.is_empty() {
+            true => "crate".to_string(),
+            false => module.join("::"),
+        };
+        let rel = path.strip_prefix(src).unwrap().to_path_buf();
+        let entry = out.entry(name).or_insert_with(|| rel.clone());
+        if path.is_dir() {
+            *entry = rel;
+        }
+    }
+    out
+}
+
+/// The modules a code map names: the backticked module path that opens each heading of the
+/// text's `## Code map` section (fenced code skipped). `None` without such a section.
+fn code_map(text: &str) -> Option<BTreeSet<String>> {
+    let mut lines = text.lines().skip_while(|l| l.trim_end() != "## Code map");
+    lines.next()?;
+    let mut named = BTreeSet::new();
+    let mut fenced = false;
+    for line in lines {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        if line.starts_with("## ") {
+            break;
+        }
+        let Some(heading) = line.strip_prefix('#').map(|h| h.trim_start_matches('#')) else {
+            continue;
+        };
+        if let Some(module) = heading.trim_start().strip_prefix('`').and_then(|h| h.split('`').next()) {
+            named.insert(module.to_string());
+        }
+    }
+    Some(named)
+}
+
+/// What is wrong with `architecture`'s code map of the modules in `src`, one line each.
+fn code_map_problems(src: &Path, architecture: &str) -> Vec<String> {
+    let Some(named) = code_map(architecture) else {
+        return vec!["ARCHITECTURE.md has no \"## Code map\" section".to_string()];
+    };
+    let modules = source_modules(src);
+    let mut problems: Vec<String> = modules
+        .iter()
+        .filter(|(m, _)| !named.contains(*m))
+        .map(|(m, path)| {
+            format!(
+                "ARCHITECTURE.md's code map does not name the module `{m}` (src/{}): add a heading ### `{m}` (or ####) saying what it owns and must never do",
+                path.display()
+            )
+        })
+        .collect();
+    problems.extend(
+        named
+            .iter()
+            .filter(|m| !modules.contains_key(*m))
+            .map(|m| format!("ARCHITECTURE.md's code map names `{m}`, which is no module of src/")),
+    );
+    problems
+}
+
+#[test]
+fn the_code_map_names_every_module_and_no_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let modules = source_modules(&root.join("src"));
+    assert!(
+        modules.len() > 40 && modules.contains_key("crate") && modules.contains_key("upstream::pool"),
+        "read the modules of src/: {:?}",
+        modules.keys().collect::<Vec<_>>()
+    );
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let problems = code_map_problems(&root.join("src"), &architecture);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The check itself can fail: a module the map leaves out, and one it names that is not there,
+/// are each named; headings in code blocks and other sections do not count.
+#[test]
+fn the_code_map_check_finds_a_missing_and_an_extra_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("up")).unwrap();
+    for file in ["lib.rs", "main.rs", "a.rs", "up/mod.rs", "up/pool.rs", "up/notes.txt"] {
+        std::fs::write(src.join(file), "").unwrap();
+    }
+    let map = |entries: &str| format!("# Architecture\n\n## Code map\n\n{entries}\n## Invariants\n\n### `gone`\n");
+    let whole = "### `crate`\n### `main`\n### `a`\nSee `up`.\n### `up`\n#### `up::pool`\n";
+    assert_eq!(code_map_problems(src, &map(whole)), Vec::<String>::new());
+
+    let problems = code_map_problems(
+        src,
+        &map("### `crate`\n### `main`\n### `a`\n```\n### `up`\n```\n#### `up::pool`\n"),
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("`up` (src/up)"), "{problems:?}");
+
+    let problems = code_map_problems(src, &map(&format!("{whole}#### `up::conn`\n")));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("`up::conn`, which is no module"), "{problems:?}");
+
+    assert_eq!(code_map_problems(src, "# Architecture\n").len(), 1);
 }

@@ -934,7 +934,10 @@ fn rule_entries() -> Vec<Value> {
         .collect()
 }
 
-/// GitHub's anchor of a Markdown heading.
+/// The chapter every alert's `runbook_url` points into (`<RUNBOOK>#<alert, lowercase>`).
+const RUNBOOK: &str = "docs/src/deploying.md";
+
+/// GitHub's (and mdBook's) anchor of a Markdown heading.
 fn anchor(heading: &str) -> String {
     heading
         .trim_start_matches('#')
@@ -958,10 +961,10 @@ fn prometheus_rules_pass_promtool_check_and_their_unit_tests() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("SUCCESS"));
 
-    // Every alert has a severity, texts, a runbook section in deploy/README.md, and a unit
-    // test that sees it fire and one that sees it quiet.
-    let readme = read("deploy/README.md");
-    let anchors: BTreeSet<String> = readme.lines().filter(|l| l.starts_with('#')).map(anchor).collect();
+    // Every alert has a severity, texts, a runbook section in the book's deploying chapter, and
+    // a unit test that sees it fire and one that sees it quiet.
+    let runbook = read(RUNBOOK);
+    let anchors: BTreeSet<String> = runbook.lines().filter(|l| l.starts_with('#')).map(anchor).collect();
     let tests = yaml("tests/deploy/alerts_test.yml");
     let alerts: Vec<Value> = rule_entries()
         .into_iter()
@@ -979,10 +982,10 @@ fn prometheus_rules_pass_promtool_check_and_their_unit_tests() {
         }
         let url = a["annotations"]["runbook_url"].as_str().unwrap();
         let anchor = url
-            .strip_prefix("deploy/README.md#")
-            .expect("runbook in deploy/README.md");
+            .strip_prefix(&format!("{RUNBOOK}#"))
+            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not in {RUNBOOK}"));
         assert_eq!(anchor, name.to_lowercase());
-        assert!(anchors.contains(anchor), "deploy/README.md has no section {name}");
+        assert!(anchors.contains(anchor), "{RUNBOOK} has no section {name}");
         let evals: Vec<&Value> = tests["tests"]
             .as_array()
             .unwrap()
