@@ -1,4 +1,4 @@
-//! The call lifecycle (DESIGN §4): what a backend's answer does to the pins of the call its
+//! The call lifecycle (docs/src/pins.md): what a backend's answer does to the pins of the call its
 //! request belongs to, per dialect — create, refresh, finish, re-pin under a new
 //! `requestState` — and which handles in it are sealed for the client. The proxy hands it the
 //! answer's head and each JSON-RPC message; pins are in place before those bytes go out.

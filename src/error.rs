@@ -1,4 +1,4 @@
-//! The errors the router answers itself, and the one place that renders them (DESIGN §6).
+//! The errors the router answers itself, and the one place that renders them (docs/src/errors.md).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -70,7 +70,7 @@ impl RouterError {
         }
     }
 
-    /// `(HTTP status, JSON-RPC code, Mcp-Router-Error reason)` — the table of DESIGN §6.
+    /// `(HTTP status, JSON-RPC code, Mcp-Router-Error reason)` — the table of docs/src/errors.md.
     pub fn parts(&self) -> (StatusCode, i32, &'static str) {
         use RouterError::*;
         match self {

@@ -1,15 +1,15 @@
 //! `mrtr-router`: a reverse proxy for fleets of MCP servers that sends every round of a
-//! multi-round call to the instance holding it (see `../shared/DESIGN.md` and README.md).
+//! multi-round call to the instance holding it (ARCHITECTURE.md has the code map; docs/ is the book).
 //!
 //! The modules, bottom up; arrows go one way, down (`tests/architecture.rs` checks it):
 //! - [`config`]  TOML → validated [`Config`], one folder by section; every default in
 //!   [`config::defaults`]. `token` (the sealed token format), `tls` (PEM → rustls: the
 //!   listener's server config, the backends' client configs), `error`
-//!   (the router's own errors, rendered in one place, DESIGN §6) and `metrics` (the
+//!   (the router's own errors, rendered in one place, docs/src/errors.md) and `metrics` (the
 //!   Prometheus registry and the label values users see) sit beside it at the bottom.
-//! - `dialect`   reading the three MCP dialects (DESIGN §2): the keys a request carries
+//! - `dialect`   reading the three MCP dialects (docs/src/dialects.md): the keys a request carries
 //!   (`RequestKeys`, one validating scan of the body) and the outcome an answer reports
-//! - `pins`      the pin table of in-flight calls (DESIGN §4), on an injectable clock
+//! - `pins`      the pin table of in-flight calls (docs/src/pins.md), on an injectable clock
 //! - `upstream/` the backends: the `Backend` type, its keep-alive pool (HTTP/1.1, plain or
 //!   TLS) and its HTTP/2 connections, membership (configured, discovered, draining), DNS
 //!   lookups, active health checks
@@ -20,7 +20,7 @@
 //!   both logs go through (`Observation`: one request as the log and the trace see it)
 //! - `state`     the hot snapshot (config + backends + ring) swapped as one, beside the pin
 //!   table, the metrics and the membership
-//! - `route`     the routing decision (DESIGN §3): `route::resolve` serves the proxy,
+//! - `route`     the routing decision (docs/src/routing.md): `route::resolve` serves the proxy,
 //!   `/debug/route` and `mrtr-router route`
 //! - `calls`     the call lifecycle: what each dialect's answer does to the pins
 //! - `proxy/`    the request path as phases: read → keys → decide → forward → observe

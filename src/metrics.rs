@@ -1,4 +1,4 @@
-//! Prometheus metrics (DESIGN §7): one registry per router, so routers started side by side in
+//! Prometheus metrics (docs/src/observability.md): one registry per router, so routers started side by side in
 //! one process (tests, `demo`) keep separate counts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! The pin table: which backend holds each in-flight multi-round call (DESIGN §4).
+//! The pin table: which backend holds each in-flight multi-round call (docs/src/pins.md).
 //!
 //! Keys are 128-bit digests of what the client echoes (a routing id, a `requestState`, a task
 //! id, a session id), so the table never stores client-sized strings. Entries are 40 bytes
@@ -23,7 +23,7 @@ const SHARDS: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum PinKind {
-    /// `Mcp-Routing-Id` / `messageId` of a pending call (DESIGN §2a).
+    /// `Mcp-Routing-Id` / `messageId` of a pending call (docs/src/dialects.md).
     Client = 0,
     /// Digest of a `requestState` from an `input_required` result (§2b).
     RequestState = 1,

@@ -1,4 +1,4 @@
-//! The routing decision (DESIGN §3): which backend a request's keys choose, and why. One
+//! The routing decision (docs/src/routing.md): which backend a request's keys choose, and why. One
 //! [`resolve`] (unseal, then decide) serves the proxy, `mrtr-router route` and `/debug/route`,
 //! so all three explain the same logic.
 
@@ -90,7 +90,7 @@ pub fn resolve(
     Ok((decision, unsealed))
 }
 
-/// Chooses the backend for a request (DESIGN §3). `unsealed` is what the request's tokens
+/// Chooses the backend for a request (docs/src/routing.md). `unsealed` is what the request's tokens
 /// say (step 1); `refresh` is false for read-only explanations (`route`, `/debug/route`),
 /// which must not extend pins.
 pub fn decide(
@@ -117,7 +117,7 @@ pub fn decide(
             pins.peek(key)
         }
     };
-    // A full table refuses every request that may start a call (DESIGN §4), on every path, a
+    // A full table refuses every request that may start a call (docs/src/pins.md), on every path, a
     // sealed token's included: that request's answer would add pins. Only a follow-up of a call
     // pinned here passes: its pins are already counted, and refusing it would break the call. A
     // session pin alone does not make a follow-up: a new call or task inside the session adds
@@ -226,7 +226,7 @@ pub fn decide(
 /// A session pin gives way to the pin of a 2a call made inside that session, found among the
 /// candidates after it (client keys come last): that pin is what counts the call's rounds and
 /// marks the request as a follow-up rather than a new call. The call's pin must name the same
-/// backend incarnation; the session decides the backend either way (DESIGN §3 order).
+/// backend incarnation; the session decides the backend either way (the order of docs/src/routing.md).
 fn call_in_session<'k>(
     matched: Matched,
     rest: &mut impl Iterator<Item = (PinKey, &'k str)>,

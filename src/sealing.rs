@@ -1,4 +1,4 @@
-//! Where sealed tokens travel (DESIGN §5): unsealing what a client echoes before the request
+//! Where sealed tokens travel (docs/src/tokens.md): unsealing what a client echoes before the request
 //! is routed and forwarded (the backend always sees its own bytes), and sealing the backend
 //! into what an answer hands out (`Mcp-Routing-Id`, `requestState`, `Mcp-Session-Id`).
 

@@ -1,4 +1,4 @@
-//! The access log (DESIGN §7), read from the stdout of the router binary run as a child
+//! The access log (docs/src/observability.md), read from the stdout of the router binary run as a child
 //! process: one line per request with the fields, JSON that parses (or `key=value` text), no
 //! credential in any line, long values cut; and a stdout nobody reads neither slows nor stops
 //! serving, the lines it cannot take being dropped and counted.

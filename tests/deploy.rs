@@ -1,5 +1,5 @@
 //! deploy/: the container image, the Kubernetes manifests, the systemd unit, the Grafana
-//! dashboard and the Prometheus rules, each checked by the tool that consumes it (issue #20).
+//! dashboard and the Prometheus rules, each checked by the tool that consumes it (docs/src/deploying.md).
 //!
 //! Needs kubectl (with kustomize), promtool (Debian package `prometheus`), systemd-analyze, and
 //! the Python venv of tests/deploy/setup_venv.sh (kubernetes-validate and the CRD models), which

@@ -1,4 +1,4 @@
-//! Every error the router answers itself (DESIGN §6): status, JSON-RPC code, `Mcp-Router-Error`,
+//! Every error the router answers itself (docs/src/errors.md): status, JSON-RPC code, `Mcp-Router-Error`,
 //! and the request's id echoed when known.
 
 mod support;
@@ -176,7 +176,7 @@ async fn a_full_pin_table_refuses_a_new_call_that_echoes_a_routing_token() {
     assert_eq!(fleet.total_unknown_followups(), 0);
 }
 
-/// A legacy-session server (DESIGN §2c) on a real socket: `initialize` opens the session
+/// A legacy-session server (docs/src/dialects.md) on a real socket: `initialize` opens the session
 /// `session-1` (an `Mcp-Session-Id` answer header); in it, a `tools/call` answers `pending`, a
 /// `confirm` answers `pending` until `params.round` reaches `params.of`, then a final result.
 /// The example workers issue no sessions.

@@ -1,4 +1,4 @@
-//! The hostile-input table (issue #17): each row sends one bad thing, asserts the documented
+//! The hostile-input table (docs/src/limits.md): each row sends one bad thing, asserts the documented
 //! answer (README: "Hostile clients"), then asserts that a good request is still served and
 //! that this process's resident memory (router and test client) is back within bounds.
 //!

@@ -1,4 +1,4 @@
-//! A pin's life after its call (DESIGN §4): the replay window of a finished call, expiry counted
+//! A pin's life after its call (docs/src/pins.md): the replay window of a finished call, expiry counted
 //! once however the pin is found gone, and a follow-up that carries only its routing header.
 
 mod support;

@@ -1,4 +1,4 @@
-//! DESIGN §2b (`requestState`) against a server that writes its states the way some JSON
+//! The `requestState` dialect (docs/src/dialects.md) against a server that writes its states the way some JSON
 //! encoders do, and that may ask again with the same state: the router pins, seals and restores
 //! the state the client actually sees and echoes.
 
@@ -15,7 +15,7 @@ use support::*;
 
 const KEY_A: &str = "key-a-0123456789abcdef0123456789abcdef";
 
-/// A 2026-07-28 server (DESIGN §2b) that writes its `requestState`s the way some JSON encoders
+/// A 2026-07-28 server (docs/src/dialects.md) that writes its `requestState`s the way some JSON encoders
 /// do (`\/`, `\u00e9`), echoes the state in its text first, and resumes only states it issued.
 struct StateServer {
     name: String,

@@ -280,7 +280,7 @@ async fn debug_route_explains_keys_and_bodies_without_touching_pins() {
     assert_eq!(fleet.handle.pin_count(), 1);
 }
 
-/// The per-request metrics DESIGN §7 names, as an operator's dashboard reads them: counts by
+/// The per-request metrics docs/src/observability.md names, as an operator's dashboard reads them: counts by
 /// backend, method and status, the latency histogram, in-flight back to zero; and the probes.
 #[tokio::test]
 async fn requests_show_in_the_metrics_and_the_probes_answer() {

@@ -265,7 +265,7 @@ async fn client_disconnect_closes_the_upstream_stream() {
 /// A client that takes nothing of a streamed answer (its receive window stays shut) does not
 /// hold its request, and with it a backend connection, for ever: once it has taken nothing for
 /// `stream_idle_timeout`, the router drops the connection and the backend's stream is closed.
-/// (Takes that minute: DESIGN §2 puts no idle limit on a stream under 60 s.)
+/// (Takes that minute: docs/src/dialects.md: no idle limit under 60 s on a stream.)
 #[tokio::test]
 async fn a_client_that_takes_nothing_of_its_answer_is_dropped_after_the_idle_limit() {
     use tokio::io::AsyncWriteExt;
@@ -336,7 +336,7 @@ async fn http2_clients_are_served() {
     assert_eq!(a.worker(), b.worker());
 }
 
-/// A legacy-session server (DESIGN §2c): `initialize` opens session `s-1`; the session's GET
+/// A legacy-session server (docs/src/dialects.md): `initialize` opens session `s-1`; the session's GET
 /// stream sends a numbered `: ping` every 100 ms (up to 100); any other POST in the session is
 /// answered by name.
 async fn pinging_session_server() -> BackendSpec {

@@ -1,4 +1,4 @@
-//! Tasks on any replica (DESIGN §5): with `[tokens]`, a task id is sealed wherever it reaches
+//! Tasks on any replica (docs/src/tokens.md): with `[tokens]`, a task id is sealed wherever it reaches
 //! the client and unwrapped in `Mcp-Name` and `params.taskId` together, so every replica with
 //! the keys routes every follow-up to the instance holding the task; the round count of a call
 //! travels in its tokens; and a routing header that disagrees with the body is refused.

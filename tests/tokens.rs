@@ -1,4 +1,4 @@
-//! Sealed routing tokens (DESIGN §5): several replicas with the same keys route each other's
+//! Sealed routing tokens (docs/src/tokens.md): several replicas with the same keys route each other's
 //! follow-ups with no shared store; bad tokens are refused; backends only see their own bytes.
 
 mod support;

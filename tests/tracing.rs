@@ -1,4 +1,4 @@
-//! OpenTelemetry traces (DESIGN §7) seen by a real collector on a socket (`support::otlp`,
+//! OpenTelemetry traces (docs/src/observability.md) seen by a real collector on a socket (`support::otlp`,
 //! OTLP/HTTP protobuf): which spans a call makes, how they nest, what they say, which context
 //! the backend gets, how sampling decides, and that a collector that fails or is gone changes
 //! nothing for clients.

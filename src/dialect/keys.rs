@@ -1,5 +1,5 @@
 //! The keys a request carries: every handle in its headers and body that can choose a backend
-//! (DESIGN §2, §3), read once and borrowed from the request.
+//! (docs/src/dialects.md, docs/src/routing.md), read once and borrowed from the request.
 
 use std::borrow::Cow;
 
@@ -129,12 +129,12 @@ impl<'a> RequestKeys<'a> {
         self.header_key.filter(|h| !crate::token::is_token(h))
     }
 
-    /// The key hashed on the ring: the routing header, else the body key (DESIGN §2a).
+    /// The key hashed on the ring: the routing header, else the body key (docs/src/dialects.md).
     pub fn client_key(&self) -> Option<&str> {
         self.call_header().or(self.message_id.as_deref())
     }
 
-    /// Pin keys to look up, in DESIGN §3 order: learned handles first, then client keys.
+    /// Pin keys to look up, in the order of docs/src/routing.md: learned handles first, then client keys.
     pub fn pin_candidates(&self) -> impl Iterator<Item = (PinKey, &str)> + '_ {
         let learned = [
             self.request_state.as_deref().map(|s| (PinKind::RequestState, s)),

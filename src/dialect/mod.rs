@@ -1,4 +1,4 @@
-//! Reading the three MCP dialects (DESIGN §2): the keys a request carries and the outcome an
+//! Reading the three MCP dialects (docs/src/dialects.md): the keys a request carries and the outcome an
 //! answer reports. Only the envelope fields the router uses are parsed; everything else is
 //! skipped without allocating.
 

@@ -1,4 +1,4 @@
-//! Built-in example MCP worker speaking the routing-id dialect (DESIGN §2a), with real
+//! Built-in example MCP worker speaking the routing-id dialect (docs/src/dialects.md), with real
 //! per-instance call state. Used by `demo` and by the integration tests.
 //!
 //! Methods: `tools/call` of `transfer-funds` (or any tool with `arguments.rounds` > 1) answers

@@ -48,7 +48,7 @@ struct Record {
 }
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
-/// connection). Never fails: every problem becomes a DESIGN §6 answer.
+/// connection). Never fails: every problem becomes an answer of docs/src/errors.md.
 ///
 /// Boxed: the request's state is large (~3.9 KiB), and a future is copied whole each time it is
 /// moved; boxed here, it is moved as a pointer. Built in its box (`Box::write` into an

@@ -1,4 +1,4 @@
-//! The access log line (DESIGN §7): one per request, as JSON (`[log] format = "json"`) or as
+//! The access log line (docs/src/observability.md): one per request, as JSON (`[log] format = "json"`) or as
 //! `key=value` text. What goes in is chosen to be safe to keep: no header values but the
 //! protocol version, no query string, no token, `requestState` or session id; every value is
 //! cut to a bound when it is taken from the request ([`cut`]), so no request can make a long line.

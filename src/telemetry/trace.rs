@@ -1,4 +1,4 @@
-//! OpenTelemetry traces (DESIGN §7): a server span per request and a client span per upstream
+//! OpenTelemetry traces (docs/src/observability.md): a server span per request and a client span per upstream
 //! attempt, continuing the client's W3C `traceparent`/`tracestate` or starting a trace (head
 //! sampling by `sample_ratio`, by trace id; a client's decision is followed), and the context
 //! the backend gets in its own `traceparent`.

@@ -1,4 +1,4 @@
-//! Sealed routing tokens (DESIGN §5): the backend a follow-up belongs to, written into what the
+//! Sealed routing tokens (docs/src/tokens.md): the backend a follow-up belongs to, written into what the
 //! client echoes, encrypted and authenticated with ChaCha20-Poly1305 (ring), so any replica with
 //! the same keys routes it without a shared store and a token reveals nothing about the fleet.
 //!
