@@ -314,11 +314,14 @@ impl Metrics {
         }
     }
 
-    /// Creates a backend's error series at zero, one per kind, when the router learns of it.
+    /// Creates a backend's counters at zero (its errors one per kind) when the router learns
+    /// of it.
     pub fn know_backend(&self, name: &str) {
         for kind in UPSTREAM_ERROR_KINDS {
             drop(self.upstream_errors.with_label_values(&[name, kind]));
         }
+        drop(self.upstream_connections.with_label_values(&[name]));
+        drop(self.upstream_resends.with_label_values(&[name]));
     }
 
     /// Drops the per-backend gauges of a backend the router forgot.
