@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn peak_to_mean_load_is_bounded() {
         // 160 points per backend (the default) keeps peak/mean within 1.15 for fleets up to 7;
-        // larger fleets want more points (README: virtual_nodes), checked here at 640.
+        // larger fleets want more points (`routing.virtual_nodes`, docs/src/configuration.md), checked here at 640.
         for n in 2..=7 {
             let r = peak_to_mean(n, 160);
             assert!(r <= 1.15, "n={n} at 160 vnodes: peak/mean = {r:.3}");

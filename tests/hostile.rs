@@ -1,5 +1,5 @@
 //! The hostile-input table (docs/src/limits.md): each row sends one bad thing, asserts the documented
-//! answer (README: "Hostile clients"), then asserts that a good request is still served and
+//! answer (docs/src/limits.md), then asserts that a good request is still served and
 //! that this process's resident memory (router and test client) is back within bounds.
 //!
 //! | row | the bad thing | the answer |
@@ -11,7 +11,7 @@
 //! | [`admin_changes_need_the_token`] | `POST /backends/*/drain` without, with a wrong, with the right token; reads with `protect_reads`; no token on a non-loopback listener | 401 + `WWW-Authenticate: Bearer`, 401 `invalid_token`, 200; 403 |
 //! | [`admin_slowloris_cannot_blind_the_probes`] | 120 slow or idle admin connections | the oldest closed past `admin.max_connections`, the rest after `admin.header_read_timeout`; `/healthz` answers throughout |
 //! | [`connect_and_trace_are_answered_by_the_router`] | `CONNECT` (HTTP/1 and HTTP/2), `TRACE` | 405 `method_not_allowed`, `Allow: GET, POST, DELETE`; nothing forwarded |
-//! | [`malformed_or_oversized_heads_get_the_documented_bare_answers`] | a head that does not parse, 101 headers, a 70 KiB head (HTTP/1 and HTTP/2) | hyper's bare 400 / 431, as the README lists them |
+//! | [`malformed_or_oversized_heads_get_the_documented_bare_answers`] | a head that does not parse, 101 headers, a 70 KiB head (HTTP/1 and HTTP/2) | hyper's bare 400 / 431, as docs/src/limits.md lists them |
 //!
 //! Two rows of the issue live beside the token format's other tests, in `tests/tokens.rs`: a
 //! wrapped `requestState` used as an `Mcp-Session-Id` is refused
@@ -916,7 +916,7 @@ async fn raw_bare(addr: SocketAddr, request: &[u8]) -> String {
     String::from_utf8_lossy(&got).to_ascii_lowercase()
 }
 
-/// Not a limit of the router's own: it pins down the README's list of the answers hyper
+/// Not a limit of the router's own: it pins down the list of docs/src/limits.md of the answers hyper
 /// writes itself, bare (no JSON, no `Mcp-Router-Error`), before the router sees a request.
 #[tokio::test]
 async fn malformed_or_oversized_heads_get_the_documented_bare_answers() {

@@ -62,7 +62,7 @@ pub fn scanned(body: &[u8]) -> Option<Fields> {
     })
 }
 
-/// The same reading done by serde_json, by the rules of README "How the body is read":
+/// The same reading done by serde_json, by the rules of docs/src/dialects.md, "What the router reads of a request":
 /// - the grammar is serde_json's when it skips a value (`IgnoredAny`): strings that are only
 ///   skipped are not checked for UTF-8, escapes only for their syntax;
 /// - the request object (or a batch's first element, if an object) and its `params` (if an
@@ -72,8 +72,8 @@ pub fn scanned(body: &[u8]) -> Option<Fields> {
 ///   `params.requestState` and `params.taskId` count only as strings (a numeric key field by its
 ///   text), the occurrence that counts decoded as serde_json decodes a `String`; an occurrence
 ///   that is not a string is taken raw (UTF-8), one that is a string but does not count is
-///   skipped like any string (the scanner's documented choice, see the report in README
-///   "Fuzzing": a plain `RawValue` per occurrence would also check it for UTF-8).
+///   skipped like any string (the scanner's documented choice, see docs/src/design/testing.md,
+///   "Fuzzing and properties": a plain `RawValue` per occurrence would also check it for UTF-8).
 pub fn reference(body: &[u8]) -> Option<Fields> {
     serde_json::from_slice::<IgnoredAny>(body).ok()?;
     // In grammatical JSON, bytes that are not UTF-8 can only be inside strings: each becomes
