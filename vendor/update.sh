@@ -11,6 +11,13 @@
 #                                   (the next patch, to split and describe)
 #   vendor/update.sh --diff-release NAME
 #                                   print vendor/NAME's whole diff against its release
+#   vendor/update.sh --to-git NAME DIR [NEW]
+#                                   make DIR a git repository: the release, then one commit per
+#                                   patch (its message: the file's short name, a blank line, the
+#                                   header); with NEW, the release NEW too, to rebase onto
+#   vendor/update.sh --from-git NAME DIR
+#                                   write vendor/patches/NAME/ back from DIR's commits after its
+#                                   newest release, numbered in order (edit, reorder, split with git)
 #
 # The release is the .crate cargo downloads (through a throwaway project that depends on
 # NAME =VERSION, `cargo fetch`; offline first, so a cached release needs no network), checked
@@ -29,7 +36,7 @@ die() {
 }
 
 usage() {
-  sed -n '5,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '5,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -38,6 +45,8 @@ known() {
   for c in "${CRATES[@]}"; do [[ $c == "$1" ]] && return 0; done
   die "unknown crate '$1' (vendored: ${CRATES[*]})"
 }
+
+command -v patch >/dev/null || die "GNU patch is needed (apt-get install patch)"
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/vendor-update.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
@@ -114,20 +123,26 @@ release() {
   for f in "${NOT_SOURCE[@]}"; do rm -rf "${dest:?}/$f"; done
 }
 
-# Applies vendor/patches/NAME/*.patch in order to TREE; fails naming the patch and its hunks
-# that no longer apply. Quiet unless VERBOSE (then patch's own report: offsets).
+# Applies PATCH to TREE; fails naming the patch and its hunks that no longer apply. Quiet
+# unless VERBOSE (then patch's own report: offsets).
+apply_series_one() {
+  local name="$1" version="$2" tree="$3" p="$4" out
+  if ! out="$(patch -d "$tree" -p1 --forward --batch --fuzz=0 --no-backup-if-mismatch -r - <"$p" 2>&1)"; then
+    echo >&2 "$out"
+    die "vendor/patches/$name/$(basename "$p") does not apply to $name $version: the FAILED hunks above (file and line) need redoing by hand (vendor/README.md, 'Updating')"
+  fi
+  if [[ -n ${VERBOSE:-} ]]; then
+    echo "applied $(basename "$p")"
+    grep -E 'offset|fuzz' <<<"$out" | sed 's/^/  /' || true
+  fi
+}
+
+# Applies vendor/patches/NAME/*.patch in order to TREE.
 apply_series() {
-  local name="$1" version="$2" tree="$3" p out
-  for p in "$VENDOR/patches/$name"/[0-9][0-9][0-9][0-9]-*.patch; do
-    [[ -e $p ]] || die "no patches in vendor/patches/$name/"
-    if ! out="$(patch -d "$tree" -p1 --forward --batch --fuzz=0 --no-backup-if-mismatch -r - <"$p" 2>&1)"; then
-      echo >&2 "$out"
-      die "vendor/patches/$name/$(basename "$p") does not apply to $name $version: the FAILED hunks above (file and line) need redoing by hand"
-    fi
-    if [[ -n ${VERBOSE:-} ]]; then
-      echo "applied $(basename "$p")"
-      grep -E 'offset|fuzz' <<<"$out" | sed 's/^/  /' || true
-    fi
+  local p
+  for p in "$VENDOR/patches/$1"/[0-9][0-9][0-9][0-9]-*.patch; do
+    [[ -e $p ]] || die "no patches in vendor/patches/$1/"
+    apply_series_one "$1" "$2" "$3" "$p"
   done
 }
 
@@ -150,6 +165,60 @@ diff_against() {
   cp -a "$VENDOR/$name/." "$work/"
   git -C "$work" add -A -f
   git -C "$work" diff --cached --no-color --no-renames --no-ext-diff
+}
+
+GIT_ID=(-c user.name=vendor -c user.email=vendor@localhost -c commit.gpgsign=false)
+
+# DIR: a git repository holding NAME's release (tagged release-VERSION) and a commit per patch
+# of its series (branch `series`); with NEW, also the release NEW as a commit on top of the
+# current one (tagged release-NEW), for the series to be rebased onto.
+to_git() {
+  local name="$1" version="$2" dir="$3" new="${4:-}" p msg
+  [[ ! -e $dir ]] || die "$dir exists"
+  release "$name" "$version" "$dir"
+  git -C "$dir" init -q -b series
+  git -C "$dir" add -A -f
+  git "${GIT_ID[@]}" -C "$dir" commit -q --no-verify -m "release $name $version"
+  git -C "$dir" tag "release-$version"
+  for p in "$VENDOR/patches/$name"/[0-9][0-9][0-9][0-9]-*.patch; do
+    apply_series_one "$name" "$version" "$dir" "$p"
+    msg="$TMP/msg"
+    { basename "$p" .patch | cut -c6-; echo; sed '/^diff --git /,$d' "$p"; } >"$msg"
+    git -C "$dir" add -A -f
+    git "${GIT_ID[@]}" -C "$dir" commit -q --no-verify --cleanup=verbatim -F "$msg"
+  done
+  echo "$dir: $name $version (tag release-$version), then the series (branch series)"
+  [[ -n $new ]] || return 0
+  git -C "$dir" checkout -q --detach "release-$version"
+  find "$dir" -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} +
+  release "$name" "$new" "$dir"
+  git -C "$dir" add -A -f
+  git "${GIT_ID[@]}" -C "$dir" commit -q --no-verify -m "release $name $new"
+  git -C "$dir" tag "release-$new"
+  git -C "$dir" checkout -q series
+  echo "and $name $new (tag release-$new): git -C $dir rebase --onto release-$new release-$version series"
+}
+
+# vendor/patches/NAME/ from DIR's commits after its newest release commit, in order.
+from_git() {
+  local name="$1" dir="$2" out="$TMP/series" n=0 base c slug
+  mkdir -p "$out"
+  base="$(git -C "$dir" log -1 --format=%H --grep="^release $name " HEAD)"
+  [[ -n $base ]] || die "$dir: no 'release $name VERSION' commit under HEAD"
+  for c in $(git -C "$dir" rev-list --reverse "$base..HEAD"); do
+    n=$((n + 1))
+    slug="$(git -C "$dir" log -1 --format=%s "$c")"
+    [[ $slug =~ ^[a-z0-9][a-z0-9.-]*$ ]] || die "commit $c: its first line must be the patch's short name (a-z, 0-9, -), not '$slug'"
+    {
+      # The header, with one blank line before the diff.
+      git -C "$dir" log -1 --format=%b "$c" | awk 'NF { while (blank-- > 0) print ""; print; blank = 0; next } { blank++ } END { print "" }'
+      git -C "$dir" diff --no-color --no-renames --no-ext-diff "$c^" "$c"
+    } >"$out/$(printf %04d "$n")-$slug.patch"
+  done
+  [[ $n -gt 0 ]] || die "$dir has no commit after its release"
+  rm -f "$VENDOR/patches/$name"/[0-9][0-9][0-9][0-9]-*.patch
+  cp "$out"/*.patch "$VENDOR/patches/$name/"
+  echo "vendor/patches/$name/: $n patches from $dir; now vendor/update.sh $name $(vendored_version "$name") and --check"
 }
 
 case "${1:-}" in
@@ -177,6 +246,16 @@ case "${1:-}" in
     release "$2" "$version" "$TMP/base"
     [[ $1 == --diff ]] && apply_series "$2" "$version" "$TMP/base"
     diff_against "$2" "$TMP/base"
+    ;;
+  --to-git)
+    [[ $# -eq 3 || $# -eq 4 ]] || usage
+    known "$2"
+    to_git "$2" "$(vendored_version "$2")" "$3" "${4:-}"
+    ;;
+  --from-git)
+    [[ $# -eq 3 ]] || usage
+    known "$2"
+    from_git "$2" "$3"
     ;;
   -* | "")
     usage
