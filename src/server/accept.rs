@@ -17,7 +17,7 @@ use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::connection::{Builders, Connection};
+use super::connection::{Builders, Connection, OpenConnection};
 use super::shutdown::Shutdown;
 use super::{limits, warn_at_most_every_10s, watchdog};
 use crate::state::Shared;
@@ -231,39 +231,5 @@ fn waiting(fd: &OwnedFd) -> io::Result<()> {
         1 if pollfd.revents & libc::POLLIN != 0 => Ok(()),
         -1 => Err(io::Error::last_os_error()),
         _ => Err(io::ErrorKind::WouldBlock.into()),
-    }
-}
-
-/// A client connection's place under `max_connections`, and in `mrtr_connections{protocol}`,
-/// held until it closes.
-pub(super) struct OpenConnection {
-    _permit: OwnedSemaphorePermit,
-    gauge: parking_lot::Mutex<prometheus::IntGauge>,
-    gauges: prometheus::IntGaugeVec,
-}
-
-impl OpenConnection {
-    pub(super) fn new(shared: &Shared, permit: OwnedSemaphorePermit) -> OpenConnection {
-        let gauges = shared.metrics.connections.clone();
-        let gauge = gauges.with_label_values(&["pending"]);
-        gauge.inc();
-        OpenConnection {
-            _permit: permit,
-            gauge: parking_lot::Mutex::new(gauge),
-            gauges,
-        }
-    }
-
-    /// The connection turned out to speak `protocol` (`http1`, `http2`).
-    pub(super) fn speaks(&self, protocol: &str) {
-        let next = self.gauges.with_label_values(&[protocol]);
-        next.inc();
-        std::mem::replace(&mut *self.gauge.lock(), next).dec();
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.gauge.lock().dec();
     }
 }

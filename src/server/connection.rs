@@ -17,9 +17,9 @@ use hyper::service::{service_fn, Service};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncWrite, Interest};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsAcceptor;
 
-use super::accept::OpenConnection;
 use super::serve::{serve, Served};
 use super::shutdown::Shutdown;
 use super::{park, watchdog};
@@ -36,6 +36,40 @@ pub(super) struct Connection {
     pub(super) activity: Arc<watchdog::Activity>,
     pub(super) peer: SocketAddr,
     pub(super) open: OpenConnection,
+}
+
+/// A client connection's place under `max_connections`, and in `mrtr_connections{protocol}`,
+/// held until it closes.
+pub(super) struct OpenConnection {
+    _permit: OwnedSemaphorePermit,
+    gauge: parking_lot::Mutex<prometheus::IntGauge>,
+    gauges: prometheus::IntGaugeVec,
+}
+
+impl OpenConnection {
+    pub(super) fn new(shared: &Shared, permit: OwnedSemaphorePermit) -> OpenConnection {
+        let gauges = shared.metrics.connections.clone();
+        let gauge = gauges.with_label_values(&["pending"]);
+        gauge.inc();
+        OpenConnection {
+            _permit: permit,
+            gauge: parking_lot::Mutex::new(gauge),
+            gauges,
+        }
+    }
+
+    /// The connection turned out to speak `protocol` (`http1`, `http2`).
+    pub(super) fn speaks(&self, protocol: &str) {
+        let next = self.gauges.with_label_values(&[protocol]);
+        next.inc();
+        std::mem::replace(&mut *self.gauge.lock(), next).dec();
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.gauge.lock().dec();
+    }
 }
 
 impl Connection {
