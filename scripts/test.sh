@@ -68,6 +68,17 @@ export MRTR_DEPLOY_PYTHON
 step "cargo test"
 cargo test --all-targets
 
+# ---- vendor/ (see vendor/README.md) ----------------------------------------------------------
+step "vendor/: hyper and h2 are exactly their crates.io releases plus vendor/patches/ (vendor/update.sh --check)"
+# GNU patch applies the series (Debian's package, if the machine lacks it).
+command -v patch >/dev/null 2>&1 ||
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patch >/dev/null; } ||
+  { echo >&2 "==> FAILED: apt-get install patch (vendor/update.sh applies the series with it)"; exit 1; }
+vendor/update.sh --check
+step "the router against stock hyper and h2, without vendor/'s patches (scripts/test-stock.sh: builds into target/, shares what does not depend on hyper)"
+scripts/test-stock.sh
+# ---- end of the vendor/ block ----------------------------------------------------------------
+
 # --- bench (owned by bench/, see bench/README.md) ---------------------------------------------
 step "bench harness: its unit tests, then a smoke run of every row with the debug router (bench/run.py --smoke): proves each row starts, routes and has no errors; not a performance check"
 python3 -m unittest discover -s bench/tests

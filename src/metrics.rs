@@ -263,7 +263,7 @@ impl Metrics {
             connections_refused: counter(
                 &r,
                 "mrtr_connections_refused_total",
-                "Times a listener could not take a connection as it came: cap (proxy: max_connections open, it waits), fds (no descriptors), admin_cap (admin.max_connections open: the oldest admin connection was closed)",
+                "Connections a listener could not take as they came: cap (proxy: each client connection that waited in the kernel's backlog because server.max_connections were open), fds (times accepting failed: no descriptors), admin_cap (admin.max_connections open: the oldest admin connection was closed)",
                 &["reason"],
             ),
             discovery_resolutions: counter(

@@ -1,6 +1,7 @@
 //! New proxy connections: the protocol is told from the first bytes (HTTP/1 or h2c, with a
-//! fallback when a first segment is too short to tell), and a connection that sends nothing,
-//! or only part of a head, is closed after `header_read_timeout`.
+//! fallback when a first segment is too short to tell), a connection that sends nothing, or
+//! only part of a head, is closed after `header_read_timeout`, and those past
+//! `server.max_connections` are counted as they wait.
 
 mod support;
 
@@ -116,7 +117,7 @@ async fn sent_then_closed(fleet: &Fleet, first: &[u8], at_least: Duration, what:
     got
 }
 
-/// The answer to a head that came too slowly: 408 `header_timeout` (DESIGN §6), then close.
+/// The answer to a head that came too slowly: 408 `header_timeout` (docs/src/errors.md), then close.
 fn assert_header_timeout(got: &[u8]) {
     let text = String::from_utf8_lossy(got);
     let (head, body) = text
@@ -350,7 +351,7 @@ async fn a_parked_connection_is_let_go_when_its_client_leaves_or_after_the_heade
 
 /// A chunked request body with trailer fields is read whole and answered (hyper's chunked
 /// decoder, whose trailer buffer and limits the vendored hyper keeps boxed and resolved,
-/// `vendor/README.md` §7); one with more trailer fields than `server.max_headers` is a body
+/// vendor/patches/hyper/0007); one with more trailer fields than `server.max_headers` is a body
 /// the router cannot read: 400 `parse_error`, and the router serves on.
 #[tokio::test]
 async fn chunked_bodies_with_trailers_are_read_whole_and_too_many_trailers_are_refused() {
@@ -409,4 +410,64 @@ async fn part_of_a_head_sent_to_a_parked_connection_gets_the_408() {
     assert_header_timeout(&got);
     assert_waited(answered, Duration::from_millis(1900));
     assert_eq!(fleet.total_requests(), 1);
+}
+
+/// Connections past `server.max_connections` wait in the kernel's backlog, and each is counted
+/// once in `mrtr_connections_refused_total{reason="cap"}`: the first as soon as it waits, the
+/// others as they are accepted once connections close. After all are served the counter is
+/// their number, and a connection accepted with no cap in the way adds nothing.
+#[tokio::test]
+async fn each_connection_held_back_at_the_cap_is_counted_once() {
+    const CAP: usize = 2;
+    const PAST: usize = 3;
+    let fleet = Fleet::start(1, &format!("[server]\nmax_connections = {CAP}")).await;
+    let held_back = || async {
+        metric(
+            &fleet.metrics().await,
+            r#"mrtr_connections_refused_total{reason="cap"}"#,
+        )
+    };
+    let mut open = Vec::new();
+    for _ in 0..CAP {
+        let mut s = TcpStream::connect(fleet.router).await.unwrap();
+        s.write_all(raw_post(&fleet).as_bytes()).await.unwrap();
+        assert!(read_answer(&mut s).await.starts_with("HTTP/1.1 200"));
+        open.push(s);
+    }
+    assert_eq!(held_back().await, Some(0.0));
+
+    // Each sends its request at once; the router closes each once answered.
+    let closing = raw_mcp_post(fleet.router, "Connection: close\r\n", PING);
+    let mut past = Vec::new();
+    for _ in 0..PAST {
+        let mut s = TcpStream::connect(fleet.router).await.unwrap();
+        s.write_all(closing.as_bytes()).await.unwrap();
+        past.push(s);
+    }
+    let counted = "mrtr_connections_refused_total{reason=\"cap\"}";
+    fleet.wait_metric(counted, 1.0, Duration::from_secs(10)).await;
+    assert_eq!(fleet.total_requests(), CAP as u64, "served past the cap");
+
+    drop(open);
+    for (i, s) in past.iter_mut().enumerate() {
+        let got = read_to_close(s, REQUEST_DEADLINE).await.expect("served, then closed");
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "connection {i}: {}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    assert_eq!(held_back().await, Some(PAST as f64));
+
+    let mut s = TcpStream::connect(fleet.router).await.unwrap();
+    s.write_all(closing.as_bytes()).await.unwrap();
+    let got = read_to_close(&mut s, REQUEST_DEADLINE)
+        .await
+        .expect("served, then closed");
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+    assert_eq!(
+        held_back().await,
+        Some(PAST as f64),
+        "a connection that did not wait was counted"
+    );
 }

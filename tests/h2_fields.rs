@@ -1,4 +1,4 @@
-//! The patched h2's check of connection-specific fields (`vendor/README.md`, h2 change 1): it
+//! The patched h2's check of connection-specific fields (vendor/patches/h2/0001): it
 //! looks for them in one pass before its lookups, and must still refuse to send any message
 //! that carries one (RFC 9113 §8.2.2), a request or an answer, whichever field it is, while
 //! sending every other message as it is. Driven with h2 itself on a real connection, under

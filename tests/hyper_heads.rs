@@ -1,19 +1,19 @@
-//! The patched hyper's reading of heads (`vendor/README.md`, changes 9 to 14), each checked on
-//! real connections by what a server or a client reads:
-//! - a `Content-Length` that is one number is read without the list split (change 9), and
-//!   every other form as stock hyper reads it (an answer's length decides where the next one
-//!   starts);
-//! - header names come from a per-thread cache keyed by their bytes (change 10): whatever the
-//!   cache holds, every name reads lowercased, with its own value;
-//! - only a server looks for `TE: trailers` (change 11): a server still sends trailers to a
-//!   client that asked for them, and only to one, and a client still reads them;
-//! - HTTP/2 looks for connection-specific fields in one pass before taking them out (change
-//!   12): an answer or a request that has some still loses exactly those (h2 would refuse to
-//!   send it otherwise), one that has none keeps every field;
-//! - a `Connection` value of one token is compared as it is (change 13): a client and a server
-//!   still keep or close the connection as `close` and `keep-alive` say, in any case, alone or
-//!   in a list, and a token that only starts like one says nothing;
-//! - the server's `Date` is checked against the coarse wall clock (change 14): it is the wall
+//! The patched hyper's reading of heads (patches 0009 to 0014 in vendor/patches/hyper/), each
+//! checked on real connections by what a server or a client reads; each passes on stock hyper
+//! too (scripts/test-stock.sh), which is the point: the patches change nothing a peer sees.
+//! - a `Content-Length` that is one number is read without the list split (0009), and every
+//!   other form as stock hyper reads it (an answer's length decides where the next one starts);
+//! - header names come from a per-thread cache keyed by their bytes (0010): whatever the cache
+//!   holds, every name reads lowercased, with its own value;
+//! - only a server looks for `TE: trailers` (0011): a server still sends trailers to a client
+//!   that asked for them, and only to one, and a client still reads them;
+//! - HTTP/2 looks for connection-specific fields in one pass before taking them out (0012): an
+//!   answer or a request that has some still loses exactly those (h2 would refuse to send it
+//!   otherwise), one that has none keeps every field;
+//! - a `Connection` value of one token is compared as it is (0013): a client and a server still
+//!   keep or close the connection as `close` and `keep-alive` say, in any case, alone or in a
+//!   list, and a token that only starts like one says nothing;
+//! - the server's `Date` is checked against the coarse wall clock (0014): it is the wall
 //!   clock's second, and it turns with it.
 
 use std::convert::Infallible;
@@ -141,7 +141,7 @@ async fn next_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     }
 }
 
-// ---- Content-Length (change 9) -----------------------------------------------------------
+// ---- Content-Length (patch 0009) ----------------------------------------------------------------
 
 /// What a hyper client makes of an answer whose head carries `lengths` (one header line each)
 /// and whose body is `0123456789`: the body it read, or none if it refused the answer.
@@ -196,7 +196,7 @@ async fn lengths_that_disagree_or_are_not_numbers_are_refused() {
     }
 }
 
-// ---- Header names (change 10) ------------------------------------------------------------
+// ---- Header names (patch 0010) ------------------------------------------------------------------
 
 /// Heads sent on one connection, one after another.
 const HEADS: usize = 300;
@@ -292,7 +292,7 @@ async fn a_client_reads_every_name_as_sent_whatever_it_read_before() {
     within(server, run).await;
 }
 
-// ---- TE: trailers (change 11) ------------------------------------------------------------
+// ---- TE: trailers (patch 0011) ------------------------------------------------------------------
 
 /// What a hyper server writes for a chunked answer with a trailer field, to a request with
 /// these extra header lines: the raw answer, up to the end of its last chunk's trailers.
@@ -486,7 +486,7 @@ async fn an_h2_client_takes_connection_specific_fields_out_of_a_request_and_only
     within(server, run).await;
 }
 
-// ---- Connection tokens (change 13) --------------------------------------------------------
+// ---- Connection tokens (patch 0013) -------------------------------------------------------------
 
 /// Whether a hyper client sends a second request on the connection after an answer that
 /// starts with `status_line` and carries `connection` lines: the server answers whatever comes

@@ -10,7 +10,6 @@
 use std::future::{poll_fn, Future};
 use std::task::Poll;
 
-use http_body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::HttpService;
@@ -46,16 +45,29 @@ pub trait Parkable {
     fn is_idle(&self) -> bool;
 }
 
+/// hyper says whether the connection holds nothing (the patched hyper's `is_idle`,
+/// vendor/patches/hyper/0005).
+#[cfg(feature = "patched-http")]
 impl<I, S, B> Parkable for http1::Connection<I, S>
 where
     S: HttpService<Incoming, ResBody = B>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
-    B: Body + 'static,
+    B: http_body::Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     fn is_idle(&self) -> bool {
         http1::Connection::is_idle(self)
+    }
+}
+
+/// Stock hyper cannot say whether a connection may be taken apart without losing a byte, so
+/// none is parked, and at the shutdown an HTTP/1 connection is shut down as hyper does (one
+/// between requests closes at once, even with its client's next request in its socket).
+#[cfg(not(feature = "patched-http"))]
+impl<I, S: HttpService<Incoming>> Parkable for http1::Connection<I, S> {
+    fn is_idle(&self) -> bool {
+        false
     }
 }
 
