@@ -318,7 +318,7 @@ async fn assert_closed_and_answered(quiet: &mut TcpStream, sending: &mut TcpStre
 
 /// An idle keep-alive connection still in hyper's hands (not parked yet: the first check
 /// comes 7.5 s after its answer) whose client sent its next request as the shutdown began:
-/// that request is served, then the connection closes. (The unit test in `src/server/mod.rs`
+/// that request is served, then the connection closes. (The unit test in `src/server/serve.rs`
 /// holds tokio's reactor still to take the case where the router has not seen it yet.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_shutdown_a_request_just_sent_on_an_idle_connection_is_served() {
