@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use mrtr_router::config::{KeyDefault, Kind, Reference, REGENERATE};
+use mrtr_router::config::{KeyDefault, Kind, Reference, SectionDoc, REGENERATE};
 use mrtr_router::Config;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mrtr-router");
@@ -57,6 +57,10 @@ fn every_section_and_key_says_what_it_means_in_one_line() {
             "routing",
             "health",
             "tokens",
+            "auth",
+            "auth.resource_metadata",
+            "auth.tool",
+            "auth.method",
             "discovery",
             "upstream",
             "backend",
@@ -83,12 +87,9 @@ fn every_section_and_key_says_what_it_means_in_one_line() {
 #[test]
 fn the_reference_lists_exactly_the_keys_each_section_reads() {
     let backend = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
-    for section in &reference().sections {
-        // The section with what it requires, and one key too many.
-        let mut text = match section.array {
-            true => format!("[[{}]]\n", section.name),
-            false => format!("{backend}[{}]\n", section.name),
-        };
+    let reference = reference();
+    let required = |section: &SectionDoc| {
+        let mut text = String::new();
         for k in section.keys.iter().filter(|k| k.default == KeyDefault::Required) {
             let value = match k.kind {
                 Kind::Secrets => "[\"0123456789abcdef0123456789abcdef\"]",
@@ -96,13 +97,48 @@ fn the_reference_lists_exactly_the_keys_each_section_reads() {
             };
             text.push_str(&format!("{} = {value}\n", k.key));
         }
+        text
+    };
+    for section in &reference.sections {
+        // The section with what it (and the section it is in) requires, and one key too many.
+        let parent = section
+            .name
+            .split_once('.')
+            .and_then(|(p, _)| reference.sections.iter().find(|s| s.name == p));
+        let mut text = match parent {
+            Some(p) => format!("{backend}[{}]\n{}", p.name, required(p)),
+            None if section.array => String::new(),
+            None => backend.to_string(),
+        };
+        text.push_str(&match section.array {
+            true => format!("[[{}]]\n", section.name),
+            false => format!("[{}]\n", section.name),
+        });
+        text.push_str(&required(section));
         text.push_str("surely_no_key = 1\n");
+        // The other sections within the same section, with their required keys.
+        let top = section.name.split('.').next().unwrap();
+        let within = |s: &&SectionDoc| s.name.strip_prefix(top).is_some_and(|r| r.starts_with('.'));
+        for other in reference
+            .sections
+            .iter()
+            .filter(within)
+            .filter(|s| s.name != section.name && !s.array)
+        {
+            text.push_str(&format!("[{}]\n{}", other.name, required(other)));
+        }
         let e = Config::parse(Path::new("c.toml"), &text).unwrap_err().to_string();
         let listed = e
             .split_once("(expected one of: ")
             .and_then(|(_, rest)| rest.strip_suffix(')'))
             .unwrap_or_else(|| panic!("{text}: {e}"));
-        let documented: Vec<&str> = section.keys.iter().map(|k| k.key).collect();
+        // The keys, then the tables read as sections of their own (`[auth.resource_metadata]`).
+        let nested = reference
+            .sections
+            .iter()
+            .filter_map(|s| s.name.strip_prefix(section.name)?.strip_prefix('.'))
+            .collect::<Vec<_>>();
+        let documented: Vec<&str> = section.keys.iter().map(|k| k.key).chain(nested).collect();
         assert_eq!(listed.split(", ").collect::<Vec<_>>(), documented, "{text}");
     }
 }

@@ -3,6 +3,7 @@
 //! key is declared once, where its section is read (`reader`), which also writes `check`'s
 //! printout and, read in reference mode, the reference and the example config (`reference`).
 
+mod auth;
 pub mod defaults;
 mod file;
 mod fleet;
@@ -18,6 +19,7 @@ mod upstream;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use auth::{fetch_url, Algorithm, AuthConfig, Forward, JwksSource, ResourceMetadata, Scoped};
 pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
 pub use log::{LogConfig, LogFormat};
@@ -58,6 +60,9 @@ pub struct Config {
     pub health: HealthConfig,
     /// `[tokens]`: present when sealed routing tokens are on (docs/src/tokens.md).
     pub tokens: Option<TokensConfig>,
+    /// `[auth]` with `mode = "strict"`: the router checks every caller's token
+    /// (docs/src/authorization.md).
+    pub auth: Option<AuthConfig>,
     /// `[discovery]`: backends from DNS, merged with the static ones.
     pub discovery: Option<DiscoveryConfig>,
     /// `[upstream]`: how backends are reached (TLS, HTTP/2, idle pooled connections).
@@ -107,6 +112,37 @@ impl Config {
         let about = "Sealed routing tokens, so that every replica (and a restarted router) routes the calls in \
                      flight: present turns them on.";
         let tokens = tokens::tokens(doc.section(root, "tokens", about)?)?;
+        let about = "The router as the fleet's OAuth resource server: the JWT access tokens it accepts and the \
+                     scopes each operation needs; present turns it on.";
+        let auth_keys = auth::auth(doc.section(root, "auth", about)?)?;
+        let about = "The Protected Resource Metadata (RFC 9728) the router serves, from which clients find the \
+                     authorization server.";
+        let metadata = auth::resource_metadata(
+            doc.section_in(root, "auth", "resource_metadata", "auth.resource_metadata", about)?,
+            auth_keys.on(),
+        )?;
+        let mut scoped = [Vec::new(), Vec::new()];
+        for (list, (key, about)) in scoped.iter_mut().zip([
+            (
+                "tool",
+                "The scopes a `tools/call` of one tool needs; repeat for each tool.",
+            ),
+            (
+                "method",
+                "The scopes one JSON-RPC method needs (`tasks/get`, `resources/read`, ...); repeat for each.",
+            ),
+        ]) {
+            let name = if key == "tool" { "auth.tool" } else { "auth.method" };
+            for (table, span) in doc.elements_in(root, "auth", key, name, about)? {
+                let element = Section::element(doc, name, table, span);
+                let entry = auth::scoped(element, key, list)?;
+                list.push(entry);
+            }
+        }
+        let [tools, methods] = scoped;
+        let auth = auth::combine(auth_keys, metadata, tools, methods, |span, message| {
+            doc.err::<()>(span, message).unwrap_err()
+        })?;
         let about = "Backends found in DNS, merged with the static ones: present turns it on.";
         let discovery = fleet::discovery(doc.section(root, "discovery", about)?)?;
         let about = "How backends are reached: the TLS roots and client certificate, HTTP/2, pooled connections.";
@@ -140,6 +176,7 @@ impl Config {
             routing,
             health,
             tokens,
+            auth,
             discovery,
             upstream,
             backends,

@@ -50,6 +50,11 @@ pub(super) const fn key(name: &'static str, meaning: &'static str) -> Key {
 }
 
 impl Key {
+    /// The key's name.
+    pub const fn name(self) -> &'static str {
+        self.name
+    }
+
     /// What leaving out this key (which has no default) means, e.g. "plain HTTP".
     pub const fn unset(self, means: &'static str) -> Key {
         Key {
@@ -194,8 +199,19 @@ impl<'t> Doc<'t> {
         name: &'static str,
         about: &'static str,
     ) -> Result<Section<'a, 't>, ConfigError> {
+        self.section_named(root, name, name, about)
+    }
+
+    /// The table `key` of `root`, named `name`.
+    fn section_named<'a>(
+        &'a mut self,
+        root: &'a DeTable<'t>,
+        key: &'static str,
+        name: &'static str,
+        about: &'static str,
+    ) -> Result<Section<'a, 't>, ConfigError> {
         self.declare_section(name, false, about);
-        let value = root.get(name);
+        let value = root.get(key);
         let table = match value.map(|v| (v.get_ref(), v.span())) {
             None if self.reference.is_some() => Some((root, 0..0)),
             None => None,
@@ -203,6 +219,47 @@ impl<'t> Doc<'t> {
             Some((_, span)) => return self.err(Some(span), format!("{name}: must be a table ([{name}])")),
         };
         Ok(Section::new(self, name, table, false))
+    }
+
+    /// The table `key` of section `parent` (`[parent.key]`, named `name` in errors and the
+    /// reference), which is `about`. The parent's reader marks `key` read ([`Section::nested`]).
+    pub fn section_in<'a>(
+        &'a mut self,
+        root: &'a DeTable<'t>,
+        parent: &'static str,
+        key: &'static str,
+        name: &'static str,
+        about: &'static str,
+    ) -> Result<Section<'a, 't>, ConfigError> {
+        match parent_table(root, parent) {
+            Some(table) => self.section_named(table, key, name, about),
+            // No parent: nothing to read, but in reference mode, where `root` is empty.
+            None if self.reference.is_some() => self.section_named(root, key, name, about),
+            None => {
+                self.declare_section(name, false, about);
+                Ok(Section::new(self, name, None, false))
+            }
+        }
+    }
+
+    /// The elements of the array of tables `key` of section `parent` (`[[parent.key]]`, named
+    /// `name`), as [`Doc::elements`] gives those of a top-level one.
+    pub fn elements_in<'a>(
+        &mut self,
+        root: &'a DeTable<'t>,
+        parent: &'static str,
+        key: &'static str,
+        name: &'static str,
+        about: &'static str,
+    ) -> Result<Vec<(&'a DeTable<'t>, Range<usize>)>, ConfigError> {
+        match parent_table(root, parent) {
+            Some(table) => self.elements_named(table, key, name, about),
+            None if self.reference.is_some() => self.elements_named(root, key, name, about),
+            None => {
+                self.declare_section(name, true, about);
+                Ok(Vec::new())
+            }
+        }
     }
 
     /// The elements of the array of tables `name` (`[[name]]`), each `about`, to be read with
@@ -213,8 +270,18 @@ impl<'t> Doc<'t> {
         name: &'static str,
         about: &'static str,
     ) -> Result<Vec<(&'a DeTable<'t>, Range<usize>)>, ConfigError> {
+        self.elements_named(root, name, name, about)
+    }
+
+    fn elements_named<'a>(
+        &mut self,
+        root: &'a DeTable<'t>,
+        key: &'static str,
+        name: &'static str,
+        about: &'static str,
+    ) -> Result<Vec<(&'a DeTable<'t>, Range<usize>)>, ConfigError> {
         self.declare_section(name, true, about);
-        let Some(value) = root.get(name) else {
+        let Some(value) = root.get(key) else {
             return Ok(match self.reference {
                 Some(_) => vec![(root, 0..0)],
                 None => Vec::new(),
@@ -362,6 +429,16 @@ impl<'a, 't> Section<'a, 't> {
         self.err(Some(v.span()), format!("{}: expected {expected}", self.key_name(key)))
     }
 
+    /// Marks `keys` read: tables of this section read as sections of their own
+    /// ([`Doc::section_in`], [`Doc::elements_in`]).
+    pub fn nested(&mut self, keys: &[&'static str]) {
+        for key in keys {
+            if !self.read.contains(key) {
+                self.read.push(key);
+            }
+        }
+    }
+
     /// Records `key = value` (a TOML value, already written as TOML) in the printout.
     pub fn print(&mut self, key: &str, toml_value: impl Display) {
         let _ = writeln!(self.printout, "{key} = {toml_value}");
@@ -404,6 +481,14 @@ impl<'a, 't> Section<'a, 't> {
             out.push_str(&self.printout);
         }
         Ok(())
+    }
+}
+
+/// The section `parent` of `root`, when it is a table (its own reader refuses anything else).
+fn parent_table<'a, 't>(root: &'a DeTable<'t>, parent: &str) -> Option<&'a DeTable<'t>> {
+    match root.get(parent).map(|v| v.get_ref()) {
+        Some(DeValue::Table(t)) => Some(t),
+        _ => None,
     }
 }
 

@@ -59,6 +59,8 @@ pub enum Kind {
     Secret,
     /// An array of [`Kind::Secret`] strings.
     Secrets,
+    /// An array of strings.
+    Strings,
     Integer,
     Number,
     Boolean,
@@ -79,7 +81,7 @@ impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Kind::String | Kind::Secret => "string",
-            Kind::Secrets => "array of strings",
+            Kind::Secrets | Kind::Strings => "array of strings",
             Kind::Integer => "integer",
             Kind::Number => "number",
             Kind::Boolean => "boolean",
@@ -100,6 +102,8 @@ impl Kind {
         match self {
             Kind::Integer | Kind::Number | Kind::Boolean => value.to_string(),
             Kind::Secrets => format!("[{}]", quoted(value)),
+            // An example list is written as TOML already.
+            Kind::Strings => value.to_string(),
             _ => quoted(value),
         }
     }

@@ -132,6 +132,54 @@ impl<'a, 't> Section<'a, 't> {
         Ok((secrets.collect::<Result<_, _>>()?, span))
     }
 
+    /// An array of strings, each a `kind`; `None` when absent (the key declares what that means,
+    /// [`Key::unset`]). Not printed: the caller prints what it made of it ([`Section::print_strings`]).
+    pub fn strings(&mut self, key: Key, kind: Kind) -> Result<Option<TextList<'a>>, ConfigError> {
+        let doc = || (KeyDefault::Unset(key.unset.unwrap_or_default()), list_of(kind));
+        self.string_list(key, doc)
+    }
+
+    /// An array of strings with a default (written as TOML, e.g. `["RS256"]`); not printed.
+    pub fn strings_or(
+        &mut self,
+        key: Key,
+        kind: Kind,
+        default: &'static [&'static str],
+    ) -> Result<TextList<'a>, ConfigError> {
+        let doc = || (KeyDefault::Value(toml_strings(default.iter().copied())), list_of(kind));
+        let list = self.string_list(key, doc)?;
+        Ok(list.unwrap_or_else(|| (default.iter().map(|v| Text { value: v, span: None }).collect(), None)))
+    }
+
+    fn string_list(
+        &mut self,
+        key: Key,
+        doc: impl FnOnce() -> (KeyDefault, Option<String>),
+    ) -> Result<Option<TextList<'a>>, ConfigError> {
+        let Some(v) = self.value(key, Kind::Strings, doc)? else {
+            return Ok(None);
+        };
+        let DeValue::Array(items) = v.get_ref() else {
+            return self.wrong_type(key.name, v, "an array of strings");
+        };
+        let mut texts = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            match item.get_ref() {
+                DeValue::String(s) => texts.push(Text {
+                    value: s.as_ref(),
+                    span: Some(item.span()),
+                }),
+                _ => return self.wrong_type(key.name, item, "an array of strings"),
+            }
+        }
+        Ok(Some((texts, Some(v.span()))))
+    }
+
+    /// Records `key = [..]` in the printout.
+    pub fn print_strings<'s>(&mut self, key: &str, values: impl IntoIterator<Item = &'s str>) {
+        self.print(key, toml_strings(values));
+    }
+
     /// An integer within `range`, printed.
     pub fn int(&mut self, key: Key, default: i64, range: RangeInclusive<i64>) -> Result<i64, ConfigError> {
         let (min, max) = (*range.start(), *range.end());
@@ -326,6 +374,20 @@ impl<'a, 't> Section<'a, 't> {
         self.print(key.name, quoted(name));
         Ok(*value)
     }
+}
+
+/// An array of strings as written, with where the array stands (none: the default).
+pub(in crate::config) type TextList<'a> = (Vec<Text<'a>>, Option<Range<usize>>);
+
+/// What an array of `kind`s allows, beyond being an array of strings.
+fn list_of(kind: Kind) -> Option<String> {
+    (kind != Kind::String).then(|| format!("each a {kind}"))
+}
+
+/// Strings as a TOML array.
+pub(in crate::config) fn toml_strings<'s>(values: impl IntoIterator<Item = &'s str>) -> String {
+    let quoted: Vec<String> = values.into_iter().map(quoted).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 /// A duration as TOML: a string humantime reads back.
