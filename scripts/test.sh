@@ -45,6 +45,15 @@ step "Python venv with the official MCP SDK (tests/interop/requirements.txt)"
 MRTR_INTEROP_PYTHON="$(bash tests/interop/setup_venv.sh | tail -n1)"
 export MRTR_INTEROP_PYTHON
 
+# ---- the test authorization server (tests/idp.rs, tests/support/idp.rs) ------------------------
+step "Test authorization server: oidc-provider under node (tests/idp/package-lock.json, npm ci into tests/idp/node_modules)"
+if ! MRTR_IDP_DIR="$(bash tests/idp/setup.sh | tail -n1)" || [ ! -d "$MRTR_IDP_DIR/node_modules/oidc-provider" ]; then
+  echo >&2 "==> FAILED: bash tests/idp/setup.sh (see its output above)"
+  exit 1
+fi
+export MRTR_IDP_DIR
+# ---- end of the test authorization server block -----------------------------------------------
+
 # ---- deploy/ checks (tests/deploy.rs): their tools and venv -----------------------------------
 step "Tools for the deploy checks (tests/deploy.rs): promtool, kubectl, systemd-analyze; Python venv with kubernetes-validate (tests/deploy/requirements.txt)"
 if ! command -v promtool >/dev/null 2>&1; then
