@@ -179,7 +179,7 @@ async fn backend_closing_idle_connections_costs_no_request() {
     .await;
     assert_eq!(
         metric(&m, "mrtr_upstream_errors_total{backend=\"closer\",kind=\"reset\"}"),
-        None
+        Some(0.0)
     );
     fleet.shutdown().await;
 }
