@@ -12,7 +12,7 @@
 //! does not fit its type, of another type or curve, or with a member that is not base64url
 //! (unpadded, canonical) is skipped, and said so in [`ParsedKeySet::skipped`]: one bad key
 //! never costs the others. Only a document that is not a key set at all (not a JSON object
-//! with a `keys` array), or is larger than [`MAX_JWKS_BYTES`], is an error. At most
+//! with a `keys` array, or not UTF-8), or is larger than [`MAX_JWKS_BYTES`], is an error. At most
 //! [`MAX_KEYS`] keys are read; the rest are skipped.
 //!
 //! A token's `kid` picks the keys of that `kid`; a key without `kid` serves only tokens without
@@ -46,7 +46,7 @@ const RSA_MAX_BITS: usize = 8192;
 pub enum JwksError {
     /// Larger than [`MAX_JWKS_BYTES`].
     TooLarge { len: usize },
-    /// Not a JSON object with a `keys` array (serde_json's reason).
+    /// Not UTF-8, or not a JSON object with a `keys` array (the reason).
     NotJwks(String),
 }
 
@@ -124,7 +124,9 @@ impl KeySet {
             #[serde(borrow)]
             keys: Vec<&'a RawValue>,
         }
-        let doc: Document = serde_json::from_slice(document).map_err(|e| JwksError::NotJwks(e.to_string()))?;
+        // JSON is UTF-8 (RFC 8259 §8.1); checked whole, so no key is read from a broken text.
+        let text = std::str::from_utf8(document).map_err(|e| JwksError::NotJwks(e.to_string()))?;
+        let doc: Document = serde_json::from_str(text).map_err(|e| JwksError::NotJwks(e.to_string()))?;
         let mut keys = Vec::new();
         let mut skipped = Vec::new();
         for (n, raw) in doc.keys.into_iter().enumerate() {

@@ -677,18 +677,22 @@ fn the_key_set_is_bounded() {
 
 #[test]
 fn only_a_document_that_is_no_key_set_is_an_error() {
-    for doc in [
-        "",
-        "[]",
-        "{}",
-        r#"{"keys": 5}"#,
-        r#"{"keys": {}}"#,
-        "not json",
-        r#"{"keys": []"#,
-    ] {
+    let not_utf8: &[u8] = b"{\"keys\": [{\"kid\": \"\xff\"}]}";
+    let docs: [&[u8]; 8] = [
+        b"",
+        b"[]",
+        b"{}",
+        br#"{"keys": 5}"#,
+        br#"{"keys": {}}"#,
+        b"not json",
+        br#"{"keys": []"#,
+        not_utf8,
+    ];
+    for doc in docs {
         assert!(
-            matches!(KeySet::parse(doc.as_bytes()), Err(JwksError::NotJwks(_))),
-            "{doc:?}"
+            matches!(KeySet::parse(doc), Err(JwksError::NotJwks(_))),
+            "{}",
+            doc.escape_ascii()
         );
     }
     let empty = KeySet::parse(br#"{"keys": [], "other": 1}"#).unwrap();
