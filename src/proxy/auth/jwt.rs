@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use serde::de::{Deserializer, IgnoredAny};
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::algorithm::{Algorithm, AlgorithmSet};
@@ -216,12 +216,41 @@ struct Claims<'a> {
     scp: Option<OneOrMany<'a>>,
 }
 
-/// A string, or an array of strings (`aud`; `scp`).
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// A string, or an array of strings (`aud`; `scp`), borrowed from the decoded part where they
+/// have no escapes.
 enum OneOrMany<'a> {
-    One(#[serde(borrow)] Cow<'a, str>),
-    Many(#[serde(borrow)] Vec<Cow<'a, str>>),
+    One(Cow<'a, str>),
+    Many(Vec<Cow<'a, str>>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for OneOrMany<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<OneOrMany<'a>, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = OneOrMany<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<OneOrMany<'a>, E> {
+                Ok(OneOrMany::One(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<OneOrMany<'a>, E> {
+                Ok(OneOrMany::One(Cow::Owned(s.to_owned())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OneOrMany<'a>, A::Error> {
+                // Each element read as one of these (a plain `Cow` would copy every string).
+                let mut all = Vec::new();
+                while let Some(element) = seq.next_element::<OneOrMany<'a>>()? {
+                    match element {
+                        OneOrMany::One(s) => all.push(s),
+                        OneOrMany::Many(_) => return Err(de::Error::custom("an array in an array")),
+                    }
+                }
+                Ok(OneOrMany::Many(all))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 impl OneOrMany<'_> {

@@ -207,6 +207,13 @@ fn accepted_shapes_of_the_header_and_claims() {
     for changes in fine {
         assert!(ok(json!({}), changes.clone()).is_ok(), "{changes}");
     }
+    // Escapes in the strings read.
+    let escaped = format!(
+        r#"{{"iss":"{ISSUER}","aud":["https:\/\/mcp.example.com\/mcp"],"sub":"user-\u0041","exp":{}}}"#,
+        NOW_SECS + 60
+    );
+    let v = verify(&keys().p256.sign(&ec_header(json!({})), &escaped)).unwrap();
+    assert_eq!(v.subject, "user-A", "{escaped}");
 }
 
 /// The refusals, each with its exact failure; none of them is a token every check but one
@@ -296,6 +303,11 @@ fn refusals() {
         (
             "aud a number",
             ec_token(json!({}), claims_with(json!({"aud": 5}))),
+            F::Malformed(Part::Claims),
+        ),
+        (
+            "aud an array in an array",
+            ec_token(json!({}), claims_with(json!({"aud": [[AUDIENCE]]}))),
             F::Malformed(Part::Claims),
         ),
         (
