@@ -79,6 +79,11 @@ pub mod internals {
     pub use crate::body::split_sse;
     pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
+    pub use crate::proxy::auth::{
+        is_scope_token, Algorithm, AlgorithmSet, AuthFailure, InvalidScope, JwksError, Key, KeySet, ParsedKeySet,
+        Part as TokenPart, Policy as AuthPolicy, Principal, Scopes, SkippedKey, Verified, AUTH_RESULTS, MAX_JWKS_BYTES,
+        MAX_KEYS, MAX_TOKEN_BYTES,
+    };
     pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }

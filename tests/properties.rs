@@ -1,7 +1,8 @@
 //! The fuzz targets' properties (`fuzz/src/lib.rs`, compiled here as `checks`) on proptest's
 //! inputs, with bounded case counts, in the normal `cargo test`: the envelope scanner against
 //! serde_json, the token codec, the config printout, the SSE splitter under any chunking, the
-//! answer-outcome parser. Inputs are generated near the shapes the parsers read (envelope keys,
+//! answer-outcome parser, the access-token checks (claims against a model, a changed byte, any
+//! text) and the key-set reader. Inputs are generated near the shapes the parsers read (envelope keys,
 //! token prefixes, config sections) and then damaged, so both sides of every verdict are reached.
 
 #[path = "../fuzz/src/lib.rs"]
@@ -305,6 +306,145 @@ fn a_changed_bit_never_passes() {
         checks::check_token_bit_flips(checks::KINDS[kind], &backend, value.as_deref(), rounds, previous, None);
         []
     });
+}
+
+// ---- Access tokens (JWT) and key sets ----------------------------------------------------------
+
+/// Claims near every boundary of the claims checks: the issuer exact or nearly, audiences that
+/// are the policy's or not (a string, an array, absent), dates a few minutes around `now`
+/// against a leeway of up to two minutes, a subject or only a client.
+fn jwt_claims() -> impl Strategy<Value = checks::JwtClaims> {
+    let name = prop_oneof![
+        3 => Just(checks::JWT_AUDIENCE.to_owned()),
+        1 => Just(format!("{}/", checks::JWT_AUDIENCE)),
+        1 => Just("https://other.example".to_owned()),
+        1 => "[a-z:/.]{0,10}",
+    ];
+    let issuer = proptest::option::weighted(
+        0.95,
+        prop_oneof![
+            6 => Just(checks::JWT_ISSUER.to_owned()),
+            1 => Just(checks::JWT_ISSUER.to_uppercase()),
+            1 => "[a-z:/.]{0,10}",
+        ],
+    );
+    let audience = prop_oneof![
+        1 => Just(checks::Aud::Absent),
+        3 => name.clone().prop_map(checks::Aud::One),
+        3 => vec(name.clone(), 0..4).prop_map(checks::Aud::Many),
+    ];
+    let date = |weight, range: std::ops::Range<i64>| proptest::option::weighted(weight, range);
+    let who = || proptest::option::weighted(0.8, prop_oneof![3 => "[a-z0-9-]{1,8}", 1 => Just(String::new())]);
+    (
+        issuer,
+        audience,
+        (date(0.97, -200..400), date(0.6, -400..150), date(0.6, -400..150)),
+        (who(), who()),
+        vec(name, 1..3),
+        0u64..120,
+        1_700_000_000u64..1_900_000_000,
+        0..3usize,
+    )
+        .prop_map(
+            |(iss, aud, (exp, nbf, iat), (sub, client_id), audiences, leeway, now, signer)| {
+                let at = |offset: Option<i64>| offset.map(|o| now as i64 + o);
+                checks::JwtClaims {
+                    iss,
+                    aud,
+                    exp: at(exp),
+                    nbf: at(nbf),
+                    iat: at(iat),
+                    sub,
+                    client_id,
+                    audiences,
+                    leeway,
+                    now,
+                    signer,
+                }
+            },
+        )
+}
+
+#[test]
+fn jwt_claims_verdicts_match_the_model() {
+    use mrtr_router::internals::AuthFailure as F;
+    let verdicts = run(768, jwt_claims(), |case| {
+        let v = checks::check_jwt_claims(&case);
+        [
+            v.is_ok(),
+            v == Err(F::Issuer),
+            v == Err(F::Audience),
+            v == Err(F::Expired),
+            v == Err(F::NotYetValid),
+            v == Err(F::NoSubject) || v == Err(F::MissingExpiry),
+        ]
+    });
+    assert!(
+        verdicts.iter().all(|&n| n > 15),
+        "ok, issuer, audience, expired, not yet valid, no subject or expiry: {verdicts:?}"
+    );
+}
+
+/// A token of every key, with claims `check_jwt_changes` accepts (subject and expiry drawn).
+fn accepted_token() -> impl Strategy<Value = String> {
+    (0..3usize, "[a-z0-9-]{1,12}", 1i64..4000)
+        .prop_map(|(signer, sub, lifetime)| checks::JwtClaims::accepted(signer, &sub, lifetime).token())
+}
+
+#[test]
+fn a_changed_byte_of_a_jwt_never_passes() {
+    run(12, accepted_token(), |token| {
+        checks::check_jwt_changes(&token, None);
+        []
+    });
+    run(
+        64,
+        (accepted_token(), vec((any::<usize>(), any::<u8>()), 1..48)),
+        |(token, changes)| {
+            checks::check_jwt_changes(&token, Some(&changes));
+            []
+        },
+    );
+}
+
+#[test]
+fn any_text_as_a_jwt_never_panics() {
+    let b64 = "[A-Za-z0-9_-]";
+    let shaped = format!("eyJ{b64}{{0,60}}(\\.{b64}{{0,80}}){{0,4}}");
+    let strategy = (
+        prop_oneof![
+            vec(any::<u8>(), 0..96),
+            proptest::string::string_regex(&shaped)
+                .unwrap()
+                .prop_map(String::into_bytes),
+            accepted_token().prop_map(String::into_bytes),
+            Just(vec![b'e'; mrtr_router::internals::MAX_TOKEN_BYTES + 1]),
+        ],
+        prop_oneof![Just(vec![]), vec(damage(), 1..3)],
+    );
+    let [accepted, refused] = run(512, strategy, |(text, harm)| {
+        let accepted = checks::check_jwt_text(&damaged(&String::from_utf8_lossy(&text), &harm));
+        [accepted, !accepted]
+    });
+    assert!(accepted > 40 && refused > 200, "{accepted} accepted, {refused} refused");
+}
+
+#[test]
+fn any_key_set_reads_each_key_once() {
+    let keys = &checks::jwt_keys().signers;
+    let jwk = prop_oneof![
+        (0..3usize).prop_map(|n| keys[n].jwk().to_string()),
+        json_value(),
+        Just(r#"{"kty":"RSA","n":"AQAB","e":"AQAB"}"#.to_owned()),
+        Just(r#"{"kty":"OKP","crv":"Ed25519","x":"AAAA","use":"enc"}"#.to_owned()),
+    ];
+    let strategy = (vec(jwk, 0..6), vec(damage(), 0..2));
+    let [kept, not] = run(512, strategy, |(jwks, harm)| {
+        let doc = format!(r#"{{"keys":[{}]}}"#, jwks.join(","));
+        let kept = checks::check_jwks(&damaged(&doc, &harm));
+        [kept > 0, kept == 0]
+    });
+    assert!(kept > 100 && not > 100, "{kept} sets with keys, {not} without");
 }
 
 // ---- Config ----------------------------------------------------------------------------------------

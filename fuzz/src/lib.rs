@@ -1,14 +1,16 @@
 //! The properties of the router's parsers, each a `check_*` function that panics when it fails.
 //! The fuzz targets (`fuzz/fuzz_targets/`, `cargo +nightly fuzz run <target>`) feed them
 //! libFuzzer's inputs; `tests/properties.rs` compiles this same file and feeds them proptest's,
-//! in the normal `cargo test`. Uses only crates the router itself depends on.
+//! in the normal `cargo test`. Uses only crates the router itself depends on (the JWT checks
+//! sign their tokens with `ring`, by `tests/fixtures/jwt/signer.rs`).
 
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mrtr_router::internals::{
-    parse_outcome, parse_request, request_state_at, split_sse, LegacyTokenKeys, Outcome, TokenKeys, TokenKind,
+    parse_outcome, parse_request, request_state_at, split_sse, AlgorithmSet, AuthFailure, AuthPolicy, KeySet,
+    LegacyTokenKeys, Outcome, TokenKeys, TokenKind, AUTH_RESULTS, MAX_KEYS, MAX_TOKEN_BYTES,
 };
 use mrtr_router::Config;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -432,4 +434,274 @@ pub fn check_outcome(message: &[u8]) -> bool {
         );
     }
     matches!(outcome, Outcome::InputRequired { .. })
+}
+
+// ---- 6. Access tokens (JWT) and key sets ------------------------------------------------------
+
+#[path = "../../tests/fixtures/jwt/signer.rs"]
+pub mod signer;
+
+/// The issuer and the audience of the JWT checks' policy.
+pub const JWT_ISSUER: &str = "https://issuer.example";
+pub const JWT_AUDIENCE: &str = "https://mcp.example.com/mcp";
+/// The leeway of the checks on any text.
+pub const JWT_LEEWAY: u64 = 60;
+
+/// The keys of the JWT checks: the RSA test key (`rsa`), a P-256 key made per process (`ec`),
+/// an Ed25519 key of a fixed seed (`ed`), and the set of the three. The RSA and Ed25519 keys
+/// are the same in every run, so the corpus (`fuzz/corpus/jwt/`) holds tokens that verify.
+pub struct JwtKeys {
+    pub signers: [signer::Signer; 3],
+    pub set: KeySet,
+}
+
+pub fn jwt_keys() -> &'static JwtKeys {
+    static KEYS: OnceLock<JwtKeys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let signers = [
+            signer::Signer::rsa(Some("rsa")),
+            signer::Signer::p256(Some("ec")),
+            signer::Signer::ed25519([42; 32], Some("ed")),
+        ];
+        let doc = signer::jwks(&signers.each_ref().map(|s| s.jwk()));
+        let parsed = KeySet::parse(doc.as_bytes()).expect("the checks' key set");
+        assert!(parsed.skipped.is_empty(), "{:?}", parsed.skipped);
+        JwtKeys {
+            signers,
+            set: parsed.keys,
+        }
+    })
+}
+
+/// The policy of the JWT checks.
+pub fn jwt_policy(audiences: &[String], leeway: u64) -> AuthPolicy {
+    AuthPolicy {
+        issuer: JWT_ISSUER.to_owned(),
+        audiences: audiences.to_vec(),
+        algorithms: AlgorithmSet::ALL,
+        leeway: Duration::from_secs(leeway),
+    }
+}
+
+/// Any text as a bearer token, at [`now`]: never a panic; a refusal names a label of
+/// `mrtr_auth_total` and a description that quotes as is; a token over the limit is refused
+/// for its length; one accepted is from the issuer, unexpired and names a subject. Returns
+/// whether it was accepted.
+pub fn check_jwt_text(data: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(data);
+    let policy = jwt_policy(&[JWT_AUDIENCE.to_owned()], JWT_LEEWAY);
+    match policy.verify(&text, &jwt_keys().set, now()) {
+        Ok(v) => {
+            assert!(text.len() <= MAX_TOKEN_BYTES, "{text:?}");
+            assert_eq!(v.issuer, JWT_ISSUER, "{text:?}");
+            assert!(!v.subject.is_empty(), "{text:?}");
+            assert!(v.expires_at + Duration::from_secs(JWT_LEEWAY) > now(), "{text:?}");
+            true
+        }
+        Err(failure) => {
+            assert!(AUTH_RESULTS.contains(&failure.result()), "{failure:?}");
+            let d = failure.description();
+            assert!(
+                d.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\'),
+                "{d:?}"
+            );
+            if text.len() > MAX_TOKEN_BYTES {
+                assert_eq!(failure, AuthFailure::TooLong { len: text.len() });
+            }
+            false
+        }
+    }
+}
+
+/// Any bytes as a JWKS document: never a panic; a document is a key set exactly when it is
+/// UTF-8 and serde_json reads it as an object with a `keys` array (members skipped unread, as
+/// the set's reader skips what it does not use), and then each of its `keys` is either a key or skipped, the
+/// first [`MAX_KEYS`] at most kept. Returns how many keys it kept.
+pub fn check_jwks(data: &[u8]) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Document {
+        keys: Vec<IgnoredAny>,
+    }
+    let parsed = KeySet::parse(data);
+    let reference = std::str::from_utf8(data).map(|_| serde_json::from_slice::<Document>(data));
+    let reference = reference.ok().and_then(Result::ok).ok_or(());
+    assert_eq!(
+        parsed.is_ok(),
+        reference.is_ok(),
+        "{parsed:?}: b\"{}\"",
+        data.escape_ascii()
+    );
+    let (Ok(parsed), Ok(doc)) = (parsed, reference) else {
+        return 0;
+    };
+    assert_eq!(
+        parsed.keys.len() + parsed.skipped.len(),
+        doc.keys.len(),
+        "b\"{}\"",
+        data.escape_ascii()
+    );
+    assert!(parsed.keys.len() <= MAX_KEYS);
+    assert!(parsed.keys.iter().all(|k| !k.algorithms().is_empty()));
+    parsed.keys.len()
+}
+
+/// The audience claim of a [`JwtClaims`] case.
+#[derive(Debug, Clone)]
+pub enum Aud {
+    Absent,
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Claims, a policy's audiences and leeway, and a moment: the inputs of the claims checks.
+#[derive(Debug, Clone)]
+pub struct JwtClaims {
+    pub iss: Option<String>,
+    pub aud: Aud,
+    pub exp: Option<i64>,
+    pub nbf: Option<i64>,
+    pub iat: Option<i64>,
+    pub sub: Option<String>,
+    pub client_id: Option<String>,
+    /// The policy's audiences and leeway (seconds).
+    pub audiences: Vec<String>,
+    pub leeway: u64,
+    /// Seconds since the epoch.
+    pub now: u64,
+    /// Which key signs: `jwt_keys().signers[signer % 3]`.
+    pub signer: usize,
+}
+
+impl JwtClaims {
+    pub fn claims(&self) -> serde_json::Value {
+        let mut c = serde_json::json!({ "scope": "mcp:tools files:read" });
+        let mut set = |k: &str, v: Option<serde_json::Value>| {
+            if let Some(v) = v {
+                c[k] = v;
+            }
+        };
+        set("iss", self.iss.clone().map(Into::into));
+        set(
+            "aud",
+            match &self.aud {
+                Aud::Absent => None,
+                Aud::One(a) => Some(a.clone().into()),
+                Aud::Many(a) => Some(a.clone().into()),
+            },
+        );
+        set("exp", self.exp.map(Into::into));
+        set("nbf", self.nbf.map(Into::into));
+        set("iat", self.iat.map(Into::into));
+        set("sub", self.sub.clone().map(Into::into));
+        set("client_id", self.client_id.clone().map(Into::into));
+        c
+    }
+
+    /// The verdict by the rules of docs/src/authorization.md, written out plainly.
+    pub fn model(&self) -> Result<(), AuthFailure> {
+        if self.iss.as_deref() != Some(JWT_ISSUER) {
+            return Err(AuthFailure::Issuer);
+        }
+        let auds: &[String] = match &self.aud {
+            Aud::Absent => &[],
+            Aud::One(a) => std::slice::from_ref(a),
+            Aud::Many(a) => a,
+        };
+        if !auds.iter().any(|a| self.audiences.contains(a)) {
+            return Err(AuthFailure::Audience);
+        }
+        let (now, leeway) = (self.now as i64, self.leeway as i64);
+        match self.exp {
+            None => return Err(AuthFailure::MissingExpiry),
+            Some(exp) if now >= exp + leeway => return Err(AuthFailure::Expired),
+            Some(_) => {}
+        }
+        if self.nbf.is_some_and(|t| t > now + leeway) || self.iat.is_some_and(|t| t > now + leeway) {
+            return Err(AuthFailure::NotYetValid);
+        }
+        let named = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
+        if !named(&self.sub) && !named(&self.client_id) {
+            return Err(AuthFailure::NoSubject);
+        }
+        Ok(())
+    }
+
+    /// Claims [`check_jwt_changes`]'s policy accepts at [`now`]: subject `sub`, expiring in
+    /// `lifetime` seconds (positive), signed by `signer`.
+    pub fn accepted(signer: usize, sub: &str, lifetime: i64) -> JwtClaims {
+        let now = now().duration_since(UNIX_EPOCH).expect("after the epoch").as_secs();
+        JwtClaims {
+            iss: Some(JWT_ISSUER.to_owned()),
+            aud: Aud::Many(vec![JWT_AUDIENCE.to_owned()]),
+            exp: Some(now as i64 + lifetime),
+            nbf: None,
+            iat: Some(now as i64),
+            sub: Some(sub.to_owned()),
+            client_id: None,
+            audiences: vec![JWT_AUDIENCE.to_owned()],
+            leeway: JWT_LEEWAY,
+            now,
+            signer,
+        }
+    }
+
+    /// The token of these claims, signed by the case's key.
+    pub fn token(&self) -> String {
+        jwt_keys().signers[self.signer % 3].token(&self.claims())
+    }
+}
+
+/// A token of `case`'s claims verifies exactly when [`JwtClaims::model`] says it does, and
+/// fails as the model says; an accepted one reads back its subject and expiry. Returns the
+/// verdict.
+pub fn check_jwt_claims(case: &JwtClaims) -> Result<(), AuthFailure> {
+    let token = case.token();
+    let now = UNIX_EPOCH + Duration::from_secs(case.now);
+    let got = jwt_policy(&case.audiences, case.leeway).verify(&token, &jwt_keys().set, now);
+    let expected = case.model();
+    assert_eq!(got.as_ref().map(drop), expected.as_ref().map(drop), "{case:?}");
+    if let Ok(v) = &got {
+        let named = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+        assert_eq!(Some(&v.subject), named(&case.sub).or(named(&case.client_id)).as_ref());
+        let exp = case.exp.expect("accepted with an expiry");
+        assert_eq!(v.expires_at, UNIX_EPOCH + Duration::from_secs(exp.max(0) as u64));
+    }
+    expected
+}
+
+/// A signed `token` that verifies at [`now`] under [`jwt_policy`] (audience [`JWT_AUDIENCE`])
+/// stops verifying for any one change of one byte: each of its bits flipped in turn and each
+/// byte removed, or (`changes`, positions taken modulo its length) those bytes replaced.
+pub fn check_jwt_changes(token: &str, changes: Option<&[(usize, u8)]>) {
+    let policy = jwt_policy(&[JWT_AUDIENCE.to_owned()], JWT_LEEWAY);
+    let verify = |t: &[u8]| match std::str::from_utf8(t) {
+        Ok(t) => policy.verify(t, &jwt_keys().set, now()).is_ok(),
+        Err(_) => false,
+    };
+    assert!(verify(token.as_bytes()), "{token} does not verify");
+    let mut bytes = token.as_bytes().to_vec();
+    let refused = |at: usize, to: u8, bytes: &mut Vec<u8>| {
+        let was = std::mem::replace(&mut bytes[at], to);
+        if was != to {
+            assert!(!verify(bytes), "byte {at} of {token} changed to {to:#04x}: accepted");
+        }
+        bytes[at] = was;
+    };
+    match changes {
+        Some(changes) => {
+            for &(at, to) in changes {
+                refused(at % bytes.len(), to, &mut bytes);
+            }
+        }
+        None => {
+            for at in 0..bytes.len() {
+                for bit in 0..8 {
+                    refused(at, bytes[at] ^ (1 << bit), &mut bytes);
+                }
+                let mut removed = bytes.clone();
+                removed.remove(at);
+                assert!(!verify(&removed), "byte {at} of {token} removed: accepted");
+            }
+        }
+    }
 }

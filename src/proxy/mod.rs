@@ -7,6 +7,7 @@
 //! out when the answer's body is done with).
 
 mod answer;
+pub(crate) mod auth;
 mod forward;
 mod headers;
 mod read;

@@ -1,0 +1,51 @@
+//! The router as an OAuth 2.1 resource server: the verification core of bearer access tokens,
+//! pure code without I/O (docs/src/authorization.md says the rules; this folder implements
+//! them). The request path, the `[auth]` config and the fetching of the issuer's keys build on
+//! it:
+//! - `algorithm` the signature algorithms verified ([`Algorithm`]; `none` and HMAC never)
+//! - `jwks`      an issuer's JSON Web Key Set (RFC 7517) → an immutable [`KeySet`] by `kid`
+//! - `jwt`       one compact JWS access token (RFC 7519, RFC 9068) checked against a
+//!   [`Policy`] and a [`KeySet`] → [`Verified`] or an [`AuthFailure`]
+//! - `scopes`    the granted [`Scopes`] and what an operation's required scopes lack, with
+//!   scope hierarchies (`files` implies `files:write`)
+//! - `principal` who the caller is ([`Principal`]: issuer + subject) and its stable digest,
+//!   the one sealed into routing tokens
+//!
+//! [`AUTH_RESULTS`] are the values of the `result` label of `mrtr_auth_total`; each failure
+//! names its own with [`AuthFailure::result`].
+
+mod algorithm;
+mod jwks;
+mod jwt;
+mod principal;
+mod scopes;
+
+pub use algorithm::{Algorithm, AlgorithmSet};
+pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
+pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
+pub use principal::Principal;
+pub use scopes::{is_scope_token, InvalidScope, Scopes};
+
+/// The values of the `result` label of `mrtr_auth_total`, every one a request can end with:
+/// `ok` (verified and sufficient), `missing` (no bearer token), `invalid`, `expired`,
+/// `audience` (a token for another resource), `scope` (insufficient), `jwks_unavailable` (the
+/// issuer's keys cannot be loaded), `origin` (an `Origin` not allowed), `principal` (a sealed
+/// handle presented by another principal).
+pub const AUTH_RESULTS: [&str; 9] = [
+    "ok",
+    "missing",
+    "invalid",
+    "expired",
+    "audience",
+    "scope",
+    "jwks_unavailable",
+    "origin",
+    "principal",
+];
+
+#[cfg(test)]
+#[path = "../../../tests/fixtures/jwt/signer.rs"]
+mod signer;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,48 @@
+//! Who a verified caller is: its issuer and subject, and the fixed-size digest of the two that
+//! sealed handles carry (docs/src/authorization.md, "Principals"; docs/src/tokens.md).
+//!
+//! The digest names the principal, never the token: a step-up or a refresh issues a new access
+//! token (other scopes, another `jti`, another expiry) for the same principal, and the calls it
+//! holds stay its own.
+//!
+//! ```text
+//! digest = SHA-256( "mrtr-principal-v1" 0x00 | len(issuer) u64 | issuer | len(subject) u64 | subject )
+//! ```
+//!
+//! (lengths big-endian, in bytes of UTF-8). The lengths keep `("ab", "c")` and `("a", "bc")`
+//! apart. The format is stable: changing it makes every sealed handle in flight refused as
+//! another principal's, so a new one takes a new tag.
+
+use ring::digest::{Context, SHA256};
+
+/// The tag that starts every digest (and versions its format).
+const DIGEST_TAG: &[u8] = b"mrtr-principal-v1\0";
+
+/// A caller as the issuer knows it: `iss` and `sub` (or, without `sub`, `client_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Principal {
+    pub issuer: String,
+    pub subject: String,
+}
+
+impl Principal {
+    pub fn new(issuer: impl Into<String>, subject: impl Into<String>) -> Principal {
+        Principal {
+            issuer: issuer.into(),
+            subject: subject.into(),
+        }
+    }
+
+    /// The stable 32-byte digest of issuer and subject (the module doc has its format).
+    pub fn digest(&self) -> [u8; 32] {
+        let mut ctx = Context::new(&SHA256);
+        ctx.update(DIGEST_TAG);
+        for part in [&self.issuer, &self.subject] {
+            ctx.update(&(part.len() as u64).to_be_bytes());
+            ctx.update(part.as_bytes());
+        }
+        let mut out = [0; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
+    }
+}
