@@ -36,6 +36,7 @@
 //! directly; it is not a stable interface.
 
 mod admin;
+mod auth;
 mod balance;
 mod body;
 mod calls;
@@ -75,15 +76,15 @@ use state::Shared;
 
 /// The inner types benches, fuzz targets and tests exercise directly. Not a stable interface.
 pub mod internals {
-    pub use crate::balance::HashRing;
-    pub use crate::body::split_sse;
-    pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
-    pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
-    pub use crate::proxy::auth::{
+    pub use crate::auth::{
         is_scope_token, Algorithm, AlgorithmSet, AuthFailure, InvalidScope, JwksError, Key, KeySet, ParsedKeySet,
         Part as TokenPart, Policy as AuthPolicy, Principal, Scopes, SkippedKey, Verified, AUTH_RESULTS, MAX_JWKS_BYTES,
         MAX_KEYS, MAX_TOKEN_BYTES,
     };
+    pub use crate::balance::HashRing;
+    pub use crate::body::split_sse;
+    pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
+    pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
     pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }

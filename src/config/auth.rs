@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::reader::{key, quoted, Section, Text};
 use super::reference::Kind;
-use super::{defaults, ConfigError};
+use super::{defaults, Algorithm, AlgorithmSet, ConfigError};
 
 /// `[auth]` with `mode = "strict"`: every request outside `public_paths` needs a valid token.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +19,7 @@ pub struct AuthConfig {
     pub audiences: Vec<String>,
     pub jwks: JwksSource,
     /// Signature algorithms accepted (never `none`, never an HMAC one).
-    pub algorithms: Vec<Algorithm>,
+    pub algorithms: AlgorithmSet,
     /// Clock skew allowed on `exp`, `nbf` and `iat`.
     pub leeway: Duration,
     /// How often the key set is fetched again: `Cache-Control: max-age` within these bounds.
@@ -55,29 +55,6 @@ pub enum JwksSource {
     Discovered,
     /// Read from this file (at load and at every reload).
     File { path: PathBuf, contents: Vec<u8> },
-}
-
-/// A JWS algorithm the router verifies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    Rs256,
-    Ps256,
-    Es256,
-    EdDsa,
-}
-
-impl Algorithm {
-    pub const ALL: [(&'static str, Algorithm); 4] = [
-        ("RS256", Algorithm::Rs256),
-        ("PS256", Algorithm::Ps256),
-        ("ES256", Algorithm::Es256),
-        ("EdDSA", Algorithm::EdDsa),
-    ];
-
-    /// The `alg` header value.
-    pub fn name(self) -> &'static str {
-        Algorithm::ALL.iter().find(|(_, a)| *a == self).map_or("", |(n, _)| n)
-    }
 }
 
 /// What the router does with the client's `Authorization` header.
@@ -129,7 +106,7 @@ pub(super) struct AuthKeys {
     issuer: String,
     audiences: Option<Vec<String>>,
     jwks: JwksSource,
-    algorithms: Vec<Algorithm>,
+    algorithms: AlgorithmSet,
     leeway: Duration,
     jwks_refresh_min: Duration,
     jwks_refresh_max: Duration,
@@ -248,29 +225,18 @@ pub(super) fn auth(mut s: Section) -> Result<AuthKeys, ConfigError> {
         }
         (None, None) => JwksSource::Discovered,
     };
-    let names: Vec<&str> = Algorithm::ALL.iter().map(|(n, _)| *n).collect();
     let (algorithm_texts, span) = s.strings_or(algorithms, Kind::String, &["RS256", "PS256", "ES256", "EdDSA"])?;
-    let mut algorithms = Vec::new();
+    let mut algorithms = AlgorithmSet::EMPTY;
     for t in &algorithm_texts {
-        match Algorithm::ALL.iter().find(|(n, _)| *n == t.value) {
-            Some((_, a)) if !algorithms.contains(a) => algorithms.push(*a),
-            Some(_) => {}
-            None => {
-                return s.err(
-                    t.span.clone(),
-                    format!(
-                        "auth.algorithms: {:?} is not one of {} (none and HMAC algorithms are never accepted)",
-                        t.value,
-                        names.join(", ")
-                    ),
-                )
-            }
+        match AlgorithmSet::from_names(&[&t.value]) {
+            Ok(one) => algorithms = algorithms.union(one),
+            Err(why) => return s.err(t.span.clone(), format!("auth.algorithms: {why}")),
         }
     }
     if algorithms.is_empty() {
         return s.err(span, "auth.algorithms: at least one");
     }
-    s.print_strings("algorithms", algorithms.iter().map(|a| a.name()));
+    s.print_strings("algorithms", algorithms.iter().map(Algorithm::name));
     let leeway = s.duration(leeway, defaults::AUTH_LEEWAY)?;
     let jwks_refresh_min = s.duration(refresh_min, defaults::JWKS_REFRESH_MIN)?;
     let jwks_refresh_max = s.duration(refresh_max, defaults::JWKS_REFRESH_MAX)?;
@@ -552,7 +518,7 @@ mod tests {
         assert_eq!(a.jwks, JwksSource::Discovered);
         assert_eq!(a.forward, Forward::Strip);
         assert!(a.identity_headers);
-        assert_eq!(a.algorithms.len(), 4);
+        assert_eq!(a.algorithms, AlgorithmSet::ALL);
         // The printout reads back as the same config.
         assert_eq!(Config::parse(Path::new("t.toml"), &c.to_toml()).unwrap(), c);
     }
@@ -600,7 +566,7 @@ mod tests {
             ),
             (
                 "[auth]\nissuer = \"https://i\"\nalgorithms = [\"HS256\"]\n",
-                "HMAC algorithms are never accepted",
+                "is an HMAC algorithm",
             ),
             ("[auth]\nissuer = \"https://i\"\nalgorithms = []\n", "at least one"),
             (

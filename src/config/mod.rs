@@ -3,6 +3,7 @@
 //! key is declared once, where its section is read (`reader`), which also writes `check`'s
 //! printout and, read in reference mode, the reference and the example config (`reference`).
 
+mod algorithm;
 mod auth;
 pub mod defaults;
 mod file;
@@ -19,7 +20,8 @@ mod upstream;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use auth::{fetch_url, Algorithm, AuthConfig, Forward, JwksSource, ResourceMetadata, Scoped};
+pub use algorithm::{Algorithm, AlgorithmSet};
+pub use auth::{fetch_url, AuthConfig, Forward, JwksSource, ResourceMetadata, Scoped};
 pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
 pub use log::{LogConfig, LogFormat};
@@ -77,6 +79,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// Every section and key of the config file, read from the section readers themselves.
+    pub fn reference() -> Result<Reference, ConfigError> {
+        let mut doc = Doc::reference();
+        Config::read(&mut doc)?;
+        Ok(Reference {
+            sections: doc.into_reference(),
+        })
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         Config::parse(path, &Config::read_text(path)?)

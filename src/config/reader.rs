@@ -26,6 +26,7 @@ use toml::Spanned;
 
 mod typed;
 
+pub(super) use super::reference::quoted;
 use super::reference::{KeyDefault, KeyDoc, Kind, SectionDoc};
 use super::ConfigError;
 
@@ -490,9 +491,4 @@ fn parent_table<'a, 't>(root: &'a DeTable<'t>, parent: &str) -> Option<&'a DeTab
         Some(DeValue::Table(t)) => Some(t),
         _ => None,
     }
-}
-
-/// `text` as a TOML string, escaped as TOML needs.
-pub(super) fn quoted(text: &str) -> String {
-    toml::Value::String(text.to_string()).to_string()
 }

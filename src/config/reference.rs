@@ -4,8 +4,7 @@
 
 use std::fmt::{self, Write};
 
-use super::reader::quoted;
-use super::{defaults, Config, ConfigError};
+use super::defaults;
 
 /// Every section of the config file, in the order it is read, with its keys.
 #[derive(Debug, Clone)]
@@ -213,17 +212,6 @@ impl Reference {
     }
 }
 
-impl Config {
-    /// Every section and key of the config file, read from the section readers themselves.
-    pub fn reference() -> Result<Reference, ConfigError> {
-        let mut doc = super::reader::Doc::reference();
-        Config::read(&mut doc)?;
-        Ok(Reference {
-            sections: doc.into_reference(),
-        })
-    }
-}
-
 /// `[name]` or `[[name]]`.
 fn header(section: &SectionDoc) -> String {
     match section.array {
@@ -251,4 +239,9 @@ fn comment(out: &mut String, text: &str) {
         line.push_str(word);
     }
     let _ = writeln!(out, "# {line}");
+}
+
+/// `text` as a TOML string.
+pub(super) fn quoted(text: &str) -> String {
+    toml::Value::String(text.to_string()).to_string()
 }

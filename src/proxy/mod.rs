@@ -7,7 +7,6 @@
 //! out when the answer's body is done with).
 
 mod answer;
-pub(crate) mod auth;
 mod forward;
 mod headers;
 mod read;

@@ -28,7 +28,7 @@ use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::algorithm::{Algorithm, AlgorithmSet};
+use crate::config::{Algorithm, AlgorithmSet};
 
 /// The largest key-set document read: 1 MiB, room for [`MAX_KEYS`] keys with certificate
 /// chains (`x5c`), far beyond any issuer's few keys.

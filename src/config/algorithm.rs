@@ -1,4 +1,4 @@
-//! The JWS signature algorithms the router verifies (RFC 7518 §3, RFC 8037): RS256, PS256,
+//! The JWS signature algorithms `[auth] algorithms` may name and the router verifies (RFC 7518 §3, RFC 8037): RS256, PS256,
 //! ES256 and EdDSA (Ed25519), all with the issuer's public keys, all by `ring`. `none` and the
 //! HMAC algorithms (HS256…) are never accepted: an HMAC "verified" with a public key as its
 //! secret is the classic key-confusion forgery (docs/src/authorization.md, "Algorithms").
@@ -83,6 +83,10 @@ impl AlgorithmSet {
             }
         }
         Ok(set)
+    }
+
+    pub fn union(self, other: AlgorithmSet) -> AlgorithmSet {
+        AlgorithmSet(self.0 | other.0)
     }
 
     pub fn with(self, a: Algorithm) -> AlgorithmSet {

@@ -2,7 +2,6 @@
 //! pure code without I/O (docs/src/authorization.md says the rules; this folder implements
 //! them). The request path, the `[auth]` config and the fetching of the issuer's keys build on
 //! it:
-//! - `algorithm` the signature algorithms verified ([`Algorithm`]; `none` and HMAC never)
 //! - `jwks`      an issuer's JSON Web Key Set (RFC 7517) → an immutable [`KeySet`] by `kid`
 //! - `jwt`       one compact JWS access token (RFC 7519, RFC 9068) checked against a
 //!   [`Policy`] and a [`KeySet`] → [`Verified`] or an [`AuthFailure`]
@@ -14,13 +13,12 @@
 //! [`AUTH_RESULTS`] are the values of the `result` label of `mrtr_auth_total`; each failure
 //! names its own with [`AuthFailure::result`].
 
-mod algorithm;
 mod jwks;
 mod jwt;
 mod principal;
 mod scopes;
 
-pub use algorithm::{Algorithm, AlgorithmSet};
+pub use crate::config::{Algorithm, AlgorithmSet};
 pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
 pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
 pub use principal::Principal;
@@ -44,7 +42,7 @@ pub const AUTH_RESULTS: [&str; 9] = [
 ];
 
 #[cfg(test)]
-#[path = "../../../tests/fixtures/jwt/signer.rs"]
+#[path = "../../tests/fixtures/jwt/signer.rs"]
 mod signer;
 
 #[cfg(test)]

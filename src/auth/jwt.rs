@@ -30,10 +30,10 @@ use base64::Engine;
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::algorithm::{Algorithm, AlgorithmSet};
 use super::jwks::{KeySet, Lookup};
 use super::principal::Principal;
 use super::scopes::Scopes;
+use crate::config::{Algorithm, AlgorithmSet};
 
 /// The longest token read: 8 KiB. Access tokens are a few hundred bytes to 2 KiB; 8 KiB is
 /// also the size of the head hyper reads a header in.
