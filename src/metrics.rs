@@ -111,6 +111,11 @@ pub struct Metrics {
     pub(crate) decisions_by_source: [IntCounter; 4],
     pub(crate) pins_created_by_kind: [IntCounter; 4],
     pub(crate) pins_finished_by_kind: [IntCounter; 4],
+    /// `mrtr_auth_total{result}` by [`crate::auth::AUTH_RESULTS`] index.
+    pub(crate) auth_by_result: [IntCounter; 9],
+    pub(crate) jwks_refreshes: IntCounterVec,
+    /// Seconds since the key set in use was loaded; set when `/metrics` is rendered.
+    pub(crate) jwks_age: IntGauge,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -194,7 +199,27 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(connections_parked.clone())).expect("unique metric");
+        let auth = counter(
+            &r,
+            "mrtr_auth_total",
+            "Requests checked by [auth], by result: ok, missing (no bearer token), invalid, expired, audience (a token for another resource), scope (insufficient), jwks_unavailable, origin (not allowed), principal (a sealed handle presented by another principal)",
+            &["result"],
+        );
+        let jwks_age = IntGauge::new(
+            "mrtr_jwks_age_seconds",
+            "Seconds since the issuer's key set in use was loaded (0 while none is, or [auth] is off)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(jwks_age.clone())).expect("unique metric");
         let metrics = Metrics {
+            auth_by_result: crate::auth::AUTH_RESULTS.map(|l| auth.with_label_values(&[l])),
+            jwks_refreshes: counter(
+                &r,
+                "mrtr_jwks_refreshes_total",
+                "Fetches of the issuer's key set (scheduled, or for a token naming an unknown key), by result",
+                &["result"],
+            ),
+            jwks_age,
             requests_total: counter(
                 &r,
                 "mrtr_requests_total",
@@ -306,6 +331,7 @@ impl Metrics {
         each(&self.connections_refused, &CONNECTION_REFUSALS);
         each(&self.config_reloads, &RESULTS);
         each(&self.discovery_resolutions, &RESULTS);
+        each(&self.jwks_refreshes, &crate::auth::REFRESH_RESULTS);
         for kind in PIN_KINDS {
             drop(self.pins.with_label_values(&[kind]));
         }

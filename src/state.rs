@@ -10,6 +10,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
+use crate::auth::KeyStore;
 use crate::balance::HashRing;
 use crate::config::{Config, ConfigError, ConfigFile, DiscoveryConfig, Reread};
 use crate::metrics::Metrics;
@@ -53,6 +54,8 @@ pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
     pub(crate) pins: PinTable,
     pub(crate) metrics: Metrics,
+    /// The issuer's keys when `[auth]` is on (kept across reloads that keep its issuer).
+    pub(crate) auth_keys: KeyStore,
     membership: Mutex<Membership>,
     /// How `[discovery]` resolves its name.
     pub(crate) lookup: Lookup,
@@ -64,8 +67,10 @@ impl Shared {
     pub fn new(config: Config, config_file: Option<ConfigFile>) -> Arc<Shared> {
         let metrics = Metrics::new();
         let mut membership = Membership::default();
+        let auth_keys = KeyStore::new(config.auth.as_ref());
         let snapshot = build_snapshot(config, &mut membership, &metrics, None);
         Arc::new(Shared {
+            auth_keys,
             config_file,
             snapshot: ArcSwap::from_pointee(snapshot),
             pins: PinTable::new(),
@@ -86,6 +91,11 @@ impl Shared {
         let old = self.snapshot();
         if old.config.server.listen != config.server.listen || old.config.admin.listen != config.admin.listen {
             tracing::warn!("listen addresses changed in the config; they take effect only after a restart");
+        }
+        if let Some(auth) = &config.auth {
+            if let Err(e) = self.auth_keys.apply(auth) {
+                tracing::warn!(error = %e, "auth.jwks_file: keys not loaded; the last good set stays in use");
+            }
         }
         self.rebuild_with(config);
     }

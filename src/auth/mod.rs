@@ -7,6 +7,7 @@
 //!   [`Policy`] and a [`KeySet`] → [`Verified`] or an [`AuthFailure`]
 //! - `scopes`    the granted [`Scopes`] and what an operation's required scopes lack, with
 //!   scope hierarchies (`files` implies `files:write`)
+//! - `keys`      the issuer's key set in use, loaded from a file or fetched and kept fresh
 //! - `principal` who the caller is ([`Principal`]: issuer + subject) and its stable digest,
 //!   the one sealed into routing tokens
 //!
@@ -15,12 +16,14 @@
 
 mod jwks;
 mod jwt;
+mod keys;
 mod principal;
 mod scopes;
 
 pub use crate::config::{Algorithm, AlgorithmSet};
 pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
 pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
+pub use keys::{KeyStore, REFRESH_RESULTS};
 pub use principal::Principal;
 pub use scopes::{is_scope_token, InvalidScope, Scopes};
 
