@@ -2,6 +2,7 @@
 //! servers holding per-instance call state, see `mrtr_router::example`), plus a small client.
 #![allow(dead_code)]
 
+pub mod auth;
 pub mod idp;
 pub mod otlp;
 
