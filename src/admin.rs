@@ -220,7 +220,7 @@ pub fn explain(shared: &Shared, headers: &HeaderMap, key: Option<&str>, body: &[
         "task_id": keys.task_id,
         "session_id": keys.session_id,
     });
-    Ok(match route::resolve(&snap, &shared.pins, &keys, false) {
+    Ok(match route::resolve(&snap, &shared.pins, &keys, None, false) {
         Ok((d, _)) => json!({
             "backend": &*d.backend.name,
             "url": d.backend.url(),

@@ -16,6 +16,7 @@ use crate::pins::{PinKey, PinKind};
 use crate::route::{Decision, Matched};
 use crate::sealing::{Replacement, Unsealed};
 use crate::state::{Shared, Snapshot};
+use crate::token::PrincipalTag;
 use crate::upstream::Incarnation;
 
 /// What the answer needs to know about the call its request belongs to. Owned by the
@@ -50,6 +51,8 @@ pub struct Call {
     /// Where the kinds of the pins this call creates are noted (one bit per `PinKind`), when
     /// the request is observed (access log, tracing).
     pins_seen: Option<Arc<AtomicU8>>,
+    /// The caller `[auth]` verified: every handle sealed for this call is bound to it.
+    caller: Option<PrincipalTag>,
 }
 
 /// What observing one message did.
@@ -99,7 +102,13 @@ impl Call {
                 .and_then(|u| u.task_id.clone())
                 .zip(keys.task_id.as_deref().map(str::to_string)),
             pins_seen: None,
+            caller: None,
         }
+    }
+
+    /// Binds every handle sealed for this call to the caller `[auth]` verified.
+    pub fn issue_to(&mut self, caller: Option<PrincipalTag>) {
+        self.caller = caller;
     }
 
     /// The round this request's answer is, if it continues the call.
@@ -112,7 +121,7 @@ impl Call {
     /// routes a client that echoes it straight to this backend.
     pub fn routing_token(&self) -> Option<String> {
         let s = self.snap.sealing.as_ref()?;
-        Some(s.routing_token(&self.target.backend.name, self.round(), self.sent))
+        Some(s.routing_token(self.caller.as_ref(), &self.target.backend.name, self.round(), self.sent))
     }
 
     /// The header a routing token travels in.
@@ -183,7 +192,8 @@ impl Call {
                 };
                 let visible = match (&c.snap.sealing, id.to_str()) {
                     (Some(s), Ok(raw)) => {
-                        HeaderValue::from_str(&s.wrap_session(raw, &c.target.backend.name, c.sent)).unwrap_or(id)
+                        HeaderValue::from_str(&s.wrap_session(c.caller.as_ref(), raw, &c.target.backend.name, c.sent))
+                            .unwrap_or(id)
                     }
                     _ => id,
                 };
@@ -228,11 +238,15 @@ impl Call {
             }
             Outcome::InputRequired { request_state, at } => {
                 // The client echoes the sealed state when sealing is on: pin what it will send.
-                let wrapped = c
-                    .snap
-                    .sealing
-                    .as_ref()
-                    .map(|s| s.wrap_request_state(&request_state, &c.target.backend.name, rounds, c.sent));
+                let wrapped = c.snap.sealing.as_ref().map(|s| {
+                    s.wrap_request_state(
+                        c.caller.as_ref(),
+                        &request_state,
+                        &c.target.backend.name,
+                        rounds,
+                        c.sent,
+                    )
+                });
                 let visible = wrapped.as_deref().unwrap_or(&request_state);
                 seen.replacement = wrapped.as_deref().map(|w| Replacement::new(msg, at, w));
                 let key = PinKey::new(PinKind::RequestState, visible.as_bytes());
@@ -281,7 +295,7 @@ impl Call {
     fn task_handle(&self, task_id: &str) -> (PinKey, Option<String>) {
         let sealed = self.snap.sealing.as_ref().map(|s| match &self.client_task {
             Some((original, sent)) if original == task_id => sent.clone(),
-            _ => s.wrap_task(task_id, &self.target.backend.name),
+            _ => s.wrap_task(self.caller.as_ref(), task_id, &self.target.backend.name),
         });
         let visible = sealed.as_deref().unwrap_or(task_id);
         (PinKey::new(PinKind::Task, visible.as_bytes()), sealed)

@@ -1,5 +1,8 @@
 //! The errors the router answers itself, and the one place that renders them (docs/src/errors.md).
 
+use std::fmt::Write;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
@@ -49,6 +52,56 @@ pub enum RouterError {
     UpstreamTimeout { backend: String },
     #[error("TLS with the backend failed (handshake or certificate)")]
     UpstreamTls { backend: String },
+    #[error("{}", .0.description.unwrap_or("a bearer access token is required"))]
+    Unauthorized(Box<Challenge>),
+    #[error("the access token lacks a scope this request needs")]
+    InsufficientScope(Box<Challenge>),
+    #[error("requests from this Origin are not accepted")]
+    OriginNotAllowed,
+    #[error("this handle was issued to another caller")]
+    HandlePrincipalMismatch,
+    #[error("the authorization server's keys cannot be loaded; retry later")]
+    AuthUnavailable,
+}
+
+/// What a 401 or a 403 `insufficient_scope` tells an OAuth client, in its `WWW-Authenticate`
+/// (RFC 6750 §3, RFC 9728 §5.1): where the resource's metadata is, and what went wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    /// `invalid_token`, `invalid_request` or `insufficient_scope`; none when no token was sent.
+    pub error: Option<&'static str>,
+    pub description: Option<&'static str>,
+    /// The scopes the request needs, space-separated (all of them, so one re-authorization is
+    /// enough).
+    pub scope: Option<String>,
+    pub resource_metadata: Arc<str>,
+    /// The `result` label of `mrtr_auth_total`.
+    pub result: &'static str,
+}
+
+impl Challenge {
+    fn header(&self) -> Option<HeaderValue> {
+        let mut out = String::from("Bearer ");
+        let mut attribute = |name: &str, value: &str| {
+            if !out.ends_with(' ') {
+                out.push_str(", ");
+            }
+            // The values are the router's own words and scope tokens (RFC 6749 §3.3): no `"`
+            // or `\` to escape.
+            let _ = write!(out, "{name}=\"{value}\"");
+        };
+        if let Some(e) = self.error {
+            attribute("error", e);
+        }
+        if let Some(d) = self.description {
+            attribute("error_description", d);
+        }
+        if let Some(s) = &self.scope {
+            attribute("scope", s);
+        }
+        attribute("resource_metadata", &self.resource_metadata);
+        HeaderValue::from_str(&out).ok()
+    }
 }
 
 impl RouterError {
@@ -91,6 +144,11 @@ impl RouterError {
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
             UpstreamTls { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_tls"),
+            Unauthorized(_) => (StatusCode::UNAUTHORIZED, -32010, "unauthorized"),
+            InsufficientScope(_) => (StatusCode::FORBIDDEN, -32011, "insufficient_scope"),
+            OriginNotAllowed => (StatusCode::FORBIDDEN, -32012, "origin_not_allowed"),
+            HandlePrincipalMismatch => (StatusCode::FORBIDDEN, -32013, "handle_principal_mismatch"),
+            AuthUnavailable => (StatusCode::SERVICE_UNAVAILABLE, -32014, "auth_unavailable"),
         }
     }
 
@@ -100,7 +158,7 @@ impl RouterError {
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
     /// `mrtr_router_errors_total` from the start.
-    pub const REASONS: [&'static str; 16] = [
+    pub const REASONS: [&'static str; 21] = [
         "parse_error",
         "body_too_large",
         "body_timeout",
@@ -117,7 +175,24 @@ impl RouterError {
         "upstream_unavailable",
         "upstream_timeout",
         "upstream_tls",
+        "unauthorized",
+        "insufficient_scope",
+        "origin_not_allowed",
+        "handle_principal_mismatch",
+        "auth_unavailable",
     ];
+
+    /// The `result` label of `mrtr_auth_total` for a refusal by `[auth]`.
+    pub fn auth_result(&self) -> Option<&'static str> {
+        use RouterError::*;
+        match self {
+            Unauthorized(c) | InsufficientScope(c) => Some(c.result),
+            OriginNotAllowed => Some("origin"),
+            HandlePrincipalMismatch => Some("principal"),
+            AuthUnavailable => Some("jwks_unavailable"),
+            _ => None,
+        }
+    }
 
     /// The backend the error is about, if any.
     pub fn backend(&self) -> Option<&str> {
@@ -170,6 +245,11 @@ impl RouterError {
         if status == StatusCode::METHOD_NOT_ALLOWED {
             h.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
         }
+        if let RouterError::Unauthorized(c) | RouterError::InsufficientScope(c) = self {
+            if let Some(v) = c.header() {
+                h.insert(header::WWW_AUTHENTICATE, v);
+            }
+        }
         resp
     }
 }
@@ -178,6 +258,44 @@ impl RouterError {
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full};
+
+    fn challenge() -> Challenge {
+        Challenge {
+            error: Some("insufficient_scope"),
+            description: None,
+            scope: Some("files:read files:write".into()),
+            resource_metadata: "https://m.example/.well-known/oauth-protected-resource/mcp".into(),
+            result: "scope",
+        }
+    }
+
+    #[test]
+    fn challenges_name_what_the_client_needs() {
+        let resp: Response<Full<Bytes>> = RouterError::InsufficientScope(Box::new(challenge())).to_response(None, 1);
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            resp.headers()[header::WWW_AUTHENTICATE],
+            "Bearer error=\"insufficient_scope\", scope=\"files:read files:write\", \
+             resource_metadata=\"https://m.example/.well-known/oauth-protected-resource/mcp\""
+        );
+        let missing = Challenge {
+            error: None,
+            scope: None,
+            result: "missing",
+            ..challenge()
+        };
+        let resp: Response<Full<Bytes>> = RouterError::Unauthorized(Box::new(missing)).to_response(None, 1);
+        assert_eq!(
+            resp.headers()[header::WWW_AUTHENTICATE],
+            "Bearer resource_metadata=\"https://m.example/.well-known/oauth-protected-resource/mcp\""
+        );
+        assert_eq!(
+            RouterError::AuthUnavailable
+                .to_response::<Full<Bytes>>(None, 3)
+                .headers()[header::RETRY_AFTER],
+            "3"
+        );
+    }
 
     /// One of each variant; the match has no wildcard, so a new variant fails to compile here
     /// until it is listed, and then `REASONS` must have its reason.
@@ -202,6 +320,11 @@ mod tests {
             UpstreamUnavailable { backend: b() },
             UpstreamTimeout { backend: b() },
             UpstreamTls { backend: b() },
+            Unauthorized(Box::new(challenge())),
+            InsufficientScope(Box::new(challenge())),
+            OriginNotAllowed,
+            HandlePrincipalMismatch,
+            AuthUnavailable,
         ];
         for e in &all {
             match e {
@@ -209,6 +332,8 @@ mod tests {
                 TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
                 NoBackend | Overloaded | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
+                Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}
+                AuthUnavailable => {}
             }
         }
         all

@@ -10,8 +10,9 @@ use crate::config::OnPinLost;
 use crate::dialect::RequestKeys;
 use crate::error::RouterError;
 use crate::pins::{Pin, PinKey, PinKind, PinTable};
-use crate::sealing::Unsealed;
+use crate::sealing::{Refused, Unsealed};
 use crate::state::Snapshot;
+use crate::token::PrincipalTag;
 use crate::upstream::{Backend, BackendKey};
 
 /// Where a decision came from (the `source` label of `mrtr_route_decisions_total`).
@@ -70,19 +71,24 @@ impl fmt::Display for Decision {
 }
 
 /// Chooses the backend for a request: what its sealed tokens say first (verified here; a bad
-/// token is refused and chooses nothing), then [`decide`]. Returns what the tokens unsealed too:
+/// token is refused and chooses nothing, and so is one bound to another principal than the
+/// `caller`), then [`decide`]. Returns what the tokens unsealed too:
 /// the proxy gives the backend back its own state and session id.
 pub fn resolve(
     snap: &Snapshot,
     pins: &PinTable,
     keys: &RequestKeys,
+    caller: Option<&PrincipalTag>,
     refresh: bool,
 ) -> Result<(Decision, Option<Unsealed>), RouterError> {
     let unsealed = match &snap.sealing {
         Some(s) => s
-            .unseal(keys, SystemTime::now())
-            .map_err(|rejected| RouterError::InvalidToken {
-                reason: rejected.reason(),
+            .unseal(keys, SystemTime::now(), caller)
+            .map_err(|refused| match refused {
+                Refused::Principal => RouterError::HandlePrincipalMismatch,
+                _ => RouterError::InvalidToken {
+                    reason: refused.reason(),
+                },
             })?,
         None => None,
     };

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
 use crate::dialect::{self, RequestKeys};
-use crate::token::{self, Claims, Kind, Rejected, TokenKeys};
+use crate::token::{self, Claims, Kind, PrincipalTag, Rejected, TokenKeys};
 
 /// The keys for each kind of sealed value.
 pub struct Sealing {
@@ -47,6 +47,8 @@ pub enum Refused {
     Token(Rejected),
     /// Values that verify but name different backends.
     Conflict,
+    /// A value issued to another caller than the one presenting it.
+    Principal,
 }
 
 impl From<Rejected> for Refused {
@@ -61,6 +63,7 @@ impl Refused {
         match self {
             Refused::Token(r) => r.reason(),
             Refused::Conflict => "conflict",
+            Refused::Principal => "principal",
         }
     }
 }
@@ -131,13 +134,23 @@ impl Sealing {
     /// Verifies every sealed value the request carries, each as the kind of handle it stands
     /// for. `Ok(None)`: nothing of ours in it. Any value of ours that fails verification
     /// rejects the request, and so do two that name different backends (docs/src/routing.md:
-    /// each handle's state lives on its own instance, so no choice could serve both).
-    pub fn unseal(&self, keys: &RequestKeys, now: SystemTime) -> Result<Option<Unsealed>, Refused> {
+    /// each handle's state lives on its own instance, so no choice could serve both). A value
+    /// bound to a principal is refused unless `caller` is that principal (a value issued while
+    /// `[auth]` was off is bound to no one).
+    pub fn unseal(
+        &self,
+        keys: &RequestKeys,
+        now: SystemTime,
+        caller: Option<&PrincipalTag>,
+    ) -> Result<Option<Unsealed>, Refused> {
         let mut first: Option<Claims> = None;
         let mut rounds: Option<u32> = None;
         let mut issued_ms: Option<u64> = None;
         // `timed`: the token has an issue time (a stable task token has none).
         let mut note = |claims: Claims, counts_rounds: bool, timed: bool| {
+            if claims.principal.is_some() && claims.principal.as_ref() != caller {
+                return Err(Refused::Principal);
+            }
             if first.as_ref().is_some_and(|f| f.backend != claims.backend) {
                 return Err(Refused::Conflict);
             }
@@ -182,28 +195,42 @@ impl Sealing {
     }
 
     /// A routing token naming `backend` and the call's `rounds`, for the `Mcp-Routing-Id`
-    /// answer header.
-    pub fn routing_token(&self, backend: &str, rounds: u32, issued: SystemTime) -> String {
-        self.calls.seal(Kind::RoutingId, backend, rounds, issued)
+    /// answer header. Every value sealed here is bound `to` the caller when `[auth]` named one.
+    pub fn routing_token(&self, to: Option<&PrincipalTag>, backend: &str, rounds: u32, issued: SystemTime) -> String {
+        self.calls.seal_for(to, Kind::RoutingId, backend, rounds, issued)
     }
 
     /// The session id a client should echo for the backend's `session_id`.
-    pub fn wrap_session(&self, session_id: &str, backend: &str, issued: SystemTime) -> String {
-        self.sessions.seal_value(Kind::Session, session_id, backend, 0, issued)
+    pub fn wrap_session(
+        &self,
+        to: Option<&PrincipalTag>,
+        session_id: &str,
+        backend: &str,
+        issued: SystemTime,
+    ) -> String {
+        self.sessions
+            .seal_value_for(to, Kind::Session, session_id, backend, 0, issued)
     }
 
     /// A task id wrapped so that it also names `backend`: the same id always gives the same
     /// wrapped id (on every replica with the same first key), as a task id must stay one string
     /// for the task's whole life.
-    pub fn wrap_task(&self, task_id: &str, backend: &str) -> String {
-        self.calls.seal_stable(Kind::Task, task_id, backend)
+    pub fn wrap_task(&self, to: Option<&PrincipalTag>, task_id: &str, backend: &str) -> String {
+        self.calls.seal_stable_for(to, Kind::Task, task_id, backend)
     }
 
     /// A `requestState` wrapped so that it also names `backend` and the call's `rounds`; any
     /// string can be wrapped, and the wrapped form is plain ASCII that no JSON encoder escapes.
-    pub fn wrap_request_state(&self, state: &str, backend: &str, rounds: u32, issued: SystemTime) -> String {
+    pub fn wrap_request_state(
+        &self,
+        to: Option<&PrincipalTag>,
+        state: &str,
+        backend: &str,
+        rounds: u32,
+        issued: SystemTime,
+    ) -> String {
         self.calls
-            .seal_value(Kind::RequestState, state, backend, rounds, issued)
+            .seal_value_for(to, Kind::RequestState, state, backend, rounds, issued)
     }
 }
 
@@ -259,7 +286,7 @@ mod tests {
         let crate::dialect::Outcome::InputRequired { request_state, at } = crate::dialect::parse_outcome(answer) else {
             panic!("not input_required: {}", String::from_utf8_lossy(answer))
         };
-        let wrapped = s.wrap_request_state(&request_state, "w1", 1, SystemTime::now());
+        let wrapped = s.wrap_request_state(None, &request_state, "w1", 1, SystemTime::now());
         let rewritten = Replacement::new(answer, at, &wrapped).apply(answer).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
         assert_eq!(v["result"]["requestState"], wrapped.as_str());
@@ -271,7 +298,7 @@ mod tests {
         let env = crate::dialect::parse_request(retry.as_bytes(), "messageId").unwrap();
         let headers = http::HeaderMap::new();
         let keys = RequestKeys::new(&headers, &http::HeaderName::from_static("mcp-routing-id"), env);
-        let u = s.unseal(&keys, SystemTime::now()).unwrap().unwrap();
+        let u = s.unseal(&keys, SystemTime::now(), None).unwrap().unwrap();
         assert_eq!(u.backend, "w1");
         assert_eq!(u.request_state.as_deref(), Some(request_state.as_str()));
         let restored = restore_originals(&Bytes::from(retry.clone()), "messageId", &u);
@@ -332,9 +359,45 @@ mod tests {
     }
 
     #[test]
+    fn a_bound_handle_opens_only_for_its_principal() {
+        let s = sealing();
+        let (alice, bob) = ([1u8; 16], [2u8; 16]);
+        let mut headers = http::HeaderMap::new();
+        let session = s.wrap_session(Some(&alice), "0123abcd", "w2", SystemTime::now());
+        headers.insert("mcp-session-id", session.parse().unwrap());
+        headers.insert(
+            "mcp-routing-id",
+            s.routing_token(Some(&alice), "w2", 1, SystemTime::now())
+                .parse()
+                .unwrap(),
+        );
+        let name = http::HeaderName::from_static("mcp-routing-id");
+        let keys = RequestKeys::new(&headers, &name, Default::default());
+        let u = s.unseal(&keys, SystemTime::now(), Some(&alice)).unwrap().unwrap();
+        assert_eq!((u.backend.as_str(), u.session_id.as_deref()), ("w2", Some("0123abcd")));
+        for caller in [Some(&bob), None] {
+            assert_eq!(
+                s.unseal(&keys, SystemTime::now(), caller),
+                Err(Refused::Principal),
+                "{caller:?}"
+            );
+        }
+        // Issued with [auth] off: bound to no one, opens for anyone.
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "mcp-session-id",
+            s.wrap_session(None, "0123abcd", "w2", SystemTime::now())
+                .parse()
+                .unwrap(),
+        );
+        let keys = RequestKeys::new(&headers, &name, Default::default());
+        assert!(s.unseal(&keys, SystemTime::now(), Some(&bob)).unwrap().is_some());
+    }
+
+    #[test]
     fn tampered_values_reject_the_request() {
         let s = sealing();
-        let good = s.wrap_session("0123abcd", "w2", SystemTime::now());
+        let good = s.wrap_session(None, "0123abcd", "w2", SystemTime::now());
         let bad = good.replace("0123abcd", "0123abce");
         let mut headers = http::HeaderMap::new();
         headers.insert("mcp-session-id", bad.parse().unwrap());
@@ -344,7 +407,7 @@ mod tests {
             Default::default(),
         );
         assert_eq!(
-            s.unseal(&keys, SystemTime::now()),
+            s.unseal(&keys, SystemTime::now(), None),
             Err(Refused::Token(Rejected::BadSignature))
         );
         headers.insert("mcp-session-id", good.parse().unwrap());
@@ -353,7 +416,7 @@ mod tests {
             &http::HeaderName::from_static("mcp-routing-id"),
             Default::default(),
         );
-        let u = s.unseal(&keys, SystemTime::now()).unwrap().unwrap();
+        let u = s.unseal(&keys, SystemTime::now(), None).unwrap().unwrap();
         assert_eq!((u.backend.as_str(), u.session_id.as_deref()), ("w2", Some("0123abcd")));
         // Values that are not ours pass untouched.
         let mut plain = http::HeaderMap::new();
@@ -363,6 +426,6 @@ mod tests {
             &http::HeaderName::from_static("mcp-routing-id"),
             Default::default(),
         );
-        assert_eq!(s.unseal(&keys, SystemTime::now()), Ok(None));
+        assert_eq!(s.unseal(&keys, SystemTime::now(), None), Ok(None));
     }
 }

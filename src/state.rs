@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::auth::KeyStore;
+use crate::auth::{KeyStore, Resource};
 use crate::balance::HashRing;
 use crate::config::{Config, ConfigError, ConfigFile, DiscoveryConfig, Reread};
 use crate::metrics::Metrics;
@@ -32,6 +32,8 @@ pub struct Snapshot {
     /// OpenTelemetry tracing when `[tracing]` turns it on: the same one across rebuilds, until
     /// a reload changes `[tracing]`.
     pub tracing: Option<Arc<Tracing>>,
+    /// This resource as `[auth]` describes it, when on.
+    pub auth: Option<Arc<Resource>>,
 }
 
 impl Snapshot {
@@ -234,6 +236,7 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previou
         });
     Snapshot {
         sealing: config.tokens.as_ref().map(Sealing::new),
+        auth: config.auth.as_ref().map(|a| Arc::new(Resource::new(a))),
         tracing,
         config,
         backends,

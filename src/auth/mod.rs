@@ -8,6 +8,8 @@
 //! - `scopes`    the granted [`Scopes`] and what an operation's required scopes lack, with
 //!   scope hierarchies (`files` implies `files:write`)
 //! - `keys`      the issuer's key set in use, loaded from a file or fetched and kept fresh
+//! - `resource`  this resource as `[auth]` describes it: the policy, the metadata, the scopes
+//!   each operation needs
 //! - `principal` who the caller is ([`Principal`]: issuer + subject) and its stable digest,
 //!   the one sealed into routing tokens
 //!
@@ -18,6 +20,7 @@ mod jwks;
 mod jwt;
 mod keys;
 mod principal;
+mod resource;
 mod scopes;
 
 pub use crate::config::{Algorithm, AlgorithmSet};
@@ -25,6 +28,7 @@ pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES,
 pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
 pub use keys::{KeyStore, REFRESH_RESULTS};
 pub use principal::Principal;
+pub use resource::Resource;
 pub use scopes::{is_scope_token, InvalidScope, Scopes};
 
 /// The values of the `result` label of `mrtr_auth_total`, every one a request can end with:

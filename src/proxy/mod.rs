@@ -8,6 +8,7 @@
 
 mod answer;
 mod forward;
+mod gate;
 mod headers;
 mod read;
 
@@ -96,11 +97,27 @@ async fn handle_inner(
 ) -> Result<Response<ProxyBody>, RouterError> {
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     if snap.config.log.access || snap.tracing.is_some() {
         let access = snap.config.log.access.then_some(snap.config.log.format);
         record.obs = Some(Observation::begin(&parts, peer, started, access, snap.tracing.as_ref()));
     }
+
+    // Who calls, from the head alone: a stranger's body is never read.
+    let caller = match (&snap.config.auth, &snap.auth) {
+        (Some(cfg), Some(resource)) => {
+            if parts.method == Method::GET && resource.is_metadata_path(parts.uri.path()) {
+                return Ok(gate::metadata(resource).map(ProxyBody::from));
+            }
+            let caller = gate::authenticate(shared, cfg, resource, &parts).await?;
+            gate::forward_identity(cfg, caller.as_deref(), &mut parts.headers);
+            if let (Some(obs), Some(c)) = (&mut record.obs, &caller) {
+                obs.caller(&c.verified.subject, c.verified.client_id.as_deref());
+            }
+            caller
+        }
+        _ => None,
+    };
 
     // Read: a POST's body whole (bounded in size and time, and held within the budget all
     // bodies share until the request ends); other methods stream theirs. CONNECT and TRACE
@@ -124,9 +141,11 @@ async fn handle_inner(
     // Keys: every handle the headers and the body carry.
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
     let keys = {
-        // `params.name` only for a request that is logged or traced.
+        // `params.name` only for a request that is logged or traced, or whose tool may need
+        // scopes of its own.
         let mut name = None;
-        let want_name = record.obs.is_some().then_some(&mut name);
+        let scoped = caller.is_some() && snap.auth.as_ref().is_some_and(|r| r.scopes_tools());
+        let want_name = (record.obs.is_some() || scoped).then_some(&mut name);
         let keys = RequestKeys::read(
             &parts.headers,
             &routing.header,
@@ -138,15 +157,20 @@ async fn handle_inner(
         if let Some(obs) = &mut record.obs {
             obs.keys(keys.method.as_deref(), name.as_deref());
         }
+        if let (Some(resource), Some(caller)) = (&snap.auth, &caller) {
+            gate::authorize(resource, caller, keys.method.as_deref(), name.as_deref())?;
+            shared.metrics.auth_by_result[0].inc();
+        }
         keys
     };
+    let tag = caller.as_ref().map(|c| c.tag);
     record.id = keys.id.map(RpcId::new);
     if keys.names_disagree() {
         return Err(RouterError::HeaderMismatch);
     }
 
     // Decide: sealed tokens first, then pins, then the ring.
-    let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, true)?;
+    let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), true)?;
     shared.metrics.decisions_by_source[decision.source as usize].inc();
     if decision.pin_lost {
         shared.metrics.pins_lost.inc();
@@ -178,6 +202,7 @@ async fn handle_inner(
         &parts.method,
         unsealed.as_ref(),
     );
+    call.issue_to(tag);
     if let Some(obs) = &mut record.obs {
         obs.sent_to(&backend.name);
         call.note_pins_in(obs.pins_created.clone());
@@ -284,6 +309,11 @@ fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<P
         RouterError::InvalidToken { reason } => metrics.tokens_rejected.with_label_values(&[reason]).inc(),
         RouterError::PinnedBackendUnavailable { .. } => metrics.pins_lost.inc(),
         _ => {}
+    }
+    if let Some(result) = e.auth_result() {
+        if let Some(i) = crate::auth::AUTH_RESULTS.iter().position(|r| *r == result) {
+            metrics.auth_by_result[i].inc();
+        }
     }
     metrics.router_errors.with_label_values(&[e.reason()]).inc();
     let name_backend = e.backend().is_some() && shared.snapshot().config.server.errors_name_backends;

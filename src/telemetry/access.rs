@@ -12,6 +12,8 @@ use crate::config::LogFormat;
 pub const MAX_PATH: usize = 256;
 pub const MAX_MCP_METHOD: usize = 64;
 pub const MAX_MCP_NAME: usize = 128;
+/// The verified subject and client id (`[auth]`): issuers keep them short.
+pub const MAX_SUBJECT: usize = 128;
 
 /// One request's line.
 pub struct AccessLine<'a> {
@@ -35,6 +37,9 @@ pub struct AccessLine<'a> {
     /// The `Mcp-Router-Error` reason when the router answered itself.
     pub error: Option<&'a str>,
     pub trace_id: Option<&'a str>,
+    /// The verified caller (`[auth]`): the token's subject and client id.
+    pub subject: Option<&'a str>,
+    pub client_id: Option<&'a str>,
 }
 
 impl AccessLine<'_> {
@@ -43,7 +48,7 @@ impl AccessLine<'_> {
         let mut out = String::with_capacity(320);
         let ts = humantime::format_rfc3339_millis(self.ts).to_string();
         let ms = format!("{:.3}", self.duration.as_secs_f64() * 1000.0);
-        let fields: [(&str, Value); 14] = [
+        let fields: [(&str, Value); 16] = [
             ("ts", Value::Str(Some(&ts))),
             ("client", Value::Str(Some(self.client))),
             ("http_method", Value::Str(Some(self.http_method))),
@@ -58,6 +63,8 @@ impl AccessLine<'_> {
             ("bytes_out", Value::Num(self.bytes_out)),
             ("error", Value::Str(self.error)),
             ("trace_id", Value::Str(self.trace_id)),
+            ("subject", Value::Str(self.subject)),
+            ("client_id", Value::Str(self.client_id)),
         ];
         match format {
             LogFormat::Json => {
@@ -179,6 +186,8 @@ mod tests {
             bytes_out: 87,
             error,
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+            subject: None,
+            client_id: None,
         }
     }
 

@@ -54,6 +54,9 @@ pub struct Observation {
     pub bytes_out: u64,
     /// A client-sent trace id, when tracing is off.
     client_trace_id: Option<String>,
+    /// The verified caller's subject and client id, when `[auth]` is on.
+    subject: Option<String>,
+    client_id: Option<String>,
 }
 
 impl Observation {
@@ -105,7 +108,15 @@ impl Observation {
             error: None,
             bytes_out: 0,
             client_trace_id,
+            subject: None,
+            client_id: None,
         })
+    }
+
+    /// The caller `[auth]` verified.
+    pub fn caller(&mut self, subject: &str, client_id: Option<&str>) {
+        self.subject = Some(cut(subject, access::MAX_SUBJECT));
+        self.client_id = client_id.map(|c| cut(c, access::MAX_SUBJECT));
     }
 
     /// The JSON-RPC method and `params.name` the body scan found.
@@ -166,6 +177,12 @@ impl Observation {
             if let Some(pin) = &pin {
                 attributes.push(KeyValue::new("mrtr.pin.kind", pin.clone()));
             }
+            if let Some(subject) = &self.subject {
+                attributes.push(KeyValue::new("enduser.id", subject.clone()));
+            }
+            if let Some(client) = &self.client_id {
+                attributes.push(KeyValue::new("oauth.client.id", client.clone()));
+            }
             trace.finish(self.status, self.error, attributes);
         }
         let Some(format) = self.access else { return };
@@ -184,6 +201,8 @@ impl Observation {
             bytes_out: self.bytes_out,
             error: self.error,
             trace_id: trace_id.as_deref(),
+            subject: self.subject.as_deref(),
+            client_id: self.client_id.as_deref(),
         };
         writer::stdout().write_line(line.render(format));
     }

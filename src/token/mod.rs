@@ -10,9 +10,10 @@
 //!
 //! body      = key_id u32 | flags u8 | nonce [12] | sealed          (big-endian)
 //! sealed    = ChaCha20-Poly1305(aead_key, nonce, plaintext, aad)   (ciphertext, then the 16-byte tag)
-//! plaintext = issued_ms u64 | ttl_s u32 | rounds u32 | backend (rest)
+//! plaintext = issued_ms u64 | ttl_s u32 | rounds u32 | [principal [16]] | backend (rest)
 //! aad       = "mrt2" | kind u8 | key_id u32 | flags u8 | value
-//! flags     = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself); others 0
+//! flags     = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself),
+//!             bit 2: the plaintext holds a principal; others 0
 //! ```
 //!
 //! `B64` is URL-safe base64 without padding; `"mrt2"` is the format version. `aead_key` is
@@ -20,7 +21,9 @@
 //! ([`key_id`]), so a token verifies wherever its key sits in the list; the nonce is random per
 //! token. The `kind` ([`Kind`]) of handle a token seals is in the authenticated data only: a
 //! token minted for one kind fails as another. So does the wrapped value: a token cannot be
-//! moved onto another value, and any changed byte is detected. `rounds` is the call's round
+//! moved onto another value, and any changed byte is detected. `principal`, when `[auth]` is on, is the [`PrincipalTag`] of the
+//! caller the handle was issued to (docs/src/authorization.md, "Handles bound to their principal"):
+//! another caller presenting it is refused. `rounds` is the call's round
 //! count, so `max_rounds` holds across replicas. A value made only of visible ASCII other than
 //! `"` and `\` (hex session ids, base64 states) is carried as is and unwraps without a copy;
 //! any other value is carried as `B64(value)`.
@@ -57,6 +60,12 @@ const HEAD: usize = 4 + 1 + NONCE_LEN;
 const FIXED: usize = 8 + 4 + 4;
 const FLAG_WRAPPED: u8 = 1;
 const FLAG_BASE64: u8 = 2;
+const FLAG_PRINCIPAL: u8 = 4;
+const PRINCIPAL_LEN: usize = 16;
+
+/// Who a handle was issued to: the first 16 bytes of the caller's principal digest (issuer and
+/// subject; never the token, which step-up and refresh replace).
+pub type PrincipalTag = [u8; PRINCIPAL_LEN];
 /// Bodies up to this size are built and decoded on the stack.
 const STACK_BODY: usize = 256;
 
@@ -120,6 +129,8 @@ pub struct Claims {
     pub expires: u64,
     /// The call's rounds so far; `None` in a token of the previous format, which had no count.
     pub rounds: Option<u32>,
+    /// The caller it was issued to, when `[auth]` was on.
+    pub principal: Option<PrincipalTag>,
 }
 
 /// Why a token was refused. Never chooses a backend; the router answers 400.
@@ -278,14 +289,39 @@ impl TokenKeys {
 
     /// A token for a routing header: names the backend and the call's rounds.
     pub fn seal(&self, kind: Kind, backend: &str, rounds: u32, now: SystemTime) -> String {
-        self.issue(kind, backend, rounds, None, Stamp::Issued(now))
+        self.seal_for(None, kind, backend, rounds, now)
+    }
+
+    /// [`TokenKeys::seal`], bound to the caller `principal` when there is one.
+    pub fn seal_for(
+        &self,
+        principal: Option<&PrincipalTag>,
+        kind: Kind,
+        backend: &str,
+        rounds: u32,
+        now: SystemTime,
+    ) -> String {
+        self.issue(kind, backend, rounds, None, principal, Stamp::Issued(now))
     }
 
     /// Wraps a value the client echoes (a `requestState`, a session or task id) so that it also
     /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
     /// the empty one included.
     pub fn seal_value(&self, kind: Kind, value: &str, backend: &str, rounds: u32, now: SystemTime) -> String {
-        self.issue(kind, backend, rounds, Some(value), Stamp::Issued(now))
+        self.seal_value_for(None, kind, value, backend, rounds, now)
+    }
+
+    /// [`TokenKeys::seal_value`], bound to the caller `principal` when there is one.
+    pub fn seal_value_for(
+        &self,
+        principal: Option<&PrincipalTag>,
+        kind: Kind,
+        value: &str,
+        backend: &str,
+        rounds: u32,
+        now: SystemTime,
+    ) -> String {
+        self.issue(kind, backend, rounds, Some(value), principal, Stamp::Issued(now))
     }
 
     /// Wraps `value` as [`TokenKeys::seal_value`] does, but the same value, backend and key give
@@ -294,16 +330,27 @@ impl TokenKeys {
     /// is a keyed digest of what is sealed, so equal tokens tell only that they are equal; the
     /// token carries no time and does not expire (the task's server decides how long it lives).
     pub fn seal_stable(&self, kind: Kind, value: &str, backend: &str) -> String {
+        self.seal_stable_for(None, kind, value, backend)
+    }
+
+    /// [`TokenKeys::seal_stable`], bound to the caller `principal` when there is one: stable for
+    /// that caller, and another caller's token for the same value differs (the principal is in
+    /// the nonce's derivation, as everything sealed is, so no two plaintexts share a nonce).
+    pub fn seal_stable_for(&self, principal: Option<&PrincipalTag>, kind: Kind, value: &str, backend: &str) -> String {
         let key = &self.keys[0];
         let mut ctx = ring::hmac::Context::with_key(&key.nonces);
         ctx.update(&[kind as u8]);
         ctx.update(&(backend.len() as u64).to_be_bytes());
         ctx.update(backend.as_bytes());
+        if let Some(p) = principal {
+            ctx.update(&[FLAG_PRINCIPAL]);
+            ctx.update(p);
+        }
         ctx.update(value.as_bytes());
         let digest = ctx.sign();
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(&digest.as_ref()[..NONCE_LEN]);
-        self.issue(kind, backend, 0, Some(value), Stamp::Stable(nonce))
+        self.issue(kind, backend, 0, Some(value), principal, Stamp::Stable(nonce))
     }
 
     /// Checks a token from [`TokenKeys::seal`] made for `kind`.
@@ -334,7 +381,7 @@ impl TokenKeys {
         let value = value.ok_or(Rejected::Malformed)?;
         with_body(body, |body| {
             let flags = *body.get(4).ok_or(Rejected::Malformed)?;
-            let value: Cow<'a, str> = match flags {
+            let value: Cow<'a, str> = match flags & !FLAG_PRINCIPAL {
                 FLAG_WRAPPED => Cow::Borrowed(value),
                 f if f == FLAG_WRAPPED | FLAG_BASE64 => {
                     let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| Rejected::Malformed)?;
@@ -342,20 +389,32 @@ impl TokenKeys {
                 }
                 _ => return Err(Rejected::Malformed),
             };
-            let claims = self.open(kind, body, flags, value.as_bytes(), now)?;
+            let claims = self.open(kind, body, flags & !FLAG_PRINCIPAL, value.as_bytes(), now)?;
             Ok((value, claims))
         })
     }
 
-    fn issue(&self, kind: Kind, backend: &str, rounds: u32, value: Option<&str>, stamp: Stamp) -> String {
+    fn issue(
+        &self,
+        kind: Kind,
+        backend: &str,
+        rounds: u32,
+        value: Option<&str>,
+        principal: Option<&PrincipalTag>,
+        stamp: Stamp,
+    ) -> String {
         let key = &self.keys[0];
         let raw = value.is_none_or(carried_as_is);
-        let flags = match value {
+        let mut flags = match value {
             None => 0,
             Some(_) if raw => FLAG_WRAPPED,
             Some(_) => FLAG_WRAPPED | FLAG_BASE64,
         };
-        let len = HEAD + FIXED + backend.len() + TAG_LEN;
+        let bound = principal.map_or(0, |_| PRINCIPAL_LEN);
+        if principal.is_some() {
+            flags |= FLAG_PRINCIPAL;
+        }
+        let len = HEAD + FIXED + bound + backend.len() + TAG_LEN;
         let mut stack = [0u8; STACK_BODY];
         let mut heap = Vec::new();
         let body: &mut [u8] = if len <= STACK_BODY {
@@ -372,11 +431,14 @@ impl TokenKeys {
         body[4] = flags;
         body[5..HEAD].copy_from_slice(&nonce);
         let (head, rest) = body.split_at_mut(HEAD);
-        let (plain, tag_out) = rest.split_at_mut(FIXED + backend.len());
+        let (plain, tag_out) = rest.split_at_mut(FIXED + bound + backend.len());
         plain[0..8].copy_from_slice(&issued_ms.to_be_bytes());
         plain[8..12].copy_from_slice(&ttl_secs.to_be_bytes());
         plain[12..16].copy_from_slice(&rounds.to_be_bytes());
-        plain[FIXED..].copy_from_slice(backend.as_bytes());
+        if let Some(p) = principal {
+            plain[FIXED..FIXED + PRINCIPAL_LEN].copy_from_slice(p);
+        }
+        plain[FIXED + bound..].copy_from_slice(backend.as_bytes());
         let aad = aad(kind, &head[..5], value.unwrap_or("").as_bytes());
         let tag = key
             .aead
@@ -390,7 +452,12 @@ impl TokenKeys {
     /// Decrypts and authenticates a decoded body (`flags` as the value's encoding requires),
     /// then checks the expiry.
     fn open(&self, kind: Kind, body: &[u8], flags: u8, value: &[u8], now: SystemTime) -> Result<Claims, Rejected> {
-        if body.len() < HEAD + FIXED + TAG_LEN || body[4] != flags {
+        let bound = match body.get(4).map(|f| f & !FLAG_PRINCIPAL == flags) {
+            Some(true) if body[4] & FLAG_PRINCIPAL != 0 => PRINCIPAL_LEN,
+            Some(true) => 0,
+            _ => return Err(Rejected::Malformed),
+        };
+        if body.len() < HEAD + FIXED + bound + TAG_LEN {
             return Err(Rejected::Malformed);
         }
         let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
@@ -419,7 +486,12 @@ impl TokenKeys {
         let issued_ms = be8(&plain[0..8]);
         let ttl = be4(&plain[8..12]);
         let rounds = be4(&plain[12..16]);
-        let backend = std::str::from_utf8(&plain[FIXED..]).map_err(|_| Rejected::Malformed)?;
+        let principal = (bound > 0).then(|| {
+            let mut p = [0u8; PRINCIPAL_LEN];
+            p.copy_from_slice(&plain[FIXED..FIXED + PRINCIPAL_LEN]);
+            p
+        });
+        let backend = std::str::from_utf8(&plain[FIXED + bound..]).map_err(|_| Rejected::Malformed)?;
         let expires = (issued_ms / 1000).saturating_add(ttl.into());
         if unix_ms(now) / 1000 > expires {
             return Err(Rejected::Expired);
@@ -430,6 +502,7 @@ impl TokenKeys {
             issued_ms,
             expires,
             rounds: Some(rounds),
+            principal,
         })
     }
 }

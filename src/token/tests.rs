@@ -35,6 +35,7 @@ fn seal_verify_round_trip() {
             issued_ms: NOW * 1000 + 250,
             expires: NOW + 3600,
             rounds: Some(3),
+            principal: None,
         }
     );
     // Any backend name, including non-ASCII and the empty one, and a long one (on the heap).
@@ -282,4 +283,49 @@ fn stable_tokens_are_the_same_for_the_same_handle_and_open_as_its_kind() {
     );
     // The name is not readable in it either.
     assert!(!a.contains("worker-1"));
+}
+
+#[test]
+fn bound_tokens_carry_their_principal_and_it_cannot_be_changed_or_removed() {
+    let k = keys(&[1]);
+    let (alice, bob) = ([0xa1; 16], [0xb0; 16]);
+    let t = k.seal_for(Some(&alice), Kind::RoutingId, "worker-1", 2, at(NOW));
+    let c = k.verify(Kind::RoutingId, &t, at(NOW)).unwrap();
+    assert_eq!(
+        (c.principal, c.backend.as_str(), c.rounds),
+        (Some(alice), "worker-1", Some(2))
+    );
+    assert_eq!(
+        k.verify(Kind::RoutingId, &k.seal(Kind::RoutingId, "w", 0, at(NOW)), at(NOW))
+            .unwrap()
+            .principal,
+        None
+    );
+    for value in ["state-1", "needs \"escaping\" é", ""] {
+        let w = k.seal_value_for(Some(&bob), Kind::RequestState, value, "worker-2", 1, at(NOW));
+        let (v, c) = k.open_value(Kind::RequestState, &w, at(NOW)).unwrap();
+        assert_eq!((v.as_ref(), c.principal), (value, Some(bob)));
+    }
+    // The flag is authenticated: clearing or setting it (or changing a principal byte) fails.
+    let body_of = |t: &str| {
+        URL_SAFE_NO_PAD
+            .decode(t.strip_prefix(PREFIX).unwrap().split('.').next().unwrap())
+            .unwrap()
+    };
+    let text_of = |b: &[u8]| format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(b));
+    let mut body = body_of(&t);
+    body[4] &= !FLAG_PRINCIPAL;
+    assert!(k.verify(Kind::RoutingId, &text_of(&body), at(NOW)).is_err());
+    let mut body = body_of(&t);
+    body[HEAD + 3] ^= 1;
+    assert_eq!(
+        k.verify(Kind::RoutingId, &text_of(&body), at(NOW)).unwrap_err(),
+        Rejected::BadSignature
+    );
+    // Stable tokens: one per (principal, value), different across principals.
+    let a = k.seal_stable_for(Some(&alice), Kind::Task, "task-7", "worker-1");
+    assert_eq!(a, k.seal_stable_for(Some(&alice), Kind::Task, "task-7", "worker-1"));
+    assert_ne!(a, k.seal_stable_for(Some(&bob), Kind::Task, "task-7", "worker-1"));
+    assert_ne!(a, k.seal_stable(Kind::Task, "task-7", "worker-1"));
+    assert_eq!(k.open_value(Kind::Task, &a, at(NOW)).unwrap().1.principal, Some(alice));
 }

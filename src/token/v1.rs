@@ -74,6 +74,7 @@ impl Claims {
             issued_ms: self.issued.saturating_mul(1000),
             expires: self.expires,
             rounds: None,
+            principal: None,
         }
     }
 }

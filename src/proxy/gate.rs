@@ -1,0 +1,200 @@
+//! The `[auth]` phases of a request (docs/src/authorization.md): who calls, from the head alone
+//! and before any body is read (`authenticate`: the `Origin`, the public paths, the bearer
+//! token), and whether the call may do what its body asks (`authorize`: the scopes of its
+//! method and tool). Then what backends receive instead of the token (`forward_identity`).
+//! Without `[auth]` none of it runs.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+
+use crate::auth::{AuthFailure, Resource, Verified};
+use crate::config::{AuthConfig, Forward};
+use crate::error::{Challenge, RouterError};
+use crate::state::Shared;
+use crate::token::PrincipalTag;
+
+/// The headers that carry the verified identity to backends; any a client sent are removed.
+pub const IDENTITY_HEADERS: [&str; 4] = [
+    "x-mcp-auth-subject",
+    "x-mcp-auth-client-id",
+    "x-mcp-auth-issuer",
+    "x-mcp-auth-scopes",
+];
+
+/// A caller whose token verified.
+pub struct Caller {
+    pub verified: Verified,
+    /// What the handles sealed for it carry.
+    pub tag: PrincipalTag,
+}
+
+/// Authenticates a request from its head: `Ok(None)` for a public path (no token checked).
+pub async fn authenticate(
+    shared: &Shared,
+    cfg: &AuthConfig,
+    resource: &Resource,
+    parts: &Parts,
+) -> Result<Option<Box<Caller>>, RouterError> {
+    if let Some(origin) = parts.headers.get(header::ORIGIN) {
+        if !cfg.allowed_origins.iter().any(|o| o.as_bytes() == origin.as_bytes()) {
+            return Err(RouterError::OriginNotAllowed);
+        }
+    }
+    let path = parts.uri.path();
+    if cfg.public_paths.iter().any(|p| is_under(path, p)) {
+        return Ok(None);
+    }
+    let refuse = |error, description, result| {
+        RouterError::Unauthorized(Box::new(Challenge {
+            error,
+            description,
+            scope: resource.required(),
+            resource_metadata: resource.metadata_url.clone(),
+            result,
+        }))
+    };
+    if parts.uri.query().is_some_and(names_a_token) {
+        return Err(refuse(
+            Some("invalid_request"),
+            Some("the access token goes in the Authorization header, never in the URL"),
+            "invalid",
+        ));
+    }
+    let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
+    let token = match (values.next().map(bearer), values.next()) {
+        (None, _) => return Err(refuse(None, None, "missing")),
+        (Some(_), Some(_)) => {
+            return Err(refuse(
+                Some("invalid_request"),
+                Some("more than one Authorization header"),
+                "invalid",
+            ))
+        }
+        (Some(None), None) => return Err(refuse(None, None, "missing")),
+        (Some(Some(token)), None) => token,
+    };
+    let Some(keys) = shared.auth_keys.current() else {
+        return Err(RouterError::AuthUnavailable);
+    };
+    let now = SystemTime::now();
+    let verified = match resource.policy.verify(token, &keys, now) {
+        Err(AuthFailure::UnknownKey { .. }) => match shared.auth_keys.refetch(cfg, &keys).await {
+            // The issuer may have rotated its keys: once more with the set fetched now.
+            Some(fresh) => resource.policy.verify(token, &fresh, now),
+            None => resource.policy.verify(token, &keys, now),
+        },
+        verified => verified,
+    };
+    let verified =
+        verified.map_err(|failure| refuse(Some("invalid_token"), Some(failure.description()), failure.result()))?;
+    let mut tag = PrincipalTag::default();
+    let digest = verified.principal().digest();
+    tag.copy_from_slice(&digest[..PrincipalTag::default().len()]);
+    Ok(Some(Box::new(Caller { verified, tag })))
+}
+
+/// Checks that `caller`'s scopes cover what the request needs: its JSON-RPC `method`'s and, for
+/// `tools/call`, its `tool`'s (read from the verified body, never from `Mcp-Name` alone).
+pub fn authorize(
+    resource: &Resource,
+    caller: &Caller,
+    method: Option<&str>,
+    tool: Option<&str>,
+) -> Result<(), RouterError> {
+    let needed = resource.needed(method, tool);
+    if needed.iter().all(|s| caller.verified.scopes.satisfies(s)) {
+        return Ok(());
+    }
+    Err(RouterError::InsufficientScope(Box::new(Challenge {
+        error: Some("insufficient_scope"),
+        description: Some("the access token lacks a scope this request needs"),
+        scope: Some(needed.join(" ")),
+        resource_metadata: resource.metadata_url.clone(),
+        result: "scope",
+    })))
+}
+
+/// What goes to the backend instead of the client's credentials: the `Authorization` header
+/// removed (unless `forward = "passthrough"`), identity headers only as the router sets them.
+pub fn forward_identity(cfg: &AuthConfig, caller: Option<&Caller>, headers: &mut HeaderMap) {
+    if cfg.forward == Forward::Strip {
+        headers.remove(header::AUTHORIZATION);
+    }
+    for name in IDENTITY_HEADERS {
+        headers.remove(name);
+    }
+    let Some(caller) = caller.filter(|_| cfg.identity_headers) else {
+        return;
+    };
+    let v = &caller.verified;
+    let mut set = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    set(IDENTITY_HEADERS[0], &v.subject);
+    if let Some(client) = &v.client_id {
+        set(IDENTITY_HEADERS[1], client);
+    }
+    set(IDENTITY_HEADERS[2], &v.issuer);
+    let scopes: Vec<&str> = v.scopes.iter().collect();
+    set(IDENTITY_HEADERS[3], &scopes.join(" "));
+}
+
+/// The metadata document's answer.
+pub fn metadata(resource: &Arc<Resource>) -> http::Response<bytes::Bytes> {
+    let mut resp = http::Response::new(resource.metadata.clone());
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=300"));
+    resp
+}
+
+/// `Bearer <token>` → the token; the scheme is case-insensitive (RFC 7235 §2.1).
+fn bearer(value: &HeaderValue) -> Option<&str> {
+    let text = value.to_str().ok()?;
+    let (scheme, token) = text.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Whether a query string carries an access token (RFC 6750 §2.3's `access_token`).
+fn names_a_token(query: &str) -> bool {
+    query.split('&').any(|pair| {
+        pair.split('=')
+            .next()
+            .is_some_and(|k| k.eq_ignore_ascii_case("access_token"))
+    })
+}
+
+/// A public path: exact, or a prefix when it ends in `*`.
+fn is_under(path: &str, public: &str) -> bool {
+    match public.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => path == public,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_read_from_the_header_form_only() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(bearer(&v("Bearer abc.def.ghi")), Some("abc.def.ghi"));
+        assert_eq!(bearer(&v("bearer  abc")), Some("abc"));
+        assert_eq!(bearer(&v("Basic dXNlcjpw")), None);
+        assert_eq!(bearer(&v("Bearer")), None);
+        assert_eq!(bearer(&v("Bearer ")), None);
+        assert!(names_a_token("a=1&access_token=x"));
+        assert!(names_a_token("ACCESS_TOKEN"));
+        assert!(!names_a_token("access_token_hint=1&x=access_token"));
+        assert!(is_under("/health/live", "/health/*"));
+        assert!(is_under("/status", "/status"));
+        assert!(!is_under("/status/x", "/status"));
+    }
+}
