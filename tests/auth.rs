@@ -132,6 +132,11 @@ fn table(env: &Env) -> Vec<(&'static str, Req, Want)> {
             ping().at(&in_query).bearer(&good),
             unauthorized(Expect::Unauthorized, "invalid"),
         ),
+        (
+            "two Authorization headers",
+            ping().bearer(&good).bearer(&good),
+            unauthorized(Expect::Unauthorized, "invalid"),
+        ),
         // No bearer token.
         ("no Authorization", ping(), unauthorized(Expect::Missing, "missing")),
         (
@@ -239,7 +244,10 @@ fn table(env: &Env) -> Vec<(&'static str, Req, Want)> {
         ("a tool no [[auth.tool]] names", scoped(tool("sleep"), "mcp"), ok()),
         (
             "scopes as an scp array",
-            tasks_get().bearer(ec.token(&env.claims("", |c| c["scp"] = json!(["mcp", "tasks"])))),
+            tasks_get().bearer(ec.token(&env.claims("", |c| {
+                without("scope")(c);
+                c["scp"] = json!(["mcp", "tasks"]);
+            }))),
             ok(),
         ),
         // Good tokens: every algorithm, and the edges of the claims.
