@@ -386,3 +386,21 @@ impl Recorder {
         self.seen.lock().unwrap().last().cloned()
     }
 }
+
+/// Waits until the samples of metric `name` with labels `with` sum to at least `want` (a
+/// counter the router moves in the background), for at most `limit`.
+pub async fn wait_metric_at_least(fleet: &Fleet, name: &str, with: &[&str], want: f64, limit: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let m = fleet.metrics().await;
+        let got = super::metric_sum(&m, name, with);
+        if got >= want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}{with:?} is {got} after {limit:?}, not {want} or more"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
