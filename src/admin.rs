@@ -9,10 +9,12 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
+use crate::auth::Resource;
 use crate::body::ProxyBody;
 use crate::dialect::{NotJson, RequestKeys};
 use crate::route;
 use crate::state::Shared;
+use crate::token::PrincipalTag;
 
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::full(body.into()));
@@ -190,7 +192,9 @@ async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyB
             )
         }
     };
-    match explain(shared, &parts.headers, query_key.as_deref(), &body) {
+    let token = parts.headers.get(EXPLAIN_TOKEN_HEADER).and_then(|v| v.to_str().ok());
+    let token = token.map(|t| t.strip_prefix("Bearer ").unwrap_or(t));
+    match explain(shared, &parts.headers, query_key.as_deref(), token, &body) {
         Ok(out) => reply(StatusCode::OK, "application/json", format!("{out:#}\n")),
         Err(e) => reply(
             StatusCode::BAD_REQUEST,
@@ -200,14 +204,25 @@ async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyB
     }
 }
 
+/// The header of a `/debug/route` request that carries the access token to explain (the
+/// request's own `Authorization` is the admin's).
+pub const EXPLAIN_TOKEN_HEADER: &str = "x-explain-token";
+
 /// The JSON explanation of how a request with these headers and this JSON-RPC body (may be
-/// empty) would be routed; `key`, when given, stands in the routing header. Also printed by
-/// `mrtr-router route`.
-pub fn explain(shared: &Shared, headers: &HeaderMap, key: Option<&str>, body: &[u8]) -> Result<Value, NotJson> {
+/// empty) would be routed; `key`, when given, stands in the routing header. With `[auth]` on,
+/// also what it would need and what `token` (if any) grants. Also printed by `mrtr-router route`.
+pub fn explain(
+    shared: &Shared,
+    headers: &HeaderMap,
+    key: Option<&str>,
+    token: Option<&str>,
+    body: &[u8],
+) -> Result<Value, NotJson> {
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let body = Some(body).filter(|b| !b.is_empty());
-    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body, None)?;
+    let mut tool = None;
+    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body, Some(&mut tool))?;
     if let Some(k) = key {
         keys.set_header_key(k);
     }
@@ -220,7 +235,14 @@ pub fn explain(shared: &Shared, headers: &HeaderMap, key: Option<&str>, body: &[
         "task_id": keys.task_id,
         "session_id": keys.session_id,
     });
-    Ok(match route::resolve(&snap, &shared.pins, &keys, None, false) {
+    let (auth, tag) = match &snap.auth {
+        Some(resource) => {
+            let (auth, tag) = explain_auth(shared, resource, keys.method.as_deref(), tool.as_deref(), token);
+            (Some(auth), tag)
+        }
+        None => (None, None),
+    };
+    let mut explained = match route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), false) {
         Ok((d, _)) => json!({
             "backend": &*d.backend.name,
             "url": d.backend.url(),
@@ -234,7 +256,49 @@ pub fn explain(shared: &Shared, headers: &HeaderMap, key: Option<&str>, body: &[
             json!({"error": "invalid_routing_token", "message": reason, "keys": found})
         }
         Err(e) => json!({"error": e.reason(), "message": e.to_string(), "keys": found}),
-    })
+    };
+    if let Some(auth) = auth {
+        explained["auth"] = auth;
+    }
+    Ok(explained)
+}
+
+/// What `[auth]` would make of a request of `method` (and `tool`) with `token`, checked
+/// against the keys in use now (an unknown key is not fetched for an explanation).
+fn explain_auth(
+    shared: &Shared,
+    resource: &Resource,
+    method: Option<&str>,
+    tool: Option<&str>,
+    token: Option<&str>,
+) -> (Value, Option<PrincipalTag>) {
+    let needed = resource.needed(method, tool);
+    let Some(token) = token else {
+        return (json!({"needed_scopes": needed, "result": "missing"}), None);
+    };
+    let Some(keys) = shared.auth_keys.current() else {
+        return (json!({"needed_scopes": needed, "result": "jwks_unavailable"}), None);
+    };
+    match resource.policy.verify(token, &keys, std::time::SystemTime::now()) {
+        Err(failure) => (
+            json!({"needed_scopes": needed, "result": failure.result(), "why": failure.description()}),
+            None,
+        ),
+        Ok(v) => {
+            let missing: Vec<&str> = needed.iter().copied().filter(|s| !v.scopes.satisfies(s)).collect();
+            let tag = v.principal().tag();
+            let result = if missing.is_empty() { "ok" } else { "scope" };
+            let explained = json!({
+                "needed_scopes": needed,
+                "result": result,
+                "subject": v.subject,
+                "client_id": v.client_id,
+                "scopes": v.scopes.iter().collect::<Vec<_>>(),
+                "missing_scopes": missing,
+            });
+            (explained, Some(tag))
+        }
+    }
 }
 
 fn percent_decode(s: &str) -> String {

@@ -164,8 +164,13 @@ impl Router {
 
     /// How a request would be routed, as JSON (what `/debug/route` answers): `key` stands in
     /// the routing header; `body` is a JSON-RPC request body, or empty.
-    pub fn explain(&self, key: Option<&str>, body: &[u8]) -> Result<serde_json::Value, dialect::NotJson> {
-        admin::explain(&self.shared, &http::HeaderMap::new(), key, body)
+    pub fn explain(
+        &self,
+        key: Option<&str>,
+        token: Option<&str>,
+        body: &[u8],
+    ) -> Result<serde_json::Value, dialect::NotJson> {
+        admin::explain(&self.shared, &http::HeaderMap::new(), key, token, body)
     }
 
     /// Serves until `shutdown` resolves, then drains in-flight requests (bounded) and returns.

@@ -39,6 +39,9 @@ enum Command {
         /// Explain a whole JSON-RPC request body instead of a bare key.
         #[arg(long)]
         body: Option<String>,
+        /// With `[auth]` on: the access token to explain (what it grants, what the request needs).
+        #[arg(long)]
+        token: Option<String>,
     },
     /// The config file's keys: their reference, or a complete example file.
     Config {
@@ -99,11 +102,11 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("{}: ok", cli.config.display());
                 Ok(())
             }
-            (Some(Command::Route { key, body }), _) => {
+            (Some(Command::Route { key, body, token }), _) => {
                 let router = Router::from_file(&cli.config)?;
                 let body = body.unwrap_or_default();
                 let explained = router
-                    .explain(key.as_deref(), body.as_bytes())
+                    .explain(key.as_deref(), token.as_deref(), body.as_bytes())
                     .context("--body is not JSON")?;
                 println!("{explained:#}");
                 Ok(())

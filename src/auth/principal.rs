@@ -45,4 +45,11 @@ impl Principal {
         out.copy_from_slice(ctx.finish().as_ref());
         out
     }
+
+    /// What sealed handles carry of it: the digest's first 16 bytes (a `token::PrincipalTag`).
+    pub fn tag(&self) -> [u8; 16] {
+        let mut tag = [0; 16];
+        tag.copy_from_slice(&self.digest()[..16]);
+        tag
+    }
 }

@@ -90,9 +90,7 @@ pub async fn authenticate(
     };
     let verified =
         verified.map_err(|failure| refuse(Some("invalid_token"), Some(failure.description()), failure.result()))?;
-    let mut tag = PrincipalTag::default();
-    let digest = verified.principal().digest();
-    tag.copy_from_slice(&digest[..PrincipalTag::default().len()]);
+    let tag = verified.principal().tag();
     Ok(Some(Box::new(Caller { verified, tag })))
 }
 
