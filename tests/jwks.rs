@@ -4,8 +4,6 @@
 //! body over the limit, a hang), and keys rotated while the router runs. The issuer counts
 //! and timestamps every request, so schedules are read off its log, not guessed.
 
-#[path = "fixtures/jwt/signer.rs"]
-mod signer;
 mod support;
 #[path = "support/tls_backend.rs"]
 mod tls_backend;
@@ -30,6 +28,7 @@ use mrtr_router::Config;
 use prometheus::{IntCounterVec, Opts};
 use serde_json::json;
 use signer::{jwks, Signer};
+use support::auth::signer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
