@@ -519,3 +519,36 @@ fn challenges_parse_as_rfc_9110_writes_them() {
     assert!(parse_challenge(r#"Bearer a="1"#).is_err(), "an unterminated string");
     assert!(parse_challenge("Bearer").unwrap().params.is_empty());
 }
+
+/// A `jwks_file`'s keys are read again at a reload even when the config's own text is
+/// unchanged: an operator rotates keys by replacing the file and sending SIGHUP.
+#[tokio::test]
+async fn a_reload_reads_a_rotated_jwks_file_though_the_config_is_unchanged() {
+    let env = Env::start(&["mcp"], table_auth).await;
+    let rotated = support::auth::Signer::p256(Some("ec-2"));
+    let token = rotated.token(&env.claims("mcp", |_| {}));
+    let url = format!("http://{}/mcp", env.fleet.router);
+    let ping = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})).unwrap();
+    let call = |token: String| {
+        let (env, url, ping) = (&env, url.clone(), ping.clone());
+        async move {
+            let auth = format!("Bearer {token}");
+            let headers = [("authorization", auth.as_str()), ("content-type", "application/json")];
+            send(&env.fleet.client, Method::POST, &url, &headers, Bytes::from(ping)).await
+        }
+    };
+    let before = call(token.clone()).await;
+    assert_eq!(before.status, 401, "a key the file does not hold: {before:?}");
+    let keys = support::auth::signer::jwks(&[env.issuer.ec.jwk(), rotated.jwk()]);
+    std::fs::write(&env.issuer.jwks_path, keys).unwrap();
+    env.fleet.handle.reload().unwrap();
+    let after = call(token).await;
+    assert_eq!(after.status, 200, "the rotated key, read at the reload: {after:?}");
+    let old = call(env.token("mcp")).await;
+    assert_eq!(old.status, 200, "the key kept in the file still verifies: {old:?}");
+    let gone = call(env.issuer.rsa.token(&env.claims("mcp", |_| {}))).await;
+    assert_eq!(
+        gone.status, 401,
+        "the key dropped from the file no longer does: {gone:?}"
+    );
+}
