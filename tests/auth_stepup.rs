@@ -161,6 +161,15 @@ impl Setup {
         sums
     }
 
+    /// Requests each replica proxied to any backend.
+    async fn proxied_by_each_replica(&self) -> Vec<f64> {
+        let mut counts = Vec::new();
+        for replica in &self.replicas {
+            counts.push(metric_sum(&replica.metrics().await, "mrtr_requests_total", &[]));
+        }
+        counts
+    }
+
     /// `reason`'s count in each replica's `mrtr_router_errors_total`.
     async fn router_errors(&self, reason: &str) -> Vec<f64> {
         let mut counts = Vec::new();
@@ -308,6 +317,8 @@ async fn a_task_polled_after_a_step_up_stays_on_its_worker_across_replicas() {
     );
     let replicas = replicas_of(&requests_where(&run, |r| r["status"] == 200));
     assert_eq!(replicas.len(), 2, "both replicas served requests: {run:#?}");
+    let proxied = s.proxied_by_each_replica().await;
+    assert!(proxied.iter().all(|&n| n >= 3.0), "{proxied:?}");
 
     // What the backends saw: the call and every poll on W, nothing of the task elsewhere.
     let mut on_w = vec![0.0; s.servers.len()];
