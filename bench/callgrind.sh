@@ -15,6 +15,11 @@
 #   BENCH_CG_UPSTREAM=tls BENCH_CG_PEERS="mrtr haproxy nginx" bench/callgrind.sh   # HTTPS to the backends
 #     (as bench/run.py's *-upstream-tls rows: a test CA made here, the certificate for bench.test,
 #     verified); BENCH_CG_UPSTREAM=h2c: HTTP/2 with prior knowledge (mrtr and haproxy only)
+#   BENCH_CG_AUTH=ES256 BENCH_CG_PEERS=mrtr bench/callgrind.sh   # [auth] on: every request carries an
+#     access token (RS256, ES256 or EdDSA) the router verifies, from examples/bench_token.rs (build
+#     it: `cargo build --release --example bench_token`); BENCH_CG_AUTH=garbage sends text that is
+#     no token, BENCH_CG_AUTH=forged an ES256 token with a wrong signature (the dearest refusal:
+#     every claim checks out, so the signature is verified); the router answers both 401
 #   BENCH_CG_CACHE=1 bench/callgrind.sh   # also simulates the caches and branch predictor (slower):
 #     I1/D1 misses, mispredicts and hot code KiB per request (bench/cg_cache.py, docs/src/benchmarks.md)
 #   BENCH_CG_ROUTER_EXTRA=$'[log]\naccess = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh   # config appended
@@ -146,6 +151,25 @@ for i in 0 1 2; do
 done
 # Extra router config (e.g. [log] access = true, or [tracing]), from BENCH_CG_ROUTER_EXTRA.
 printf '%s\n' "${BENCH_CG_ROUTER_EXTRA:-}" >>"$OUT/router.toml"
+# [auth] on, and the token every request carries (bench/mcp.lua and curl read it).
+AUTH_HEADER=()
+case ${BENCH_CG_AUTH:-} in
+  "") ;;
+  RS256 | ES256 | EdDSA | garbage | forged)
+    MINT=$(dirname "$ROUTER_BIN")/examples/bench_token
+    [[ -x $MINT ]] || die "no $MINT (cargo build --release --example bench_token)"
+    alg=$BENCH_CG_AUTH; [[ $alg == garbage || $alg == forged ]] && alg=ES256
+    token=$("$MINT" "$alg" "http://127.0.0.1:$PROXY_PORT/mcp" "$OUT/jwks.json") || die "bench_token"
+    case $BENCH_CG_AUTH in
+      garbage) token="Zm9vYmFyYmF6cXV4.not-a-token" ;;
+      forged) token="${token%??????}AAAAAA" ;;
+    esac
+    export BENCH_AUTHORIZATION="Bearer $token"
+    AUTH_HEADER=(-H "Authorization: $BENCH_AUTHORIZATION")
+    printf '[auth]\nissuer = "https://idp.bench.test"\njwks_file = "%s"\n[auth.resource_metadata]\nresource = "http://127.0.0.1:%d/mcp"\n' \
+      "$OUT/jwks.json" "$PROXY_PORT" >>"$OUT/router.toml" ;;
+  *) die "BENCH_CG_AUTH: RS256, ES256, EdDSA, garbage or forged (not '$BENCH_CG_AUTH')" ;;
+esac
 
 cat >"$OUT/haproxy.cfg" <<EOF
 global
@@ -202,7 +226,8 @@ ready() {  # ready: the proxy answers a request (bounded: 30 s under valgrind)
   local proto=()
   [[ $LOAD != h2c ]] || proto=(--http2-prior-knowledge)
   for _ in $(seq 1 150); do
-    curl -sf "${proto[@]}" -o /dev/null -X POST -H 'Content-Type: application/json' \
+    local ok=(-f); [[ ${BENCH_CG_AUTH:-} == garbage || ${BENCH_CG_AUTH:-} == forged ]] && ok=()  # 401: up all the same
+    curl -s "${ok[@]}" "${proto[@]}" "${AUTH_HEADER[@]}" -o /dev/null -X POST -H 'Content-Type: application/json' \
       --data '{"jsonrpc":"2.0","id":1,"method":"ping"}' "http://127.0.0.1:$PROXY_PORT/mcp" && return 0
     sleep 0.2
   done
@@ -212,7 +237,7 @@ ready() {  # ready: the proxy answers a request (bounded: 30 s under valgrind)
 load() {  # load <seconds>: the client load on the proxy, its report on stdout
   case $LOAD in
     h2c) timeout $(($1 + 30)) h2load -t1 -c8 -m16 -D "$1" -H 'content-type: application/json' \
-           -H 'accept: application/json, text/event-stream' -H 'mcp-routing-id: cg-h2c-1' \
+           -H 'accept: application/json, text/event-stream' -H 'mcp-routing-id: cg-h2c-1' "${AUTH_HEADER[@]}" \
            -d "$OUT/h2c-body.json" "http://127.0.0.1:$PROXY_PORT/mcp" ;;
     *) wrk -t1 -c16 -d"$1"s -s "$BENCH_DIR/mcp.lua" "http://127.0.0.1:$PROXY_PORT/mcp" -- "$LOAD" ;;
   esac

@@ -38,6 +38,11 @@ function init(args)
       ["Content-Type"] = "application/json",
       ["Accept"] = "application/json, text/event-stream",
    }
+   -- With [auth] on (bench/callgrind.sh's BENCH_CG_AUTH): the access token every request carries.
+   local authorization = os.getenv("BENCH_AUTHORIZATION")
+   if authorization then
+      hdrs["Authorization"] = authorization
+   end
 end
 
 local function new_key()

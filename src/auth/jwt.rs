@@ -66,6 +66,8 @@ pub struct Verified {
     pub subject: String,
     /// `client_id` (RFC 9068), or else `azp`.
     pub client_id: Option<String>,
+    /// The token had no `sub`: `subject` is the client's id.
+    pub subject_is_client: bool,
     pub scopes: Scopes,
     pub expires_at: SystemTime,
 }
@@ -73,7 +75,10 @@ pub struct Verified {
 impl Verified {
     /// The caller as sealed handles name it.
     pub fn principal(&self) -> Principal {
-        Principal::new(self.issuer.clone(), self.subject.clone())
+        match self.subject_is_client {
+            true => Principal::client(self.issuer.clone(), self.subject.clone()),
+            false => Principal::new(self.issuer.clone(), self.subject.clone()),
+        }
     }
 }
 
@@ -338,9 +343,9 @@ impl Policy {
         }
         let named = |s: Option<Cow<'a, str>>| s.filter(|s| !s.is_empty());
         let client_id = named(claims.client_id).or_else(|| named(claims.azp));
-        let subject = named(claims.sub)
-            .or_else(|| client_id.clone())
-            .ok_or(AuthFailure::NoSubject)?;
+        let sub = named(claims.sub);
+        let subject_is_client = sub.is_none();
+        let subject = sub.or_else(|| client_id.clone()).ok_or(AuthFailure::NoSubject)?;
         let scopes = match (claims.scope, claims.scp) {
             (Some(scope), _) => Scopes::parse(&scope),
             (None, Some(OneOrMany::One(scp))) => Scopes::parse(&scp),
@@ -352,6 +357,7 @@ impl Policy {
             issuer: issuer.into_owned(),
             subject: subject.into_owned(),
             client_id: client_id.map(Cow::into_owned),
+            subject_is_client,
             scopes,
             expires_at: UNIX_EPOCH + Duration::from_secs_f64(exp.clamp(0.0, LATEST_EXPIRY_SECS)),
         })

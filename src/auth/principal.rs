@@ -1,16 +1,18 @@
 //! Who a verified caller is: its issuer and subject, and the fixed-size digest of the two that
-//! sealed handles carry (docs/src/authorization.md, "Principals"; docs/src/tokens.md).
+//! sealed handles carry (docs/src/authorization.md, "Handles bound to their principal"; docs/src/tokens.md).
 //!
 //! The digest names the principal, never the token: a step-up or a refresh issues a new access
 //! token (other scopes, another `jti`, another expiry) for the same principal, and the calls it
 //! holds stay its own.
 //!
 //! ```text
-//! digest = SHA-256( "mrtr-principal-v1" 0x00 | len(issuer) u64 | issuer | len(subject) u64 | subject )
+//! digest = SHA-256( "mrtr-principal-v1" 0x00 | len(issuer) u64 | issuer | len(subject) u64 | subject
+//!                   [| 0x01 when the subject is a client id] )
 //! ```
 //!
 //! (lengths big-endian, in bytes of UTF-8). The lengths keep `("ab", "c")` and `("a", "bc")`
-//! apart. The format is stable: changing it makes every sealed handle in flight refused as
+//! apart. A token without `sub` names its client as the subject; the trailing byte keeps that
+//! client apart from a user whose `sub` happens to be the same string. The format is stable: changing it makes every sealed handle in flight refused as
 //! another principal's, so a new one takes a new tag.
 
 use ring::digest::{Context, SHA256};
@@ -23,6 +25,8 @@ const DIGEST_TAG: &[u8] = b"mrtr-principal-v1\0";
 pub struct Principal {
     pub issuer: String,
     pub subject: String,
+    /// The subject is the client's id: the token had no `sub` (a client acting for itself).
+    pub is_client: bool,
 }
 
 impl Principal {
@@ -30,6 +34,15 @@ impl Principal {
         Principal {
             issuer: issuer.into(),
             subject: subject.into(),
+            is_client: false,
+        }
+    }
+
+    /// A client acting for itself: a token without `sub`, named by its `client_id`.
+    pub fn client(issuer: impl Into<String>, client_id: impl Into<String>) -> Principal {
+        Principal {
+            is_client: true,
+            ..Principal::new(issuer, client_id)
         }
     }
 
@@ -40,6 +53,9 @@ impl Principal {
         for part in [&self.issuer, &self.subject] {
             ctx.update(&(part.len() as u64).to_be_bytes());
             ctx.update(part.as_bytes());
+        }
+        if self.is_client {
+            ctx.update(&[1]);
         }
         let mut out = [0; 32];
         out.copy_from_slice(ctx.finish().as_ref());

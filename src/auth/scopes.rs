@@ -1,5 +1,5 @@
 //! The scopes an access token grants, and which of an operation's required scopes they lack
-//! (docs/src/authorization.md, "Scopes").
+//! (docs/src/authorization.md, "Scopes and step-up").
 //!
 //! A scope token is RFC 6749 §3.3's: one or more printable ASCII characters other than space,
 //! `"` and `\` (`%x21 / %x23-5B / %x5D-7E`).

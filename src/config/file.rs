@@ -36,13 +36,17 @@ impl ConfigFile {
     }
 
     /// Reads the file again and compares it with `running`. Unchanged text may still name TLS
-    /// files whose content changed (a renewed certificate, CA bundle or system trust store):
-    /// then the config is read again and compared whole. A config that fails to load counts as rejected.
+    /// files or an `auth.jwks_file` whose content changed (a renewed certificate, CA bundle or
+    /// system trust store, rotated keys): then the config is read again and compared whole. A config that fails to load counts as rejected.
     pub fn reread(&self, running: &Config) -> Result<Reread, ConfigError> {
         let text = Config::read_text(&self.path)?;
         let digest = digest(text.as_bytes());
         let unchanged = self.digests.lock().0 == Some(digest);
-        if unchanged && running.server.tls.is_none() && !running.upstream.tls.reads_files() {
+        let reads_keys = running
+            .auth
+            .as_ref()
+            .is_some_and(|a| matches!(a.jwks, super::JwksSource::File { .. }));
+        if unchanged && running.server.tls.is_none() && !running.upstream.tls.reads_files() && !reads_keys {
             return Ok(Reread::Unchanged);
         }
         match Config::parse(&self.path, &text) {

@@ -16,7 +16,10 @@ use crate::error::{Challenge, RouterError};
 use crate::state::Shared;
 use crate::token::PrincipalTag;
 
-/// The headers that carry the verified identity to backends; any a client sent are removed.
+/// What every identity header's name starts with: any such header a client sent is removed.
+const IDENTITY_PREFIX: &str = "x-mcp-auth-";
+
+/// The headers that carry the verified identity to backends.
 pub const IDENTITY_HEADERS: [&str; 4] = [
     "x-mcp-auth-subject",
     "x-mcp-auth-client-id",
@@ -121,7 +124,12 @@ pub fn forward_identity(cfg: &AuthConfig, caller: Option<&Caller>, headers: &mut
     if cfg.forward == Forward::Strip {
         headers.remove(header::AUTHORIZATION);
     }
-    for name in IDENTITY_HEADERS {
+    let claimed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with(IDENTITY_PREFIX))
+        .cloned()
+        .collect();
+    for name in claimed {
         headers.remove(name);
     }
     let Some(caller) = caller.filter(|_| cfg.identity_headers) else {

@@ -157,20 +157,23 @@ async fn handle_inner(
         if let Some(obs) = &mut record.obs {
             obs.keys(keys.method.as_deref(), name.as_deref());
         }
+        record.id = keys.id.map(RpcId::new);
         if let (Some(resource), Some(caller)) = (&snap.auth, &caller) {
             gate::authorize(resource, caller, keys.method.as_deref(), name.as_deref())?;
-            shared.metrics.auth_by_result[0].inc();
         }
         keys
     };
     let tag = caller.as_ref().map(|c| c.tag);
-    record.id = keys.id.map(RpcId::new);
     if keys.names_disagree() {
         return Err(RouterError::HeaderMismatch);
     }
 
     // Decide: sealed tokens first, then pins, then the ring.
     let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), true)?;
+    if caller.is_some() {
+        // Accepted: its token, its scopes, and every handle it presents are its own.
+        shared.metrics.auth_by_result[0].inc();
+    }
     shared.metrics.decisions_by_source[decision.source as usize].inc();
     if decision.pin_lost {
         shared.metrics.pins_lost.inc();
