@@ -4,9 +4,10 @@
 //! and the client's transport sends every other request to the second one, as an L4 balancer
 //! in front of them would. A 403 `insufficient_scope` makes the SDK fetch a token with the
 //! union of scopes and send the same request again: a `tasks/get` whose sealed task id names
-//! its worker, a round of a multi-round call whose sealed `requestState` does, each reaching
-//! the instance that holds the call, because the new token is the same principal's. Another
-//! principal presenting the same handle is refused before any backend sees it.
+//! its worker, a round of a multi-round call whose sealed `requestState` does, a call in a
+//! legacy session whose sealed session id does, each reaching the instance that holds it,
+//! because the new token is the same principal's. Another principal presenting the same handle
+//! is refused before any backend sees it.
 //!
 //! The test authorization server (tests/idp/server.mjs) issues the tokens; the SDK servers are
 //! tests/interop/server.py. The test script installs both; without them these tests fail.
@@ -455,4 +456,62 @@ async fn a_multi_round_call_stays_on_its_worker_when_the_token_steps_up_between_
     want_calls[s.index_of(balance_worker)] += 1.0;
     assert_eq!(s.sent_to_backends("tools/call").await, want_calls, "{run:#?}");
     assert_eq!(s.router_errors("insufficient_scope").await.iter().sum::<f64>(), 2.0);
+}
+
+/// A legacy session (initialize, `Mcp-Session-Id`) through both replicas: a call needing
+/// `accounts:read` is refused 403 mid-session, the SDK steps up, and the session goes on with
+/// the new token on the instance that holds it (its per-session counter goes on counting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_session_stays_on_its_worker_when_the_token_steps_up() {
+    let s = Setup::start().await;
+    let run = s
+        .run(&[
+            "--legacy", "--call", "counter", "--call", "balance", "--call", "counter",
+        ])
+        .await;
+    let texts: Vec<&str> = run.calls.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let worker = texts[0].strip_suffix(":1").unwrap_or_else(|| panic!("{run:#?}"));
+    assert_eq!(
+        texts,
+        [
+            format!("{worker}:1"),
+            format!("{worker}:balance 100"),
+            format!("{worker}:2")
+        ],
+        "one session, one instance: {run:#?}"
+    );
+
+    // The wire: after initialize, every request names the router's sealed session id, through
+    // both replicas; the balance is refused once, then sent again with the second token, which
+    // the session's next call carries too.
+    let in_session = requests_where(&run, |r| !r["session"].is_null());
+    assert!(in_session.iter().all(|r| r["session"] == "mrt2"), "{in_session:#?}");
+    assert_eq!(replicas_of(&in_session).len(), 2, "{in_session:#?}");
+    let calls = requests_where(&run, |r| r["mcp_method"] == "tools/call");
+    assert_eq!(
+        (
+            field(&calls, "mcp_name"),
+            field(&calls, "status"),
+            field(&calls, "token")
+        ),
+        (
+            json!(["counter", "balance", "balance", "counter"]),
+            json!([200, 403, 200, 200]),
+            json!([0, 0, 1, 1])
+        ),
+        "{calls:#?}"
+    );
+    assert_eq!(
+        run.token_scopes(),
+        scopes(&[&["mcp:tools"], &["mcp:tools", "accounts:read"]]),
+        "{run:#?}"
+    );
+
+    // Everything the session sent reached its instance, nothing the other one.
+    let sent = s.sent_in_all().await;
+    let w = s.index_of(worker);
+    assert!(
+        sent[w] >= 6.0 && sent.iter().enumerate().all(|(i, &n)| i == w || n == 0.0),
+        "{sent:?}"
+    );
 }

@@ -25,6 +25,7 @@ rounds) are answered: transfers approved, the one-time code for amount A is otp-
 For routers behind an L4 load balancer (tests/auth_stepup.rs):
   --also ORIGIN        every other request to URL's origin goes to ORIGIN instead, on its own
                        connections, with the same URL and Host (one public address, two replicas)
+  --legacy             one legacy session (initialize, Mcp-Session-Id) carries every call
   --tasks              declares io.modelcontextprotocol/tasks: a task result is polled with
                        tasks/get until it ends; each poll's status and the serving instance
                        (server.py's "servedBy") are reported in the summary's "tasks"
@@ -35,8 +36,9 @@ Prints one JSON line per call ({"call", "ok", "text" or "error"}) and, last, a s
 {"mode", "ok", "failed", "authorizations": browser runs, "tokens": [claims of each access token
 the SDK obtained, with the header's "kid"/"alg"], "http": {"METHOD path status": count},
 "requests": [each request to URL's origin or ORIGIN, in order: {"to": "url"|"also", "method",
-"mcp_method", "mcp_name", "status", "token": index into "tokens" or null, "request_state": its
-params.requestState up to the first "." or null}],
+"mcp_method", "mcp_name" (the headers, else the body's method and params.name), "status",
+"token": index into "tokens" or null, "request_state" and "session": params.requestState and
+Mcp-Session-Id up to their first "." or null}],
 "tasks": [with --tasks]}.
 Exit code non-zero if any call failed or the run timed out (--timeout).
 """
@@ -182,9 +184,15 @@ class Balancer(httpx2.AsyncBaseTransport):
             url = request.url.copy_with(scheme=self.also.scheme, host=self.also.host, port=self.also.port)
             sent = httpx2.Request(request.method, url, headers=request.headers, stream=request.stream,
                                   extensions=request.extensions)
-        entry = {"to": to, "method": request.method, "mcp_method": request.headers.get("mcp-method"),
-                 "mcp_name": request.headers.get("mcp-name"), "token": self._token_index(request),
-                 "request_state": _request_state_prefix(request)}
+        body = _json_body(request)
+        params = body.get("params") if isinstance(body.get("params"), dict) else {}
+        session = request.headers.get("mcp-session-id")
+        # Legacy requests carry no Mcp-Method / Mcp-Name headers: the body says.
+        entry = {"to": to, "method": request.method,
+                 "mcp_method": request.headers.get("mcp-method") or body.get("method"),
+                 "mcp_name": request.headers.get("mcp-name") or params.get("name"),
+                 "token": self._token_index(request), "request_state": _prefix(params.get("requestState")),
+                 "session": _prefix(session)}
         self.log.append(entry)
         response = await self.inner.handle_async_request(sent)
         entry["status"] = response.status_code
@@ -199,15 +207,17 @@ class Balancer(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _request_state_prefix(request: httpx2.Request) -> str | None:
-    """What the request's params.requestState starts with, up to its first "." (a router's
-    sealed state says "mrt2"); None without one."""
+def _json_body(request: httpx2.Request) -> dict[str, Any]:
     try:
-        params = json.loads(request.content).get("params") or {}
-        state = params.get("requestState")
+        body = json.loads(request.content)
     except Exception:  # a GET, a streamed or non-JSON body
-        return None
-    return state.split(".", 1)[0] if isinstance(state, str) else None
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _prefix(handle: Any) -> str | None:
+    """A handle up to its first "." (a router's sealed one says "mrt2"), None without one."""
+    return handle.split(".", 1)[0] if isinstance(handle, str) else None
 
 
 class RecordingTasks(TasksClient):
@@ -277,7 +287,7 @@ async def run(args: argparse.Namespace, wire: Wire, storage: MemoryStorage, brow
             await call_tool(holder[0], pending.pop(), failures)
         return await answer_elicitation(Counter(), params)
 
-    client = Client(streamable_http_client(args.url, http_client=http), mode=MODERN,
+    client = Client(streamable_http_client(args.url, http_client=http), mode="legacy" if args.legacy else MODERN,
                     elicitation_callback=on_elicitation, extensions=[tasks] if tasks else [])
     holder.append(client)
     async with http, browser.http, client:
@@ -334,6 +344,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=90.0, help="whole-run deadline in seconds")
     ap.add_argument("--also", default=None, metavar="ORIGIN",
                     help="every other request to URL's origin goes to this origin (two replicas behind one address)")
+    ap.add_argument("--legacy", action="store_true",
+                    help="one legacy session (initialize handshake, Mcp-Session-Id) instead of 2026-07-28 requests")
     ap.add_argument("--tasks", action="store_true", help="declare io.modelcontextprotocol/tasks and poll task results")
     ap.add_argument("--during-input", default=None, metavar="TOOL[:TEXT]",
                     help="a call made from the first elicitation, before that round is answered")

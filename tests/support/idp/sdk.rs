@@ -112,8 +112,8 @@ impl OAuthClientRun {
     }
 
     /// Every request to the MCP origin(s), in order: {"to", "method", "mcp_method", "mcp_name",
-    /// "status", "token" (index into the summary's "tokens"), "request_state" (its prefix up
-    /// to the first ".", or null)}.
+    /// "status", "token" (index into the summary's "tokens"), "request_state", "session" (each
+    /// up to its first ".", or null)}.
     pub fn requests(&self) -> &[Value] {
         self.summary["requests"].as_array().map_or(&[], Vec::as_slice)
     }
