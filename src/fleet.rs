@@ -1,11 +1,13 @@
 //! Background upkeep of the fleet: pin expiry, active health checks, DNS discovery, reloading
-//! on a config file change, and forgetting drained backends. Each loop reads the current
+//! on a config file change, forgetting drained backends, and keeping the issuer's keys fresh. Each loop reads the current
 //! snapshot every round, so reloads change intervals and targets at once.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::{keep_fresh, JwksConfig};
+use crate::config::JwksSource;
 use crate::pins::PinKind;
 use crate::state::Shared;
 use crate::upstream::health::{self, Verdict};
@@ -129,4 +131,21 @@ pub async fn watch_config(shared: Arc<Shared>) {
             let _ = shared.reload();
         }
     }
+}
+
+/// Keeps the issuer's keys fresh while `[auth]` fetches them, over the TLS client of
+/// `[upstream]`; idle otherwise (auth off, or its keys in a file), since a reload may turn it on.
+pub async fn jwks(shared: Arc<Shared>) {
+    let config = || {
+        let snapshot = shared.snapshot();
+        let auth = snapshot.config.auth.as_ref()?;
+        if matches!(auth.jwks, JwksSource::File { .. }) {
+            return None;
+        }
+        Some(JwksConfig {
+            auth: auth.clone(),
+            tls: snapshot.config.upstream.tls.clients.as_ref().map(|c| c.http1.clone()),
+        })
+    };
+    keep_fresh(&shared.auth_keys, config, shared.metrics.jwks_refreshes.clone()).await;
 }

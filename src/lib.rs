@@ -25,7 +25,8 @@
 //! - `calls`     the call lifecycle: what each dialect's answer does to the pins
 //! - `proxy/`    the request path as phases: read → keys → decide → forward → observe
 //! - `admin`     `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`
-//! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining
+//! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining,
+//!   the issuer's keys kept fresh
 //! - `server/`   listeners, HTTP/1.1 + h2c (or TLS) connections, the connection watchdog
 //!   (head timeout, a client that left or stopped reading), parked idle connections,
 //!   graceful shutdown
@@ -77,9 +78,9 @@ use state::Shared;
 /// The inner types benches, fuzz targets and tests exercise directly. Not a stable interface.
 pub mod internals {
     pub use crate::auth::{
-        is_scope_token, Algorithm, AlgorithmSet, AuthFailure, InvalidScope, JwksError, Key, KeySet, ParsedKeySet,
-        Part as TokenPart, Policy as AuthPolicy, Principal, Scopes, SkippedKey, Verified, AUTH_RESULTS, MAX_JWKS_BYTES,
-        MAX_KEYS, MAX_TOKEN_BYTES,
+        is_scope_token, keep_fresh, Algorithm, AlgorithmSet, AuthFailure, FetchOutcome, InvalidScope, JwksConfig,
+        JwksError, Key, KeySet, KeyStore, ParsedKeySet, Part as TokenPart, Policy as AuthPolicy, Principal, Scopes,
+        SkippedKey, Verified, AUTH_RESULTS, MAX_JWKS_BYTES, MAX_KEYS, MAX_TOKEN_BYTES, REFRESH_RESULTS,
     };
     pub use crate::balance::HashRing;
     pub use crate::body::split_sse;
@@ -184,6 +185,7 @@ impl Router {
             tokio::spawn(fleet::health_checks(shared.clone())),
             tokio::spawn(fleet::discovery(shared.clone())),
             tokio::spawn(fleet::watch_config(shared.clone())),
+            tokio::spawn(fleet::jwks(shared.clone())),
         ];
         server::serve_proxy(shared.clone(), listeners.proxy, shutdown).await;
         // The spans of the requests just drained go out before the router returns (bounded).

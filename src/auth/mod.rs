@@ -7,7 +7,10 @@
 //!   [`Policy`] and a [`KeySet`] → [`Verified`] or an [`AuthFailure`]
 //! - `scopes`    the granted [`Scopes`] and what an operation's required scopes lack, with
 //!   scope hierarchies (`files` implies `files:write`)
-//! - `keys`      the issuer's key set in use, loaded from a file or fetched and kept fresh
+//! - `keys`      the issuer's key set in use, loaded from a file or fetched (one fetch at a
+//!   time, shared by whoever waits for it), the last good set kept
+//! - `fetch`     GETting the key set, or the issuer's metadata naming it, over HTTPS, bounded
+//! - `refresh`   the loop that fetches the keys again as their `Cache-Control` says
 //! - `resource`  this resource as `[auth]` describes it: the policy, the metadata, the scopes
 //!   each operation needs
 //! - `principal` who the caller is ([`Principal`]: issuer + subject) and its stable digest,
@@ -16,18 +19,21 @@
 //! [`AUTH_RESULTS`] are the values of the `result` label of `mrtr_auth_total`; each failure
 //! names its own with [`AuthFailure::result`].
 
+mod fetch;
 mod jwks;
 mod jwt;
 mod keys;
 mod principal;
+mod refresh;
 mod resource;
 mod scopes;
 
 pub use crate::config::{Algorithm, AlgorithmSet};
 pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
 pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
-pub use keys::{KeyStore, REFRESH_RESULTS};
+pub use keys::{FetchOutcome, KeyStore, REFRESH_RESULTS};
 pub use principal::Principal;
+pub use refresh::{keep_fresh, JwksConfig};
 pub use resource::Resource;
 pub use scopes::{is_scope_token, InvalidScope, Scopes};
 

@@ -774,7 +774,11 @@ fn the_principal_digest_is_stable_and_unambiguous() {
     );
     assert_ne!(Principal::new("ab", "c").digest(), Principal::new("a", "bc").digest());
     assert_ne!(Principal::new("", "x").digest(), Principal::new("x", "").digest());
-    assert_ne!(Principal::new("i", "svc").digest(), Principal::client("i", "svc").digest(), "a client is no user");
+    assert_ne!(
+        Principal::new("i", "svc").digest(),
+        Principal::client("i", "svc").digest(),
+        "a client is no user"
+    );
     assert_eq!(p.digest(), p.clone().digest());
 }
 

@@ -178,8 +178,15 @@ impl Config {
             );
         }
         let https = |scheme: &http::uri::Scheme| *scheme == http::uri::Scheme::HTTPS;
-        let needs_tls =
-            backends.iter().any(|b| https(&b.scheme)) || discovery.as_ref().is_some_and(|d| https(&d.scheme));
+        // The issuer's keys are fetched over the same client (src/auth/fetch.rs).
+        let auth_fetches_https = auth.as_ref().is_some_and(|a| match &a.jwks {
+            JwksSource::Uri(uri) => uri.scheme().is_some_and(https),
+            JwksSource::Discovered => a.issuer.starts_with("https://"),
+            JwksSource::File { .. } => false,
+        });
+        let needs_tls = backends.iter().any(|b| https(&b.scheme))
+            || discovery.as_ref().is_some_and(|d| https(&d.scheme))
+            || auth_fetches_https;
         upstream::build_clients(doc, &mut upstream.tls, needs_tls)?;
         Ok(Config {
             server,
