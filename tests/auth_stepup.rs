@@ -15,6 +15,7 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
@@ -29,16 +30,16 @@ const CLIENT: (&str, &str) = ("stepup-svc", "stepup-secret");
 const OTHER: (&str, &str) = ("other-svc", "other-secret");
 const TOKEN_KEYS: &str = "[tokens]\nkeys = [\"auth-stepup-key-0123456789abcdef0123456\"]\n";
 
-/// The `[auth]` both replicas share: every request needs `mcp:tools`; polling a task needs
-/// `tasks:read`, a transfer `payments:write`, reading the balance `accounts:read`.
-fn auth_config(issuer: &str, jwks_file: &std::path::Path, public: &str) -> String {
+/// The `[auth]` both replicas share: the issuer's keys found from its metadata (no `jwks_uri`,
+/// no `jwks_file`); every request needs `mcp:tools`; polling a task needs `tasks:read`, a
+/// transfer `payments:write`, reading the balance `accounts:read`.
+fn auth_config(issuer: &str, public: &str) -> String {
     format!(
-        "{TOKEN_KEYS}[auth]\nissuer = \"{issuer}\"\njwks_file = \"{}\"\nrequired_scopes = [\"mcp:tools\"]\n\
+        "{TOKEN_KEYS}[auth]\nissuer = \"{issuer}\"\nrequired_scopes = [\"mcp:tools\"]\n\
          [auth.resource_metadata]\nresource = \"{public}\"\n\
          [[auth.method]]\nname = \"tasks/get\"\nscopes = [\"tasks:read\"]\n\
          [[auth.tool]]\nname = \"confirm_transfer\"\nscopes = [\"payments:write\"]\n\
-         [[auth.tool]]\nname = \"balance\"\nscopes = [\"accounts:read\"]\n",
-        jwks_file.display()
+         [[auth.tool]]\nname = \"balance\"\nscopes = [\"accounts:read\"]\n"
     )
 }
 
@@ -49,7 +50,6 @@ struct Setup {
     /// Replica A, whose URL is the public one, and replica B.
     replicas: [Fleet; 2],
     public: String,
-    _dir: tempfile::TempDir,
 }
 
 impl Setup {
@@ -77,24 +77,23 @@ impl Setup {
                 weight: 1,
             })
             .collect();
-        let dir = tempfile::tempdir().unwrap();
-        let jwks = dir.path().join("jwks.json");
-        std::fs::write(&jwks, idp.jwks().await.to_string()).unwrap();
         let issuer = idp.issuer().to_string();
         let mut public = String::new();
         let a = start_knowing_its_url(Vec::new(), &specs, |origin| {
             public = format!("{origin}/mcp");
-            auth_config(&issuer, &jwks, &public)
+            auth_config(&issuer, &public)
         })
         .await;
-        let b = start_knowing_its_url(Vec::new(), &specs, |_| auth_config(&issuer, &jwks, &public)).await;
+        let b = start_knowing_its_url(Vec::new(), &specs, |_| auth_config(&issuer, &public)).await;
         idp.add_resource(&public).await;
+        for replica in [&a, &b] {
+            keys_loaded(replica).await;
+        }
         Setup {
             idp,
             servers,
             replicas: [a, b],
             public,
-            _dir: dir,
         }
     }
 
@@ -213,6 +212,23 @@ impl Setup {
             Bytes::from(body.to_string()),
         )
         .await
+    }
+}
+
+/// Waits (bounded) until `replica` has fetched the issuer's keys once: until then it answers
+/// 503 `auth_unavailable` (docs/src/authorization.md, "The issuer's keys").
+async fn keys_loaded(replica: &Fleet) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = replica.metrics().await;
+        if metric(&m, "mrtr_jwks_refreshes_total{result=\"ok\"}").unwrap_or(0.0) >= 1.0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no key set fetched within 10 s:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
