@@ -4,6 +4,7 @@ for the router's OAuth tests (tests/idp.rs) against the test authorization serve
 
     python oauth_client.py URL client-credentials --client-id ID --client-secret S --issuer ISS [--call TOOL[:TEXT]]...
     python oauth_client.py URL authorization-code [--user bob] [--call TOOL[:TEXT]]...
+    ... [--also ORIGIN] [--tasks] [--during-input TOOL[:TEXT]]
 
 URL is an MCP endpoint that is an OAuth resource server (the router, or
 tests/interop/oauth_resource_server.py). The SDK does all of OAuth: the first request gets 401,
@@ -16,12 +17,29 @@ then protected resource metadata, authorization server metadata, and
                        server's scripted login and consent (as --user, sent as login_hint) and
                        takes the code from the redirect to the registered redirect_uri.
 Each --call (default: whoami, then write_note:hello) is a tools/call over the 2026-07-28
-protocol; a 403 insufficient_scope on one makes the SDK re-authorize with the union of the
-scopes it held and the challenged one, then send the call again.
+protocol (TEXT is sent as {"text": TEXT}, or as the arguments themselves when it is a JSON
+object); a 403 insufficient_scope on one makes the SDK re-authorize with the union of the
+scopes it held and the challenged one, then send the call again. Elicitations (input_required
+rounds) are answered: transfers approved, the one-time code for amount A is otp-A.
+
+For routers behind an L4 load balancer (tests/auth_stepup.rs):
+  --also ORIGIN        every other request to URL's origin goes to ORIGIN instead, on its own
+                       connections, with the same URL and Host (one public address, two replicas)
+  --legacy             one legacy session (initialize, Mcp-Session-Id) carries every call
+  --tasks              declares io.modelcontextprotocol/tasks: a task result is polled with
+                       tasks/get until it ends; each poll's status and the serving instance
+                       (server.py's "servedBy") are reported in the summary's "tasks"
+  --during-input TOOL[:TEXT]  the first elicitation first makes this call on the same client,
+                       so a step-up it needs happens between two rounds of the call asking
 
 Prints one JSON line per call ({"call", "ok", "text" or "error"}) and, last, a summary:
 {"mode", "ok", "failed", "authorizations": browser runs, "tokens": [claims of each access token
-the SDK obtained, with the header's "kid"/"alg"], "http": {"METHOD path status": count}}.
+the SDK obtained, with the header's "kid"/"alg"], "http": {"METHOD path status": count},
+"requests": [each request to URL's origin or ORIGIN, in order: {"to": "url"|"also", "method",
+"mcp_method", "mcp_name" (the headers, else the body's method and params.name), "status",
+"token": index into "tokens" or null, "request_state" and "session": params.requestState and
+Mcp-Session-Id up to their first "." or null}],
+"tasks": [with --tasks]}.
 Exit code non-zero if any call failed or the run timed out (--timeout).
 """
 
@@ -47,6 +65,9 @@ from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuth
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
+# client.py (beside this file) holds the tasks extension's client side.
+from client import ANY, CreateTaskResult, GetTask, TaskIdParams, TasksClient, answer_elicitation
+
 MODERN = "2026-07-28"
 REDIRECT_URI = "http://127.0.0.1:1/callback"  # never contacted: the code is read off the redirect
 MAX_HOPS = 10
@@ -68,12 +89,14 @@ class MemoryStorage:
         self.tokens: OAuthToken | None = None
         self.client: OAuthClientInformationFull | None = None
         self.seen: list[dict[str, Any]] = []
+        self.access_tokens: list[str] = []
 
     async def get_tokens(self) -> OAuthToken | None:
         return self.tokens
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
         self.tokens = tokens
+        self.access_tokens.append(tokens.access_token)
         self.seen.append({**jwt_parts(tokens.access_token), "granted_scope": tokens.scope,
                           "refresh_token": tokens.refresh_token is not None})
 
@@ -134,6 +157,92 @@ class Wire:
         self.seen[f"{response.request.method} {path} {response.status_code}"] += 1
 
 
+class Balancer(httpx2.AsyncBaseTransport):
+    """An L4 load balancer's view of two router replicas: requests to the public URL's origin go
+    to it and to `also` in turn, each origin on its own connections, the URL and Host unchanged.
+    Logs each such request (which origin, its MCP headers, the token it carried, its status)."""
+
+    def __init__(self, public: str, also: str | None, storage: MemoryStorage) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.public = httpx2.URL(public)
+        self.also = httpx2.URL(also) if also else None
+        self.storage = storage
+        self.sent = 0
+        self.log: list[dict[str, Any]] = []
+
+    def _is_public(self, url: httpx2.URL) -> bool:
+        return (url.scheme, url.host, url.port) == (self.public.scheme, self.public.host, self.public.port)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if not self._is_public(request.url):
+            return await self.inner.handle_async_request(request)
+        to = "also" if self.also is not None and self.sent % 2 == 1 else "url"
+        self.sent += 1
+        sent = request
+        if to == "also":
+            # A copy: the SDK sends the same request object again after a step-up.
+            url = request.url.copy_with(scheme=self.also.scheme, host=self.also.host, port=self.also.port)
+            sent = httpx2.Request(request.method, url, headers=request.headers, stream=request.stream,
+                                  extensions=request.extensions)
+        body = _json_body(request)
+        params = body.get("params") if isinstance(body.get("params"), dict) else {}
+        session = request.headers.get("mcp-session-id")
+        # Legacy requests carry no Mcp-Method / Mcp-Name headers: the body says.
+        entry = {"to": to, "method": request.method,
+                 "mcp_method": request.headers.get("mcp-method") or body.get("method"),
+                 "mcp_name": request.headers.get("mcp-name") or params.get("name"),
+                 "token": self._token_index(request), "request_state": _prefix(params.get("requestState")),
+                 "session": _prefix(session)}
+        self.log.append(entry)
+        response = await self.inner.handle_async_request(sent)
+        entry["status"] = response.status_code
+        return response
+
+    def _token_index(self, request: httpx2.Request) -> int | None:
+        auth = request.headers.get("authorization", "")
+        token = auth.removeprefix("Bearer ")
+        return self.storage.access_tokens.index(token) if token in self.storage.access_tokens else None
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _json_body(request: httpx2.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(request.content)
+    except Exception:  # a GET, a streamed or non-JSON body
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _prefix(handle: Any) -> str | None:
+    """A handle up to its first "." (a router's sealed one says "mrt2"), None without one."""
+    return handle.split(".", 1)[0] if isinstance(handle, str) else None
+
+
+class RecordingTasks(TasksClient):
+    """The tasks extension's client (client.py) that records each task's sealed id and, per
+    tasks/get, the status and the instance that answered (server.py's "servedBy")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, Any]] = []
+
+    async def resolve(self, created: CreateTaskResult, ctx: Any) -> types.CallToolResult:
+        record: dict[str, Any] = {"task": created.task_id, "polls": []}
+        self.seen.append(record)
+        params = TaskIdParams(taskId=created.task_id)
+        while True:  # bounded by the run's --timeout
+            task = await ctx.session.send_request(GetTask(params=params), ANY)
+            record["polls"].append({"status": task["status"], "served_by": task.get("servedBy")})
+            if task["status"] == "completed":
+                return types.CallToolResult.model_validate(task["result"])
+            if task["status"] in ("failed", "cancelled"):
+                return types.CallToolResult(content=[types.TextContent(type="text", text=task["status"])],
+                                            is_error=True)
+            await anyio.sleep((task.get("pollIntervalMs") or 100) / 1000)
+
+
 def provider_for(args: argparse.Namespace, storage: MemoryStorage, browser: HeadlessBrowser) -> OAuthClientProvider:
     if args.mode == "client-credentials":
         return ClientCredentialsOAuthProvider(server_url=args.url, storage=storage, client_id=args.client_id,
@@ -143,24 +252,47 @@ def provider_for(args: argparse.Namespace, storage: MemoryStorage, browser: Head
                                redirect_handler=browser.redirect, callback_handler=browser.callback)
 
 
-async def run(args: argparse.Namespace, wire: Wire, storage: MemoryStorage, browser: HeadlessBrowser) -> list[str]:
+def arguments_of(text: str) -> dict[str, Any]:
+    if text.startswith("{"):
+        return json.loads(text)
+    return {"text": text} if text else {}
+
+
+async def call_tool(client: Client, call: str, failures: list[str]) -> None:
+    """One --call: its line printed, its failure (if any) added to `failures`."""
+    tool, _, text = call.partition(":")
+    line: dict[str, Any] = {"call": call}
+    try:
+        result = await client.call_tool(tool, arguments_of(text))
+        body = "".join(c.text for c in result.content if isinstance(c, types.TextContent))
+        line.update(ok=not result.is_error, text=body)
+        if result.is_error:
+            failures.append(f"{call}: tool error {body}")
+    except Exception as exc:  # report the call, keep going with the next
+        line.update(ok=False, error=describe(exc))
+        failures.append(f"{call}: {describe(exc)}")
+    print(json.dumps(line), flush=True)
+
+
+async def run(args: argparse.Namespace, wire: Wire, storage: MemoryStorage, browser: HeadlessBrowser,
+              balancer: Balancer, tasks: RecordingTasks | None) -> list[str]:
     http = httpx2.AsyncClient(auth=provider_for(args, storage, browser), timeout=httpx2.Timeout(30.0, read=60.0),
-                              event_hooks={"response": [wire.on_response]})
+                              transport=balancer, event_hooks={"response": [wire.on_response]})
     failures: list[str] = []
-    async with http, browser.http, Client(streamable_http_client(args.url, http_client=http), mode=MODERN) as client:
+    holder: list[Client] = []
+    pending = [args.during_input] if args.during_input else []
+
+    async def on_elicitation(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        while pending:  # the first elicitation only
+            await call_tool(holder[0], pending.pop(), failures)
+        return await answer_elicitation(Counter(), params)
+
+    client = Client(streamable_http_client(args.url, http_client=http), mode="legacy" if args.legacy else MODERN,
+                    elicitation_callback=on_elicitation, extensions=[tasks] if tasks else [])
+    holder.append(client)
+    async with http, browser.http, client:
         for call in args.call:
-            tool, _, text = call.partition(":")
-            line: dict[str, Any] = {"call": call}
-            try:
-                result = await client.call_tool(tool, {"text": text} if text else {})
-                body = "".join(c.text for c in result.content if isinstance(c, types.TextContent))
-                line.update(ok=not result.is_error, text=body)
-                if result.is_error:
-                    failures.append(f"{call}: tool error {body}")
-            except Exception as exc:  # report the call, keep going with the next
-                line.update(ok=False, error=describe(exc))
-                failures.append(f"{call}: {describe(exc)}")
-            print(json.dumps(line), flush=True)
+            await call_tool(client, call, failures)
     return failures
 
 
@@ -174,10 +306,12 @@ def describe(exc: BaseException) -> str:
 async def main_async(args: argparse.Namespace) -> int:
     wire, storage = Wire(), MemoryStorage()
     browser = HeadlessBrowser(args.user, wire.on_response)
+    balancer = Balancer(args.url, args.also, storage)
+    tasks = RecordingTasks() if args.tasks else None
     started = time.monotonic()
     try:
         with anyio.fail_after(args.timeout):
-            failures = await run(args, wire, storage, browser)
+            failures = await run(args, wire, storage, browser, balancer, tasks)
     except TimeoutError:
         failures = [f"timed out after {args.timeout}s"]
     except Exception as exc:  # connect, discovery, registration, token: outside the per-call guard
@@ -187,7 +321,10 @@ async def main_async(args: argparse.Namespace) -> int:
     summary = {"mode": args.mode, "ok": len(args.call) - len(failures), "failed": len(failures),
                "authorizations": browser.runs, "tokens": storage.seen,
                "client_id": storage.client.client_id if storage.client else args.client_id,
-               "seconds": round(time.monotonic() - started, 2), "http": dict(sorted(wire.seen.items()))}
+               "seconds": round(time.monotonic() - started, 2), "http": dict(sorted(wire.seen.items())),
+               "requests": balancer.log}
+    if tasks is not None:
+        summary["tasks"] = tasks.seen
     if failures:
         summary["first_failure"] = failures[0][:500]
     print(json.dumps(summary), flush=True)
@@ -205,6 +342,13 @@ def main() -> None:
     ap.add_argument("--call", action="append", default=[], metavar="TOOL[:TEXT]",
                     help="a tools/call, in order (repeatable; default whoami, then write_note:hello)")
     ap.add_argument("--timeout", type=float, default=90.0, help="whole-run deadline in seconds")
+    ap.add_argument("--also", default=None, metavar="ORIGIN",
+                    help="every other request to URL's origin goes to this origin (two replicas behind one address)")
+    ap.add_argument("--legacy", action="store_true",
+                    help="one legacy session (initialize handshake, Mcp-Session-Id) instead of 2026-07-28 requests")
+    ap.add_argument("--tasks", action="store_true", help="declare io.modelcontextprotocol/tasks and poll task results")
+    ap.add_argument("--during-input", default=None, metavar="TOOL[:TEXT]",
+                    help="a call made from the first elicitation, before that round is answered")
     args = ap.parse_args()
     if args.mode == "client-credentials" and not (args.client_id and args.client_secret and args.issuer):
         ap.error("client-credentials needs --client-id, --client-secret and --issuer")

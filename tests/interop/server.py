@@ -12,6 +12,7 @@ the SDK's default per-process key, so a retry that reaches another instance gets
 
 Tools:
   whoami            -> NAME
+  balance           -> "NAME:balance 100" (a read the OAuth tests give a scope of its own)
   counter           -> "NAME:<n>", n counts calls per legacy session (per Mcp-Session-Id)
   confirm_transfer  -> two rounds of input (two elicitations): on 2026-07-28 as two
                        input_required results (requestState + inputRequests); on a legacy
@@ -21,6 +22,7 @@ Tools:
                        answers resultType "task" and runs in the background (tasks/get,
                        tasks/update, tasks/cancel; SEP-2663). The SDK ships no tasks runtime,
                        so the extension below is ours, built on the SDK's Extension API.
+                       tasks/get answers name the instance in "servedBy".
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ def build(name: str, state_key: str | None) -> MCPServer:
     def whoami() -> str:
         """Name of the instance that served this call."""
         return name
+
+    @mcp.tool()
+    def balance() -> str:
+        """The account's balance, as read by this instance."""
+        return f"{name}:balance 100"
 
     @mcp.tool()
     def counter(ctx: Context) -> str:
@@ -201,7 +208,7 @@ class Tasks(Extension):
         return task
 
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        return {"resultType": "complete", **self._find(ctx, params)}
+        return {"resultType": "complete", **self._find(ctx, params), "servedBy": self.instance}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         self._find(ctx, params)  # slow_task never asks for input: nothing to apply

@@ -1,6 +1,6 @@
 //! The Python SDK's OAuth pieces as child processes: tests/interop/oauth_resource_server.py (an
-//! SDK resource server trusting an [`Idp`]) and runs of tests/interop/oauth_client.py (the SDK's
-//! OAuth client providers).
+//! SDK resource server trusting an [`Idp`]), runs of tests/interop/oauth_client.py (the SDK's
+//! OAuth client providers), and tests/interop/server.py (the SDK MCP servers the router fronts).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -62,6 +62,38 @@ impl SdkResourceServer {
     }
 }
 
+/// tests/interop/server.py: one SDK MCP server instance named `name` (its answers say so), with
+/// the SDK's per-process requestState key; killed on drop.
+pub struct SdkMcpServer {
+    process: ReadyChild,
+    pub name: String,
+    /// Its origin, `http://127.0.0.1:<port>` (the MCP endpoint is `/mcp` under it).
+    pub origin: String,
+}
+
+impl SdkMcpServer {
+    pub async fn start(name: &str) -> SdkMcpServer {
+        let mut command = Command::new(interop_python());
+        command
+            .arg("-u")
+            .arg(repo().join("tests/interop/server.py"))
+            .args(["--port", "0", "--name", name]);
+        let (process, ready) = ReadyChild::start("server.py", command, |line| {
+            line.strip_prefix("READY ").map(|p| json!(p.trim()))
+        })
+        .await;
+        SdkMcpServer {
+            process,
+            name: name.to_string(),
+            origin: format!("http://127.0.0.1:{}", ready.as_str().unwrap()),
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
+    }
+}
+
 /// What one tests/interop/oauth_client.py run printed.
 #[derive(Debug)]
 pub struct OAuthClientRun {
@@ -77,6 +109,31 @@ impl OAuthClientRun {
     /// How many exchanges of `key` ("METHOD path status") the run made.
     pub fn http(&self, key: &str) -> u64 {
         self.summary["http"][key].as_u64().unwrap_or(0)
+    }
+
+    /// Every request to the MCP origin(s), in order: {"to", "method", "mcp_method", "mcp_name",
+    /// "status", "token" (index into the summary's "tokens"), "request_state", "session" (each
+    /// up to its first ".", or null)}.
+    pub fn requests(&self) -> &[Value] {
+        self.summary["requests"].as_array().map_or(&[], Vec::as_slice)
+    }
+
+    /// The scopes of each access token the run obtained, in order, each sorted.
+    pub fn token_scopes(&self) -> Vec<Vec<String>> {
+        let tokens = self.summary["tokens"].as_array().map_or(&[][..], Vec::as_slice);
+        tokens
+            .iter()
+            .map(|t| {
+                let mut s: Vec<String> = t["scope"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .split(' ')
+                    .map(String::from)
+                    .collect();
+                s.sort();
+                s
+            })
+            .collect()
     }
 }
 
