@@ -105,6 +105,13 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>, loopback: bool) -> 
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "shutting down\n")
             } else if snap.ring.is_empty() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no backend available\n")
+            } else if snap.auth.is_some() && shared.auth_keys.current().is_none() {
+                // Every request would be 503 auth_unavailable: no traffic until the keys are in.
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "the issuer's keys are not loaded yet\n",
+                )
             } else {
                 reply(StatusCode::OK, "text/plain", "ready\n")
             }

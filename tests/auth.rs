@@ -423,6 +423,10 @@ async fn keys_not_loadable_are_503_until_the_issuer_serves_them() {
         )
         .await;
     assert!(a.headers.contains_key("retry-after"), "{a:?}");
+    let readyz = format!("http://{}/readyz", env.fleet.admin);
+    let ready = || send(&env.fleet.client, Method::GET, &readyz, &[], Bytes::new());
+    let not_ready = ready().await;
+    assert_eq!(not_ready.status, 503, "not ready without keys: {not_ready:?}");
     let refreshes = "mrtr_jwks_refreshes_total";
     let limit = Duration::from_secs(10);
     wait_metric_at_least(&env.fleet, refreshes, &["result=\"error\""], 1.0, limit).await;
@@ -448,6 +452,7 @@ async fn keys_not_loadable_are_503_until_the_issuer_serves_them() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(jwks.fetches.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert_eq!(ready().await.status, 200, "ready once the keys are in");
     check(&env, 1, "the keys served", ping().bearer(&good), &ok()).await;
     wait_metric_at_least(&env.fleet, refreshes, &["result=\"ok\""], 1.0, limit).await;
 
