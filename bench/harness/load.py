@@ -12,6 +12,7 @@ A tool that fails to run raises LoadError with its last output lines.
 """
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -38,14 +39,16 @@ class Wrk:
     """One wrk process (1 thread): start() returns at once, so probes can run beside the load;
     result() waits (bounded) and parses the BENCH_RESULT line."""
 
-    def __init__(self, ctx, url, script, args, duration, connections, out):
+    def __init__(self, ctx, url, script, args, duration, connections, out, authorization=None):
         self.ctx, self.duration, self.out = ctx, duration, Path(out)
+        # mcp.lua sends it on every request (the [auth] rows).
+        self.env = dict(os.environ, BENCH_AUTHORIZATION=authorization) if authorization else None
         self.cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "5s", "--latency",
                     "-s", str(script), url, "--", *map(str, args)]
         self.proc = None
 
     def start(self):
-        self.proc = self.ctx.procs.spawn(self.cmd, cpus=self.ctx.s.load_cpus, log=self.out)
+        self.proc = self.ctx.procs.spawn(self.cmd, cpus=self.ctx.s.load_cpus, log=self.out, env=self.env)
         return self
 
     def result(self):
@@ -74,8 +77,8 @@ class Wrk:
         }
 
 
-def wrk(ctx, url, script, args, duration, connections, out):
-    return Wrk(ctx, url, script, args, duration, connections, out).start().result()
+def wrk(ctx, url, script, args, duration, connections, out, authorization=None):
+    return Wrk(ctx, url, script, args, duration, connections, out, authorization).start().result()
 
 
 # --- h2load -------------------------------------------------------------------------------------

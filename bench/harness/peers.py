@@ -49,6 +49,8 @@ class Ports:
 
 # The name in the backends' certificate, and the only one: a proxy must be told to check it (it
 # reaches them by IP), and one that checked 127.0.0.1 instead would fail the handshake.
+# The issuer of the access tokens of the [auth] rows (never contacted: the keys are in a file).
+BENCH_ISSUER = "https://idp.bench.test"
 BACKEND_TLS_NAME = "bench.test"
 
 READY_BODY = '{"jsonrpc":"2.0","id":0,"messageId":"bench-ready","method":"tools/call","params":{"name":"x"}}'
@@ -200,6 +202,27 @@ class Peers:
             self._cert = (cert, key, both)
         return self._cert
 
+    def bench_token(self, alg):
+        """(the JWKS file, an access token) of `alg` for the router's resource, made by
+        examples/bench_token.rs (next to the router binary), once per algorithm and run."""
+        d = self.tmp / "auth"
+        d.mkdir(exist_ok=True)
+        jwks, token = d / f"jwks-{alg}.json", d / f"token-{alg}"
+        if not token.exists():
+            mint = self.s.router_bin.parent / "examples" / "bench_token"
+            if not os.access(mint, os.X_OK):
+                raise PeerError(f"{mint} not found (cargo build --release --example bench_token)")
+            r = subprocess.run([str(mint), alg, f"http://{HOST}:{self.ports.router}/mcp", str(jwks)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if r.returncode != 0:
+                raise PeerError(f"bench_token: {r.stdout.strip()}")
+            token.write_text(r.stdout.strip())
+        return jwks, token.read_text()
+
+    def authorization(self, row):
+        """The `Authorization` header value every request of an [auth] row carries."""
+        return f"Bearer {self.bench_token(row.auth)[1]}"
+
     def backend_ca(self):
         """A test CA and the backends' certificate for BACKEND_TLS_NAME signed by it (both ECDSA
         P-256, openssl, once per run): (ca.pem, cert.pem, key.pem). The proxies trust ca.pem
@@ -342,6 +365,10 @@ class Peers:
             backend_extra = f'tls_server_name = "{BACKEND_TLS_NAME}"'
         elif row.upstream == rows.UP_H2C:
             upstream = "[upstream]\nhttp2 = true"
+        if row.auth:
+            jwks, _ = self.bench_token(row.auth)
+            upstream += (f'\n[auth]\nissuer = "{BENCH_ISSUER}"\njwks_file = "{jwks}"\n'
+                         f'[auth.resource_metadata]\nresource = "http://{HOST}:{self.ports.router}/mcp"\n')
         return self.render("router.toml.in", d / "config.toml", listen=f"{HOST}:{self.ports.router}",
                            admin_listen=f"{HOST}:{self.ports.router_admin}", server_extra="\n".join(extra),
                            upstream=upstream, scheme=scheme, backend_extra=backend_extra,
@@ -516,7 +543,8 @@ class Peers:
                 if peer.row.h2:
                     ok, last = h2_ready(peer.url, self.ready_body())
                 else:
-                    status, _, _, tls = post(peer.url)
+                    headers = {"Authorization": self.authorization(peer.row)} if peer.row.auth else None
+                    status, _, _, tls = post(peer.url, headers=headers)
                     ok, last = status == 200, f"status {status}"
                     peer.tls = tls
                 if ok:

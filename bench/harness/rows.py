@@ -48,6 +48,7 @@ class Row:
     plain: str = ""              # upstream rows: the same peer's plain-HTTP/1.1 row (the cost over it)
     one_core: bool = False       # the proxy on the load's cpu: no wake-up crosses vCPUs
     scan: bool = False           # floor rows: every body read whole and scanned (hyper_floor_scan)
+    auth: str = ""               # [auth] on: each request carries an access token of this alg
 
 
 def _r(*a, **k):
@@ -123,6 +124,11 @@ ROWS = [
     _r("nginx-upstream-tls", NGINX, MCP, "nginx header-keyed, proxy_pass https://, proxy_ssl_verify on, proxy_ssl_name bench.test, proxy_ssl_session_reuse on", upstream=UP_TLS, baseline="haproxy-upstream-tls", plain="nginx-header"),
     _r("mrtr-upstream-h2", ROUTER, MCP, "mrtr-router, header-keyed, HTTP/2 to the backends over h2c ([upstream] http2 = true)", upstream=UP_H2C, baseline="haproxy-upstream-h2", plain="mrtr-header"),
     _r("haproxy-upstream-h2", HAPROXY, MCP, "HAProxy header-keyed, server ... proto h2 (h2c)", upstream=UP_H2C, baseline="haproxy-upstream-h2", plain="haproxy-header"),
+
+    # --- [auth] on: the mrtr-header load, each request's access token verified (the same row
+    # without [auth] is mrtr-header; bench/README.md, "Authorization") ---------------------------
+    _r("mrtr-header-auth", ROUTER, MCP, "mrtr-router, header-keyed, [auth] on: every request's ES256 access token verified (examples/bench_token.rs)", auth="ES256"),
+    _r("mrtr-header-auth-rs256", ROUTER, MCP, "mrtr-router, header-keyed, [auth] on with RS256 access tokens", auth="RS256"),
 ]
 
 BY_NAME = {r.name: r for r in ROWS}

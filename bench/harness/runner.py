@@ -252,8 +252,9 @@ class Runner:
         s, b = self.s, self.s.bench_dir
         url = peer.url
         if row.load == rows.MCP:
+            authorization = self.ctx.peers.authorization(row) if row.auth else None
             return lambda dur, tag, probes: load.wrk(self.ctx, url, b / "mcp.lua", [row.key], dur,
-                                                     s.connections, d / f"{tag}.out")
+                                                     s.connections, d / f"{tag}.out", authorization)
         if row.load == rows.BIG:
             return lambda dur, tag, probes: load.wrk(self.ctx, url, b / "big.lua", [row.body_bytes], dur,
                                                      s.connections, d / f"{tag}.out")

@@ -65,6 +65,14 @@ class Rows(unittest.TestCase):
             self.assertEqual((plain.peer, plain.load, plain.key, plain.upstream, plain.tls, plain.h2),
                              (r.peer, r.load, r.key, rows.UP_H1, r.tls, r.h2), r.name)
 
+    def test_auth_rows_are_mrtr_header_with_auth_on(self):
+        got = [r for r in rows.ROWS if r.auth]
+        self.assertEqual([r.name for r in got], ["mrtr-header-auth", "mrtr-header-auth-rs256"])
+        plain = rows.BY_NAME["mrtr-header"]
+        for r in got:
+            self.assertEqual((r.peer, r.load, r.key, r.upstream, r.tls, r.h2, r.workers),
+                             (plain.peer, plain.load, plain.key, plain.upstream, plain.tls, plain.h2, plain.workers), r.name)
+
     def test_select_names_and_patterns_in_the_order_given(self):
         got = [r.name for r in rows.select("nginx-header mrtr-tls-*,direct")]
         self.assertEqual(got, ["nginx-header", "mrtr-tls-header", "mrtr-tls-handshake", "mrtr-tls-resume", "direct"])
