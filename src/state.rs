@@ -236,7 +236,10 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previou
         });
     Snapshot {
         sealing: config.tokens.as_ref().map(Sealing::new),
-        auth: config.auth.as_ref().map(|a| Arc::new(Resource::new(a))),
+        auth: config.auth.as_ref().map(|a| {
+            let same = previous.and_then(|p| p.auth.as_ref()).filter(|r| r.config == *a);
+            same.cloned().unwrap_or_else(|| Arc::new(Resource::new(a)))
+        }),
         tracing,
         config,
         backends,

@@ -544,6 +544,12 @@ async fn a_reload_reads_a_rotated_jwks_file_though_the_config_is_unchanged() {
     };
     let before = call(token.clone()).await;
     assert_eq!(before.status, 401, "a key the file does not hold: {before:?}");
+    let dropped = env.issuer.rsa.token(&env.claims("mcp", |_| {}));
+    let first = call(dropped.clone()).await;
+    assert_eq!(
+        first.status, 200,
+        "verified (and remembered) while its key is in the file: {first:?}"
+    );
     let keys = support::auth::signer::jwks(&[env.issuer.ec.jwk(), rotated.jwk()]);
     std::fs::write(&env.issuer.jwks_path, keys).unwrap();
     env.fleet.handle.reload().unwrap();

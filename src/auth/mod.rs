@@ -11,6 +11,7 @@
 //!   time, shared by whoever waits for it), the last good set kept
 //! - `fetch`     GETting the key set, or the issuer's metadata naming it, over HTTPS, bounded
 //! - `refresh`   the loop that fetches the keys again as their `Cache-Control` says
+//! - `cache`     tokens already verified, so a signature is checked once per token
 //! - `resource`  this resource as `[auth]` describes it: the policy, the metadata, the scopes
 //!   each operation needs
 //! - `principal` who the caller is ([`Principal`]: issuer + subject) and its stable digest,
@@ -19,6 +20,7 @@
 //! [`AUTH_RESULTS`] are the values of the `result` label of `mrtr_auth_total`; each failure
 //! names its own with [`AuthFailure::result`].
 
+mod cache;
 mod fetch;
 mod jwks;
 mod jwt;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::cache::VerifiedTokens;
 use super::jwt::Policy;
 use crate::config::{AuthConfig, Scoped};
 
@@ -14,6 +15,11 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
 pub struct Resource {
     pub policy: Policy,
+    /// The tokens this policy accepted, as long as they hold.
+    pub tokens: VerifiedTokens,
+    /// The config it was built from: a snapshot with the same one keeps this resource (and
+    /// its cache).
+    pub config: AuthConfig,
     /// `resource_metadata` of every challenge: the path-suffixed document's URL.
     pub metadata_url: Arc<str>,
     /// The document, served at [`METADATA_PATH`] and at it followed by the resource's path.
@@ -40,6 +46,8 @@ impl Resource {
                 algorithms: cfg.algorithms,
                 leeway: cfg.leeway,
             },
+            tokens: VerifiedTokens::new(cfg.token_cache, cfg.leeway),
+            config: cfg.clone(),
             metadata_url: meta.url().into(),
             metadata: Bytes::from(document.to_string()),
             metadata_suffixed: format!("{METADATA_PATH}{}", meta.path.trim_end_matches('/')),

@@ -29,6 +29,8 @@ pub struct AuthConfig {
     pub jwks_kid_refetch: Duration,
     /// A fetch (discovery included) that takes longer fails.
     pub jwks_timeout: Duration,
+    /// Verified tokens remembered, so a token's signature is checked once, not per request.
+    pub token_cache: usize,
     /// Scopes every request needs.
     pub required_scopes: Vec<String>,
     /// `[[auth.tool]]`: the scopes a `tools/call` of each tool needs (beside the required ones).
@@ -112,6 +114,7 @@ pub(super) struct AuthKeys {
     jwks_refresh_max: Duration,
     jwks_kid_refetch: Duration,
     jwks_timeout: Duration,
+    token_cache: usize,
     required_scopes: Vec<String>,
     public_paths: Vec<String>,
     forward: Forward,
@@ -167,6 +170,11 @@ pub(super) fn auth(mut s: Section) -> Result<AuthKeys, ConfigError> {
         "A token naming a key the set lacks fetches the keys again at once, at most once per this long.",
     );
     let jwks_timeout = key("jwks_timeout", "A key fetch (or discovery) that takes longer fails.");
+    let token_cache = key(
+        "token_cache",
+        "Verified access tokens remembered (about 1 KiB each) until they expire or the keys change, so a \
+         token's signature is checked once, not on every request; 0: none.",
+    );
     let required_scopes = key("required_scopes", "Scopes every request needs.");
     let public_paths = key(
         "public_paths",
@@ -246,6 +254,7 @@ pub(super) fn auth(mut s: Section) -> Result<AuthKeys, ConfigError> {
     }
     let jwks_kid_refetch = s.duration(kid_refetch, defaults::JWKS_KID_REFETCH)?;
     let jwks_timeout = s.duration(jwks_timeout, defaults::JWKS_TIMEOUT)?;
+    let token_cache = s.int(token_cache, defaults::AUTH_TOKEN_CACHE, 0..=1_000_000)? as usize;
     let required_scopes = scopes(&mut s, required_scopes)?;
     let (paths, _) = s.strings_or(public_paths, Kind::String, &[])?;
     let mut public_paths = Vec::new();
@@ -276,6 +285,7 @@ pub(super) fn auth(mut s: Section) -> Result<AuthKeys, ConfigError> {
         jwks_refresh_max,
         jwks_kid_refetch,
         jwks_timeout,
+        token_cache,
         required_scopes,
         public_paths,
         forward,
@@ -411,6 +421,7 @@ pub(super) fn combine(
         jwks_refresh_max: keys.jwks_refresh_max,
         jwks_kid_refetch: keys.jwks_kid_refetch,
         jwks_timeout: keys.jwks_timeout,
+        token_cache: keys.token_cache,
         required_scopes: keys.required_scopes,
         tools,
         methods,

@@ -83,3 +83,5 @@ pub const JWKS_REFRESH_MIN: Duration = Duration::from_secs(60);
 pub const JWKS_REFRESH_MAX: Duration = Duration::from_secs(3600);
 pub const JWKS_KID_REFETCH: Duration = Duration::from_secs(5);
 pub const JWKS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Verified access tokens remembered (`auth.token_cache`): ~1 KiB each.
+pub const AUTH_TOKEN_CACHE: i64 = 10_000;

@@ -29,7 +29,7 @@ pub const IDENTITY_HEADERS: [&str; 4] = [
 
 /// A caller whose token verified.
 pub struct Caller {
-    pub verified: Verified,
+    pub verified: Arc<Verified>,
     /// What the handles sealed for it carry.
     pub tag: PrincipalTag,
 }
@@ -83,16 +83,22 @@ pub async fn authenticate(
         return Err(RouterError::AuthUnavailable);
     };
     let now = SystemTime::now();
-    let verified = match resource.policy.verify(token, &keys, now) {
+    if let Some(verified) = resource.tokens.get(token, &keys, now) {
+        let tag = verified.principal().tag();
+        return Ok(Some(Box::new(Caller { verified, tag })));
+    }
+    let (verified, keys) = match resource.policy.verify(token, &keys, now) {
         Err(AuthFailure::UnknownKey { .. }) => match shared.auth_keys.refetch(cfg, &keys).await {
             // The issuer may have rotated its keys: once more with the set fetched now.
-            Some(fresh) => resource.policy.verify(token, &fresh, now),
-            None => resource.policy.verify(token, &keys, now),
+            Some(fresh) => (resource.policy.verify(token, &fresh, now), fresh),
+            None => (resource.policy.verify(token, &keys, now), keys),
         },
-        verified => verified,
+        verified => (verified, keys),
     };
     let verified =
         verified.map_err(|failure| refuse(Some("invalid_token"), Some(failure.description()), failure.result()))?;
+    let verified = Arc::new(verified);
+    resource.tokens.put(token, &keys, verified.clone(), now);
     let tag = verified.principal().tag();
     Ok(Some(Box::new(Caller { verified, tag })))
 }

@@ -1,0 +1,157 @@
+//! Access tokens already verified (docs/src/authorization.md, "Cost"). A client sends the same
+//! token on every request until it expires, and checking its signature costs 20 times what
+//! routing the request does (ES256: ~780k instructions): the router checks it once, and after
+//! that compares the token's text.
+//!
+//! An entry holds while the token has not expired (`exp` plus the leeway, checked on every
+//! hit) and while the key set it was verified with is the one in use: the entry keeps that set
+//! alive and is honoured only for the very same set, so a key dropped from the issuer's set
+//! stops verifying its tokens at the next fetch. A change of `[auth]` makes a new cache. Only
+//! tokens that verified are kept: a refusal is never remembered. The text is compared whole,
+//! so nothing but the same token can hit.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+
+use super::jwks::KeySet;
+use super::jwt::Verified;
+
+/// Shards, so that requests on other cores rarely wait for one another.
+const SHARDS: usize = 16;
+
+/// Tokens by their text.
+type Shard = Mutex<HashMap<Box<str>, Entry>>;
+
+pub struct VerifiedTokens {
+    shards: Box<[Shard]>,
+    per_shard: usize,
+    hasher: RandomState,
+    leeway: Duration,
+}
+
+struct Entry {
+    verified: Arc<Verified>,
+    keys: Arc<KeySet>,
+}
+
+impl VerifiedTokens {
+    /// Room for about `capacity` tokens (0: none kept).
+    pub fn new(capacity: usize, leeway: Duration) -> VerifiedTokens {
+        let per_shard = capacity.div_ceil(SHARDS);
+        VerifiedTokens {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard,
+            hasher: RandomState::new(),
+            leeway,
+        }
+    }
+
+    /// `token` as verified with `keys`, if it was and still holds at `now`.
+    pub fn get(&self, token: &str, keys: &Arc<KeySet>, now: SystemTime) -> Option<Arc<Verified>> {
+        if self.per_shard == 0 {
+            return None;
+        }
+        let mut shard = self.shard(token).lock();
+        let entry = shard.get(token)?;
+        if Arc::ptr_eq(&entry.keys, keys) && now < entry.verified.expires_at + self.leeway {
+            return Some(entry.verified.clone());
+        }
+        shard.remove(token);
+        None
+    }
+
+    /// Remembers that `token` verified with `keys`. A full shard first drops what has expired,
+    /// and if that frees nothing, everything it holds: bounded, whatever tokens come.
+    pub fn put(&self, token: &str, keys: &Arc<KeySet>, verified: Arc<Verified>, now: SystemTime) {
+        if self.per_shard == 0 {
+            return;
+        }
+        let mut shard = self.shard(token).lock();
+        if shard.len() >= self.per_shard {
+            let leeway = self.leeway;
+            shard.retain(|_, e| now < e.verified.expires_at + leeway && Arc::ptr_eq(&e.keys, keys));
+            if shard.len() >= self.per_shard {
+                shard.clear();
+            }
+        }
+        let keys = keys.clone();
+        shard.insert(token.into(), Entry { verified, keys });
+    }
+
+    /// Tokens held.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    fn shard(&self, token: &str) -> &Shard {
+        &self.shards[self.hasher.hash_one(token) as usize % SHARDS]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Scopes;
+
+    fn verified(expires_at: SystemTime) -> Arc<Verified> {
+        Arc::new(Verified {
+            issuer: "https://i".into(),
+            subject: "alice".into(),
+            client_id: None,
+            subject_is_client: false,
+            scopes: Scopes::default(),
+            expires_at,
+        })
+    }
+
+    fn keys() -> Arc<KeySet> {
+        Arc::new(KeySet::parse(br#"{"keys":[]}"#).unwrap().keys)
+    }
+
+    #[test]
+    fn a_token_holds_for_its_set_until_it_expires() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let cache = VerifiedTokens::new(100, Duration::from_secs(30));
+        let (set, other) = (keys(), keys());
+        cache.put("t1", &set, verified(now + Duration::from_secs(60)), now);
+        assert!(cache.get("t1", &set, now).is_some());
+        assert!(
+            cache.get("t1", &set, now + Duration::from_secs(89)).is_some(),
+            "within the leeway"
+        );
+        assert!(cache.get("t2", &set, now).is_none(), "only the same text");
+        assert!(cache.get("t1", &other, now).is_none(), "another key set");
+        assert!(cache.get("t1", &set, now).is_none(), "and it is gone for good");
+        cache.put("t1", &set, verified(now + Duration::from_secs(60)), now);
+        assert!(
+            cache.get("t1", &set, now + Duration::from_secs(90)).is_none(),
+            "expired"
+        );
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_capacity_and_can_be_off() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let cache = VerifiedTokens::new(64, Duration::ZERO);
+        let set = keys();
+        for i in 0..10_000 {
+            cache.put(
+                &format!("token-{i}"),
+                &set,
+                verified(now + Duration::from_secs(60)),
+                now,
+            );
+        }
+        assert!(cache.len() <= 64, "{}", cache.len());
+        let off = VerifiedTokens::new(0, Duration::ZERO);
+        off.put("t", &set, verified(now + Duration::from_secs(60)), now);
+        assert!(off.get("t", &set, now).is_none());
+    }
+}
