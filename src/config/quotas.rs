@@ -161,7 +161,8 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     let trusted_proxies = key(
         "trusted_proxies",
         "Peers whose `X-Forwarded-For` is believed: the client IP is the right-most hop that is not \
-         one of them; from any other peer the header is ignored.",
+         one of them; from any other peer the header is ignored. Set, they are also the only peers \
+         whose `caller = \"header:NAME\"` header is believed.",
     );
     let rate_key = key(
         "rate",

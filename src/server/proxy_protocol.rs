@@ -364,4 +364,21 @@ mod tests {
         let ok = v2_header(1, 0x11, &vec![0; V2_MAX - 16]);
         assert_eq!(parse(&ok).unwrap().unwrap().1, V2_MAX);
     }
+
+    proptest::proptest! {
+        /// Whatever follows a signature, the parser answers without panicking, never consumes
+        /// more than it was given or than the bounds allow, and a prefix of bytes it accepted
+        /// is never taken for something else.
+        #[test]
+        fn any_bytes_after_a_signature(v2 in proptest::bool::ANY, tail in proptest::collection::vec(proptest::num::u8::ANY, 0..1100)) {
+            let mut bytes = if v2 { V2_SIGNATURE.to_vec() } else { V1_PREFIX.to_vec() };
+            bytes.extend_from_slice(&tail);
+            if let Ok(Some((_, consumed))) = parse(&bytes) {
+                proptest::prop_assert!(consumed <= bytes.len() && consumed <= V2_MAX.max(V1_MAX));
+                for n in 0..consumed {
+                    proptest::prop_assert_eq!(parse(&bytes[..n]), Err(Error::Incomplete));
+                }
+            }
+        }
+    }
 }
