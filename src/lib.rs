@@ -10,6 +10,8 @@
 //! - `dialect`   reading the three MCP dialects (docs/src/dialects.md): the keys a request carries
 //!   (`RequestKeys`, one validating scan of the body) and the outcome an answer reports
 //! - `pins`      the pin table of in-flight calls (docs/src/pins.md), on an injectable clock
+//! - `quotas/`   fair shares between callers: who a caller is, GCRA rates, in-flight and
+//!   open-call counts per caller and per tool, each bounded
 //! - `upstream/` the backends: the `Backend` type, its keep-alive pool (HTTP/1.1, plain or
 //!   TLS) and its HTTP/2 connections, membership (configured, discovered, draining), DNS
 //!   lookups, active health checks
@@ -51,6 +53,7 @@ pub mod handle;
 mod metrics;
 mod pins;
 mod proxy;
+mod quotas;
 mod route;
 mod sealing;
 mod server;
@@ -86,6 +89,10 @@ pub mod internals {
     pub use crate::body::split_sse;
     pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
+    pub use crate::quotas::{
+        rate_limit_headers, Admission, CallerKey, CallerRule, OpenCall, OpenCalls, PerCaller, Quota, Quotas,
+        RateLimiter, Refusal, Request as QuotaRequest, RetryAfter, Scope as QuotaScope, Stats as QuotaStats,
+    };
     pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }

@@ -61,6 +61,8 @@ fn every_section_and_key_says_what_it_means_in_one_line() {
             "auth.resource_metadata",
             "auth.tool",
             "auth.method",
+            "quotas",
+            "quotas.tool",
             "discovery",
             "upstream",
             "backend",

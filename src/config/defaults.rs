@@ -85,3 +85,12 @@ pub const JWKS_KID_REFETCH: Duration = Duration::from_secs(5);
 pub const JWKS_TIMEOUT: Duration = Duration::from_secs(5);
 /// Verified access tokens remembered (`auth.token_cache`): ~1 KiB each.
 pub const AUTH_TOKEN_CACHE: i64 = 10_000;
+pub const PROXY_PROTOCOL: bool = false;
+/// `[quotas] max_tracked_callers`: per table (the caller rate, each tool's rate, in flight, open
+/// calls); a few MB each at this count (the per-caller figure is in `quotas::rate`).
+pub const QUOTA_MAX_TRACKED_CALLERS: usize = 100_000;
+pub const QUOTA_STORE: &str = "local";
+/// A Redis round trip on the same network takes well under a millisecond; 50 ms is the point
+/// past which waiting costs more than the quota is worth.
+pub const QUOTA_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+pub const QUOTA_STORE_FAILURE: &str = "open";

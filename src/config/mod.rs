@@ -5,10 +5,12 @@
 
 mod algorithm;
 mod auth;
+mod cidr;
 pub mod defaults;
 mod file;
 mod fleet;
 mod log;
+mod quotas;
 mod reader;
 mod reference;
 mod routing;
@@ -22,9 +24,11 @@ use std::path::{Path, PathBuf};
 
 pub use algorithm::{Algorithm, AlgorithmSet};
 pub use auth::{fetch_url, AuthConfig, Forward, JwksSource, ResourceMetadata, Scoped};
+pub use cidr::Cidr;
 pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
 pub use log::{LogConfig, LogFormat};
+pub use quotas::{CallerSource, QuotaStore, QuotasConfig, Rate, StoreFailure, ToolQuota};
 pub use reference::{KeyDefault, KeyDoc, Kind, Reference, SectionDoc, REGENERATE};
 pub use routing::{OnPinLost, RoutingConfig};
 pub use server::{AdminConfig, AdminToken, ServerConfig, TlsConfig};
@@ -65,6 +69,8 @@ pub struct Config {
     /// `[auth]` with `mode = "strict"`: the router checks every caller's token
     /// (docs/src/authorization.md).
     pub auth: Option<AuthConfig>,
+    /// `[quotas]`: fair shares between callers; present turns them on.
+    pub quotas: Option<QuotasConfig>,
     /// `[discovery]`: backends from DNS, merged with the static ones.
     pub discovery: Option<DiscoveryConfig>,
     /// `[upstream]`: how backends are reached (TLS, HTTP/2, idle pooled connections).
@@ -154,6 +160,17 @@ impl Config {
         let auth = auth::combine(auth_keys, metadata, tools, methods, |span, message| {
             doc.err::<()>(span, message).unwrap_err()
         })?;
+        let about = "Fair shares between callers: who a caller is, the rate of new calls, requests in flight, \
+                     open calls and buffered body bytes each may have; present turns them on.";
+        let quota_keys = quotas::quotas(doc.section(root, "quotas", about)?, auth.is_some(), &server)?;
+        let about = "The quotas of one tool (a `tools/call` of it); repeat for each tool.";
+        let mut quota_tools = Vec::new();
+        for (table, span) in doc.elements_in(root, "quotas", "tool", "quotas.tool", about)? {
+            let element = Section::element(doc, "quotas.tool", table, span);
+            let tool = quotas::tool(element, &quota_tools)?;
+            quota_tools.push(tool);
+        }
+        let quotas = quotas::combine(quota_keys, quota_tools);
         let about = "Backends found in DNS, merged with the static ones: present turns it on.";
         let discovery = fleet::discovery(doc.section(root, "discovery", about)?)?;
         let about = "How backends are reached: the TLS roots and client certificate, HTTP/2, pooled connections.";
@@ -195,6 +212,7 @@ impl Config {
             health,
             tokens,
             auth,
+            quotas,
             discovery,
             upstream,
             backends,
@@ -214,6 +232,23 @@ impl Config {
                  (or another replica) loses the calls in flight; configure [tokens] even for one replica"
                     .to_string(),
             );
+        }
+        if let Some(q) = &self.quotas {
+            let none = q.rate.is_none()
+                && q.max_in_flight.is_none()
+                && q.max_open_calls.is_none()
+                && q.max_body_bytes_per_connection.is_none()
+                && q.tools.is_empty();
+            if none {
+                notes.push("[quotas] sets no quota: every caller is unlimited".to_string());
+            }
+            if matches!(q.caller, CallerSource::Ip) && q.trusted_proxies.is_empty() && !self.server.proxy_protocol {
+                notes.push(
+                    "[quotas] caller = \"ip\" with no trusted_proxies: behind a load balancer, every \
+                     client is the balancer's one address"
+                        .to_string(),
+                );
+            }
         }
         notes
     }

@@ -360,6 +360,12 @@ impl<'a, 't> Section<'a, 't> {
         self.table.is_some()
     }
 
+    /// Whether the document is read for the reference (every section present and empty): for
+    /// checks across keys that an empty section would fail but a real one may not.
+    pub fn reference_mode(&self) -> bool {
+        self.doc.reference.is_some()
+    }
+
     /// Where the section stands (its header), for errors about it as a whole.
     pub fn span(&self) -> Option<Range<usize>> {
         self.span.clone()

@@ -74,6 +74,8 @@ pub enum Kind {
     HostPort,
     /// A DNS name or an IP address.
     ServerName,
+    /// An IP network, `address/prefix` (or one address).
+    Cidr,
 }
 
 impl fmt::Display for Kind {
@@ -91,6 +93,7 @@ impl fmt::Display for Kind {
             Kind::HeaderName => "header name",
             Kind::HostPort => "name:port",
             Kind::ServerName => "DNS name or IP",
+            Kind::Cidr => "CIDR",
         })
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::reader::{key, quoted, Section, Text};
 use super::reference::Kind;
-use super::{defaults, ConfigError};
+use super::{defaults, Cidr, ConfigError};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -41,6 +41,12 @@ pub struct ServerConfig {
     pub errors_name_backends: bool,
     /// `tls_cert` + `tls_key`: the proxy listener speaks TLS (HTTP/1.1 and HTTP/2 by ALPN).
     pub tls: Option<TlsConfig>,
+    /// Connections from `proxy_protocol_from` start with a PROXY protocol header (v1 or v2),
+    /// whose source address is the client's; such a header from any other peer, or a trusted
+    /// peer's connection without one, is closed without an answer.
+    pub proxy_protocol: bool,
+    /// The load balancers trusted to send a PROXY protocol header.
+    pub proxy_protocol_from: Vec<Cidr>,
 }
 
 /// TLS on the proxy listener: the two files, read and checked when the config is loaded, and
@@ -176,7 +182,7 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
         "Whether the router's own 502/503/504 answers name the backend; off, clients learn nothing of \
          the fleet from them; logs, access log, traces and metrics always name it.",
     );
-    let server = ServerConfig {
+    let mut server = ServerConfig {
         listen: s.addr(listen, defaults::LISTEN)?.0,
         max_body_bytes: s.int(max_body_bytes, defaults::MAX_BODY_BYTES as i64, 64..=1 << 30)? as usize,
         header_read_timeout: s.duration(header_read_timeout, defaults::HEADER_READ_TIMEOUT)?,
@@ -202,7 +208,10 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
         )? as usize,
         errors_name_backends: s.bool(errors_name_backends, defaults::ERRORS_NAME_BACKENDS)?,
         tls: tls(&mut s)?,
+        proxy_protocol: false,
+        proxy_protocol_from: Vec::new(),
     };
+    (server.proxy_protocol, server.proxy_protocol_from) = proxy_protocol(&mut s)?;
     if server.max_body_buffer_bytes < server.max_body_bytes {
         let span = s.span();
         return s.err(
@@ -215,6 +224,50 @@ pub(super) fn server(mut s: Section) -> Result<ServerConfig, ConfigError> {
     }
     s.finish(true)?;
     Ok(server)
+}
+
+/// `proxy_protocol` and `proxy_protocol_from`: on needs at least one trusted source, or every
+/// connection would be closed.
+fn proxy_protocol(s: &mut Section) -> Result<(bool, Vec<Cidr>), ConfigError> {
+    let on = key(
+        "proxy_protocol",
+        "Read a PROXY protocol header (v1 or v2, as HAProxy and cloud L4 load balancers send) before \
+         TLS or HTTP on connections from `proxy_protocol_from`: its source address is the client's; \
+         a trusted peer's connection without one, or one from any other peer with one, is closed \
+         without an answer.",
+    );
+    let from = key(
+        "proxy_protocol_from",
+        "The load balancers allowed to send a PROXY protocol header; required when `proxy_protocol` is on.",
+    );
+    let on = s.bool(on, defaults::PROXY_PROTOCOL)?;
+    let (from, span) = cidrs(s, from)?;
+    if on && from.is_empty() {
+        let span = span.or(s.span());
+        return s.err(
+            span,
+            "server.proxy_protocol: needs server.proxy_protocol_from (the load balancers' addresses)",
+        );
+    }
+    Ok((on, from))
+}
+
+/// An array of IP networks, default none, printed.
+pub(super) fn cidrs(
+    s: &mut Section,
+    key: super::reader::Key,
+) -> Result<(Vec<Cidr>, Option<std::ops::Range<usize>>), ConfigError> {
+    let (texts, span) = s.strings_or(key, Kind::Cidr, &[])?;
+    let mut out = Vec::with_capacity(texts.len());
+    for t in texts {
+        match t.value.parse::<Cidr>() {
+            Ok(c) => out.push(c),
+            Err(e) => return s.err(t.span, format!("{}: {e}", s.key_name(key.name()))),
+        }
+    }
+    let printed: Vec<String> = out.iter().map(Cidr::to_string).collect();
+    s.print_strings(key.name(), printed.iter().map(String::as_str));
+    Ok((out, span))
 }
 
 /// `tls_cert` and `tls_key`: both or neither; the files are read, parsed and checked to belong

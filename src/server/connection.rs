@@ -22,9 +22,9 @@ use tokio_rustls::TlsAcceptor;
 
 use super::serve::{serve, Served};
 use super::shutdown::Shutdown;
-use super::{park, watchdog};
+use super::{park, proxy_protocol, watchdog};
 use crate::body::ProxyBody;
-use crate::config::ServerConfig;
+use crate::config::{Cidr, ServerConfig};
 use crate::state::Shared;
 use crate::{proxy, tls};
 
@@ -83,9 +83,19 @@ impl Connection {
     /// than an `async fn`: an `async fn` keeps its arguments twice in its state (as they came,
     /// and moved into its body).
     #[allow(clippy::manual_async_fn)] // on purpose: see above
-    pub(super) fn serve(self, stream: TcpStream) -> impl Future<Output = ()> + Send {
+    pub(super) fn serve(mut self, mut stream: TcpStream) -> impl Future<Output = ()> + Send {
         async move {
             let timeout = self.builders.header_read_timeout;
+            if self.builders.server.proxy_protocol {
+                let client = {
+                    let header = Box::pin(self.proxy_header(&mut stream, timeout));
+                    self.until_shutdown(pin!(header)).await.flatten()
+                };
+                match client {
+                    Some(client) => self.peer = client,
+                    None => return,
+                }
+            }
             // Not `match self.builders.tls.clone()`: the match would keep the clone across
             // the awaits, in the task.
             let served = match self.builders.tls.is_some() {
@@ -158,6 +168,35 @@ impl Connection {
             Box::pin(watchdog::answer(&self.shared, io, unread)).await;
             Ok(())
         }
+    }
+
+    /// With `server.proxy_protocol` on: the client's address, once a PROXY protocol header from
+    /// a `proxy_protocol_from` peer has been read off `stream` (the peer itself for a header
+    /// that names no client: a balancer's own health check), or the peer for a connection from
+    /// anyone else that starts without one (left unread). `None`: the connection is to be closed
+    /// without an answer: a trusted peer without a header or with a broken one, a header from a
+    /// peer that is not trusted (it would be the client's own claim), or nothing to tell by
+    /// within `timeout`.
+    async fn proxy_header(&self, stream: &mut TcpStream, timeout: Duration) -> Option<SocketAddr> {
+        use tokio::io::AsyncReadExt;
+        let trusted = Cidr::any_contains(&self.builders.server.proxy_protocol_from, self.peer.ip());
+        let (header, consumed) = match peek_proxy_header(stream, timeout).await {
+            Ok(Some(found)) if trusted => found,
+            Ok(None) if !trusted => return Some(self.peer),
+            found => {
+                let why = match found {
+                    Ok(Some(_)) => "a PROXY protocol header from a peer not in server.proxy_protocol_from",
+                    Ok(None) => "no PROXY protocol header from a server.proxy_protocol_from peer",
+                    Err(why) => why,
+                };
+                tracing::debug!(peer = %self.peer, why, "connection closed without an answer");
+                return None;
+            }
+        };
+        // Peeked already: the bytes are there, and read now so TLS and HTTP start after them.
+        let mut skip = [0u8; proxy_protocol::V2_MAX];
+        stream.read_exact(&mut skip[..consumed]).await.ok()?;
+        Some(header.source.unwrap_or(self.peer))
     }
 
     /// The protocol `stream`'s first bytes tell ([`sniff`]), within [`Connection::until_shutdown`].
@@ -333,6 +372,40 @@ pub(super) const MAX_HEAD_BYTES: usize = 64 * 1024;
 enum Protocol {
     Http1,
     Http2,
+}
+
+/// A PROXY protocol header at the start of `stream`, peeked (not read), with its length;
+/// `Ok(None)`: the connection starts with something else. Looks again, as [`sniff`] does, while
+/// the bytes are too few to tell, until `timeout`.
+async fn peek_proxy_header(
+    stream: &TcpStream,
+    timeout: Duration,
+) -> Result<Option<(proxy_protocol::Header, usize)>, &'static str> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut first = [0u8; proxy_protocol::V2_MAX];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => return Err("closed before its first bytes"),
+            Err(_) => return Err("no PROXY protocol header, nor anything else, within header_read_timeout"),
+        };
+        match proxy_protocol::parse(&first[..n]) {
+            Ok(found) => return Ok(found),
+            Err(proxy_protocol::Error::Invalid(why)) => return Err(why),
+            Err(proxy_protocol::Error::Incomplete) => {
+                use futures_util::FutureExt;
+                let ready = stream.ready(Interest::READABLE).now_or_never();
+                if matches!(ready, Some(Ok(r)) if r.is_read_closed()) {
+                    return Err("closed within its PROXY protocol header");
+                }
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Err("an incomplete PROXY protocol header at header_read_timeout");
+                }
+                tokio::time::sleep_until((now + SNIFF_AGAIN).min(deadline)).await;
+            }
+        }
+    }
 }
 
 /// How soon [`sniff`] looks again at a connection whose first bytes were too few to tell.

@@ -13,6 +13,7 @@ mod accept;
 mod connection;
 mod limits;
 mod park;
+mod proxy_protocol;
 mod serve;
 mod shutdown;
 pub(crate) mod socket_activation;

@@ -182,15 +182,32 @@ impl<'a, 't> Section<'a, 't> {
 
     /// An integer within `range`, printed.
     pub fn int(&mut self, key: Key, default: i64, range: RangeInclusive<i64>) -> Result<i64, ConfigError> {
+        let n = self.int_value(key, KeyDefault::Value(default.to_string()), range)?;
+        let n = n.unwrap_or(default);
+        self.print(key.name, n);
+        Ok(n)
+    }
+
+    /// An integer within `range` without a default: `None` when absent (the key declares what
+    /// that means, [`Key::unset`]). Printed when set.
+    pub fn maybe_int(&mut self, key: Key, range: RangeInclusive<i64>) -> Result<Option<i64>, ConfigError> {
+        let n = self.int_value(key, KeyDefault::Unset(key.unset.unwrap_or_default()), range)?;
+        if let Some(n) = n {
+            self.print(key.name, n);
+        }
+        Ok(n)
+    }
+
+    fn int_value(
+        &mut self,
+        key: Key,
+        default: KeyDefault,
+        range: RangeInclusive<i64>,
+    ) -> Result<Option<i64>, ConfigError> {
         let (min, max) = (*range.start(), *range.end());
-        let doc = || {
-            (
-                KeyDefault::Value(default.to_string()),
-                Some(format!("{} to {}", grouped(min), grouped(max))),
-            )
-        };
+        let doc = || (default, Some(format!("{} to {}", grouped(min), grouped(max))));
         let n = match self.value(key, Kind::Integer, doc)? {
-            None => default,
+            None => None,
             Some(v) => {
                 let n = match v.get_ref() {
                     DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok(),
@@ -205,10 +222,9 @@ impl<'a, 't> Section<'a, 't> {
                         format!("{}: {n} is out of range {min}..={max}", self.key_name(key.name)),
                     );
                 }
-                n
+                Some(n)
             }
         };
-        self.print(key.name, n);
         Ok(n)
     }
 

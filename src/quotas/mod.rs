@@ -1,0 +1,325 @@
+//! Fair shares between callers (`[quotas]`, docs/src/configuration.md): who a caller is
+//! (`caller`), the rate of new calls (`rate`, GCRA), requests in flight (`inflight`) and calls
+//! held open (`open_calls`) per caller, and per tool; each table bounded, with one overflow
+//! entry past the cap. [`Quotas`] bundles them behind one [`Quotas::admit`].
+//!
+//! **Admission respects calls.** A call is admitted by the rate quotas once, at its first
+//! request: a follow-up (`Request::new_call` false) is never refused by a rate, since refusing
+//! round 3 of a call whose rounds 1-2 ran would strand its state on a worker; follow-ups are
+//! bounded by `routing.max_rounds` and the pin's ttl instead. They do count toward in-flight
+//! quotas, which hold nothing of a call's state.
+//!
+//! Depends on `config` only; never on the request path's types: the request path passes in
+//! what it read (principal tag, headers, peer, tool, whether the request continues a call).
+
+mod caller;
+mod inflight;
+mod open_calls;
+mod rate;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+
+pub use caller::{CallerKey, CallerRule};
+pub use inflight::{PerCaller, Permit, Refused, Shared, SharedPermit};
+pub use open_calls::{OpenCall, OpenCalls};
+pub use rate::{RateLimiter, RetryAfter};
+
+use crate::config::{QuotaStore, QuotasConfig, Rate};
+
+/// The `Retry-After` of a refusal that no clock decides (in flight, open calls): a request or
+/// call of the same caller may end any moment.
+const RETRY_AFTER_BUSY: Duration = Duration::from_secs(1);
+
+/// Which quota refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quota {
+    Rate,
+    InFlight,
+    OpenCalls,
+}
+
+impl Quota {
+    /// The `Mcp-Router-Error` reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Quota::Rate => "rate_limited",
+            Quota::InFlight => "too_many_in_flight",
+            Quota::OpenCalls => "too_many_open_calls",
+        }
+    }
+
+    /// The `quota` label of `mrtr_quota_refusals_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Quota::Rate => "rate",
+            Quota::InFlight => "in_flight",
+            Quota::OpenCalls => "open_calls",
+        }
+    }
+}
+
+/// Whose limit it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The caller's own.
+    Caller,
+    /// A `[[quotas.tool]]`'s (per caller for its rate, all callers for its in-flight count).
+    Tool,
+    /// The overflow entry callers past `max_tracked_callers` share.
+    Overflow,
+}
+
+impl Scope {
+    /// The `scope` label of `mrtr_quota_refusals_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scope::Caller => "caller",
+            Scope::Tool => "tool",
+            Scope::Overflow => "overflow",
+        }
+    }
+}
+
+/// A refused request: the answer is 429 with `Retry-After` (and, for a rate, the
+/// `RateLimit-Policy` and `RateLimit` headers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub quota: Quota,
+    pub scope: Scope,
+    pub retry_after: Duration,
+    /// The rate that refused, and its state, for the headers.
+    rate: Option<(Rate, RetryAfter)>,
+}
+
+impl Refusal {
+    fn busy(quota: Quota, scope: Scope, refused: Refused) -> Refusal {
+        Refusal {
+            quota,
+            scope: if refused.overflow { Scope::Overflow } else { scope },
+            retry_after: RETRY_AFTER_BUSY,
+            rate: None,
+        }
+    }
+
+    fn rate(scope: Scope, rate: Rate, retry: RetryAfter) -> Refusal {
+        Refusal {
+            quota: Quota::Rate,
+            scope: if retry.overflow { Scope::Overflow } else { scope },
+            retry_after: retry.after,
+            rate: Some((rate, retry)),
+        }
+    }
+
+    /// `Retry-After` in whole seconds: rounded up, at least 1 (a client told 0 retries at once).
+    pub fn retry_after_secs(&self) -> u64 {
+        whole_seconds(self.retry_after)
+    }
+
+    /// `RateLimit-Policy` and `RateLimit`, for a rate refusal.
+    pub fn rate_limit_headers(&self) -> Option<(String, String)> {
+        let name = match self.scope {
+            Scope::Tool => "tool",
+            Scope::Caller | Scope::Overflow => "caller",
+        };
+        self.rate.map(|(rate, retry)| rate_limit_headers(name, rate, &retry))
+    }
+}
+
+fn whole_seconds(d: Duration) -> u64 {
+    d.as_nanos().div_ceil(1_000_000_000).max(1) as u64
+}
+
+/// The `RateLimit-Policy` and `RateLimit` values (IETF httpapi-ratelimit-headers, draft 10)
+/// for a refusal by `rate`: the policy says `q` calls per `w` seconds, `q` the burst and `w`
+/// the time the burst takes to come back (`burst × T`, so `q / w` is the rate); the state says
+/// none remain (`r=0`) and when the whole burst is back (`t`).
+///
+/// `RateLimit-Policy: "caller";q=40;w=2` and `RateLimit: "caller";r=0;t=2`.
+pub fn rate_limit_headers(policy: &str, rate: Rate, retry: &RetryAfter) -> (String, String) {
+    let emission = rate.period.as_nanos() as u64 / u64::from(rate.count.max(1));
+    let window = whole_seconds(Duration::from_nanos(emission.saturating_mul(rate.burst.into())));
+    let reset = whole_seconds(retry.reset);
+    (
+        format!("\"{policy}\";q={};w={window}", rate.burst),
+        format!("\"{policy}\";r=0;t={reset}"),
+    )
+}
+
+/// What the request path knows of a request when it asks for admission.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The tool of a `tools/call`, read from the verified body.
+    pub tool: Option<&'a str>,
+    /// The request starts something (no handle of a call already admitted: routing id,
+    /// `requestState`, task id, session): the rate quotas apply.
+    pub new_call: bool,
+    /// The request may start a multi-round call (its answer may pin): an open-call slot is
+    /// reserved for it. Only for new calls: a follow-up's call holds its slot already.
+    pub may_open_call: bool,
+}
+
+/// An admitted request: its in-flight counts, held until dropped (when the answer's body
+/// ends), and its open-call slot, if it reserved one.
+#[must_use = "the request is counted only while its admission is held"]
+pub struct Admission {
+    _in_flight: Option<Permit>,
+    _tool_in_flight: Option<SharedPermit>,
+    open_call: Option<OpenCall>,
+}
+
+impl Admission {
+    /// The reserved open-call slot, for the request path to keep with the call's pins (when
+    /// the answer pins) or to drop (when it does not).
+    pub fn take_open_call(&mut self) -> Option<OpenCall> {
+        self.open_call.take()
+    }
+}
+
+/// The quotas of one tool.
+struct ToolQuotas {
+    rate: Option<RateLimiter>,
+    in_flight: Option<Arc<Shared>>,
+}
+
+/// What the quotas hold, for the metrics (`mrtr_quota_callers`) and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Callers tracked, all tables together (the caller rate, each tool's rate, in flight,
+    /// open calls).
+    pub tracked: usize,
+    /// Rate checks of callers past the cap, served by the overflow buckets, since the start.
+    pub overflowed: u64,
+}
+
+/// Every quota of one `[quotas]`, built once per config.
+pub struct Quotas {
+    caller: CallerRule,
+    rate: Option<RateLimiter>,
+    in_flight: Option<Arc<PerCaller>>,
+    open_calls: Option<OpenCalls>,
+    tools: HashMap<String, ToolQuotas>,
+    max_body_bytes_per_connection: Option<usize>,
+    store: QuotaStore,
+}
+
+impl Quotas {
+    /// The quotas of `config`, their clocks starting at `epoch`.
+    pub fn new(config: &QuotasConfig, epoch: Instant) -> Quotas {
+        let cap = config.max_tracked_callers;
+        let tools = config.tools.iter().map(|t| {
+            let quotas = ToolQuotas {
+                rate: t.rate.map(|r| RateLimiter::new(r, cap, epoch)),
+                in_flight: t.max_in_flight.map(Shared::new),
+            };
+            (t.name.clone(), quotas)
+        });
+        Quotas {
+            caller: CallerRule::new(config.caller.clone(), config.trusted_proxies.clone()),
+            rate: config.rate.map(|r| RateLimiter::new(r, cap, epoch)),
+            in_flight: config.max_in_flight.map(|n| PerCaller::new(n, cap)),
+            open_calls: config.max_open_calls.map(|n| OpenCalls::new(n, cap)),
+            tools: tools.collect(),
+            max_body_bytes_per_connection: config.max_body_bytes_per_connection,
+            store: config.store.clone(),
+        }
+    }
+
+    /// The caller of a request (`caller::CallerRule::key`).
+    pub fn caller(&self, principal: Option<&[u8; 16]>, headers: &HeaderMap, peer: IpAddr) -> CallerKey {
+        self.caller.key(principal, headers, peer)
+    }
+
+    /// The client IP of a request, as the quotas see it (for the access log).
+    pub fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        self.caller.client_ip(headers, peer)
+    }
+
+    /// Admits a request of `caller` at `now`, or says which quota refuses it. The counts that
+    /// can be given back are taken first (in flight, then the open-call slot), the rates last
+    /// (the tool's before the caller's), so a refused request spends at most one rate unit.
+    /// Async for the shared store, whose rate check is a round trip; the local store never
+    /// waits.
+    pub async fn admit(&self, caller: CallerKey, request: &Request<'_>, now: Instant) -> Result<Admission, Refusal> {
+        let in_flight = match &self.in_flight {
+            Some(q) => Some(
+                q.try_acquire(caller)
+                    .map_err(|r| Refusal::busy(Quota::InFlight, Scope::Caller, r))?,
+            ),
+            None => None,
+        };
+        let tool = request.tool.and_then(|name| self.tools.get(name));
+        let tool_in_flight = match tool.and_then(|t| t.in_flight.as_ref()) {
+            Some(shared) => Some(shared.try_acquire().ok_or(Refusal::busy(
+                Quota::InFlight,
+                Scope::Tool,
+                Refused { overflow: false },
+            ))?),
+            None => None,
+        };
+        let open_call = match &self.open_calls {
+            Some(q) if request.new_call && request.may_open_call => Some(
+                q.try_open(caller)
+                    .map_err(|r| Refusal::busy(Quota::OpenCalls, Scope::Caller, r))?,
+            ),
+            _ => None,
+        };
+        if request.new_call {
+            if let Some(limiter) = tool.and_then(|t| t.rate.as_ref()) {
+                limiter
+                    .check(&caller, now)
+                    .map_err(|r| Refusal::rate(Scope::Tool, limiter.rate(), r))?;
+            }
+            if let Some(limiter) = &self.rate {
+                limiter
+                    .check(&caller, now)
+                    .map_err(|r| Refusal::rate(Scope::Caller, limiter.rate(), r))?;
+            }
+        }
+        Ok(Admission {
+            _in_flight: in_flight,
+            _tool_in_flight: tool_in_flight,
+            open_call,
+        })
+    }
+
+    /// Forgets the callers whose rate state is back to a full burst by `now` (the in-flight
+    /// and open-call tables forget theirs as counts reach 0). The request path's owner calls it
+    /// on a timer; returns how many were forgotten.
+    pub fn prune(&self, now: Instant) -> usize {
+        let tools = self.tools.values().filter_map(|t| t.rate.as_ref());
+        self.rate.iter().chain(tools).map(|r| r.prune(now)).sum()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let rates = || {
+            self.rate
+                .iter()
+                .chain(self.tools.values().filter_map(|t| t.rate.as_ref()))
+        };
+        Stats {
+            tracked: rates().map(RateLimiter::tracked).sum::<usize>()
+                + self.in_flight.as_ref().map_or(0, |q| q.tracked())
+                + self.open_calls.as_ref().map_or(0, OpenCalls::tracked),
+            overflowed: rates().map(RateLimiter::overflowed).sum(),
+        }
+    }
+
+    /// `max_body_bytes_per_connection`: what one client connection may buffer.
+    pub fn max_body_bytes_per_connection(&self) -> Option<usize> {
+        self.max_body_bytes_per_connection
+    }
+
+    /// Where the rate state lives. Only [`QuotaStore::Local`] is built so far: with a Redis
+    /// store configured, the rates are still counted by this replica alone.
+    pub fn store(&self) -> &QuotaStore {
+        &self.store
+    }
+}
