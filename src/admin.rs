@@ -96,6 +96,11 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>, loopback: bool) -> 
             shared.update_pin_gauges();
             let age = shared.auth_keys.age().map_or(0, |a| a.as_secs());
             shared.metrics.jwks_age.set(i64::try_from(age).unwrap_or(i64::MAX));
+            let callers = shared.snapshot().quotas.as_ref().map_or(0, |q| q.stats().tracked);
+            shared
+                .metrics
+                .quota_callers
+                .set(i64::try_from(callers).unwrap_or(i64::MAX));
             reply(StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
         }
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),

@@ -13,6 +13,7 @@ use memchr::memmem;
 
 use crate::dialect::{self, Message, Outcome, RequestKeys, TaskState, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
+use crate::quotas::OpenCall;
 use crate::route::{Decision, Matched};
 use crate::sealing::{Replacement, Unsealed};
 use crate::state::{Shared, Snapshot};
@@ -53,6 +54,8 @@ pub struct Call {
     pins_seen: Option<Arc<AtomicU8>>,
     /// The caller `[auth]` verified: every handle sealed for this call is bound to it.
     caller: Option<PrincipalTag>,
+    /// The caller's open-call slot (`[quotas] max_open_calls`), kept by the call's pins.
+    open_call: Option<OpenCall>,
 }
 
 /// What observing one message did.
@@ -103,12 +106,18 @@ impl Call {
                 .zip(keys.task_id.as_deref().map(str::to_string)),
             pins_seen: None,
             caller: None,
+            open_call: None,
         }
     }
 
     /// Binds every handle sealed for this call to the caller `[auth]` verified.
     pub fn issue_to(&mut self, caller: Option<PrincipalTag>) {
         self.caller = caller;
+    }
+
+    /// The open-call slot the call's pins hold (until they finish or expire).
+    pub fn hold(&mut self, open_call: Option<OpenCall>) {
+        self.open_call = open_call;
     }
 
     /// The round this request's answer is, if it continues the call.
@@ -157,10 +166,11 @@ impl Call {
     /// Pins `key` to the backend the request went to; true when the pin is new.
     fn pin(&self, key: PinKey, rounds: u32) -> bool {
         let (c, target) = (self, &self.target);
+        let hold = c.open_call.clone();
         let created = c
             .shared
             .pins
-            .pin(key, target.backend.key, target.epoch, rounds, &c.snap.ttls);
+            .pin_holding(key, target.backend.key, target.epoch, rounds, &c.snap.ttls, hold);
         if created {
             c.shared.metrics.pins_created_by_kind[key.kind() as usize].inc();
             if let Some(seen) = &c.pins_seen {

@@ -42,6 +42,8 @@ pub enum RouterError {
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
+    #[error("this connection's request bodies hold its share of the router's memory ({limit} bytes); retry later")]
+    ConnectionShareFull { limit: usize },
     #[error("the backend has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
     UpstreamBusy { backend: String },
     #[error("the router does not forward {method} requests")]
@@ -62,6 +64,40 @@ pub enum RouterError {
     HandlePrincipalMismatch,
     #[error("the authorization server's keys cannot be loaded; retry later")]
     AuthUnavailable,
+    #[error("{}", .0.message())]
+    QuotaExceeded(Box<QuotaRefusal>),
+}
+
+/// A request refused by a quota of its caller (docs/src/quotas.md): 429, never 401 or 403 (an
+/// OAuth client re-authorizes on those).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaRefusal {
+    /// `rate_limited`, `too_many_in_flight` or `too_many_open_calls`.
+    pub reason: &'static str,
+    /// The `quota` and `scope` labels of `mrtr_quota_refusals_total`.
+    pub quota: &'static str,
+    pub scope: &'static str,
+    pub retry_after_secs: u64,
+    /// `RateLimit-Policy` and `RateLimit`, for a rate.
+    pub rate_limit: Option<(String, String)>,
+}
+
+impl QuotaRefusal {
+    fn code(&self) -> i32 {
+        match self.reason {
+            "rate_limited" => -32015,
+            "too_many_in_flight" => -32016,
+            _ => -32017,
+        }
+    }
+
+    fn message(&self) -> &'static str {
+        match self.reason {
+            "rate_limited" => "this caller is over its rate of new calls; retry later",
+            "too_many_in_flight" => "this caller has its quota of requests in flight; retry when one ends",
+            _ => "this caller has its quota of open calls; finish one, or retry later",
+        }
+    }
 }
 
 /// What a 401 or a 403 `insufficient_scope` tells an OAuth client, in its `WWW-Authenticate`
@@ -138,7 +174,7 @@ impl RouterError {
             PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
             HeaderMismatch => (StatusCode::BAD_REQUEST, -32020, "header_mismatch"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
-            Overloaded => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
+            Overloaded | ConnectionShareFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
             MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, -32600, "method_not_allowed"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
@@ -149,6 +185,7 @@ impl RouterError {
             OriginNotAllowed => (StatusCode::FORBIDDEN, -32012, "origin_not_allowed"),
             HandlePrincipalMismatch => (StatusCode::FORBIDDEN, -32013, "handle_principal_mismatch"),
             AuthUnavailable => (StatusCode::SERVICE_UNAVAILABLE, -32014, "auth_unavailable"),
+            QuotaExceeded(q) => (StatusCode::TOO_MANY_REQUESTS, q.code(), q.reason),
         }
     }
 
@@ -158,7 +195,7 @@ impl RouterError {
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
     /// `mrtr_router_errors_total` from the start.
-    pub const REASONS: [&'static str; 21] = [
+    pub const REASONS: [&'static str; 24] = [
         "parse_error",
         "body_too_large",
         "body_timeout",
@@ -180,6 +217,9 @@ impl RouterError {
         "origin_not_allowed",
         "handle_principal_mismatch",
         "auth_unavailable",
+        "rate_limited",
+        "too_many_in_flight",
+        "too_many_open_calls",
     ];
 
     /// The `result` label of `mrtr_auth_total` for a refusal by `[auth]`.
@@ -223,6 +263,10 @@ impl RouterError {
                     serde_json::Value::from(key.as_str())
                 )
             }
+            RouterError::QuotaExceeded(q) => format!(
+                ",\"data\":{{\"reason\":\"{reason}\",\"quota\":\"{}\",\"scope\":\"{}\",\"retry_after\":{}}}",
+                q.quota, q.scope, q.retry_after_secs
+            ),
             _ => format!(",\"data\":{{\"reason\":\"{reason}\"}}"),
         };
         let message = match self.backend().filter(|_| name_backend) {
@@ -245,6 +289,16 @@ impl RouterError {
         if status == StatusCode::METHOD_NOT_ALLOWED {
             h.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
         }
+        if let RouterError::QuotaExceeded(q) = self {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(q.retry_after_secs));
+            if let Some((policy, state)) = &q.rate_limit {
+                for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+                    if let Ok(v) = HeaderValue::from_str(value) {
+                        h.insert(name, v);
+                    }
+                }
+            }
+        }
         if let RouterError::Unauthorized(c) | RouterError::InsufficientScope(c) = self {
             if let Some(v) = c.header() {
                 h.insert(header::WWW_AUTHENTICATE, v);
@@ -258,6 +312,33 @@ impl RouterError {
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full};
+
+    fn quota(reason: &'static str) -> QuotaRefusal {
+        QuotaRefusal {
+            reason,
+            quota: "rate",
+            scope: "caller",
+            retry_after_secs: 2,
+            rate_limit: Some(("\"caller\";q=10;w=1".into(), "\"caller\";r=0;t=2".into())),
+        }
+    }
+
+    #[test]
+    fn a_quota_is_429_with_when_to_retry() {
+        let resp: Response<Full<Bytes>> =
+            RouterError::QuotaExceeded(Box::new(quota("rate_limited"))).to_response(Some("7"), 1);
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = resp.headers();
+        assert_eq!(
+            (&h["retry-after"], &h["ratelimit-policy"], &h["ratelimit"]),
+            (
+                &"2".parse::<HeaderValue>().unwrap(),
+                &"\"caller\";q=10;w=1".parse::<HeaderValue>().unwrap(),
+                &"\"caller\";r=0;t=2".parse::<HeaderValue>().unwrap()
+            )
+        );
+        assert!(!h.contains_key(header::WWW_AUTHENTICATE));
+    }
 
     fn challenge() -> Challenge {
         Challenge {
@@ -315,6 +396,7 @@ mod tests {
             HeaderMismatch,
             NoBackend,
             Overloaded,
+            ConnectionShareFull { limit: 1 },
             UpstreamBusy { backend: b() },
             MethodNotAllowed { method: "TRACE" },
             UpstreamUnavailable { backend: b() },
@@ -325,15 +407,19 @@ mod tests {
             OriginNotAllowed,
             HandlePrincipalMismatch,
             AuthUnavailable,
+            QuotaExceeded(Box::new(quota("rate_limited"))),
+            QuotaExceeded(Box::new(quota("too_many_in_flight"))),
+            QuotaExceeded(Box::new(quota("too_many_open_calls"))),
         ];
         for e in &all {
             match e {
                 Parse | BodyBroken | BodyTooLarge { .. } | BodyTimeout | HeaderTimeout | InvalidToken { .. } => {}
                 TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
-                NoBackend | Overloaded | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
+                NoBackend | Overloaded | ConnectionShareFull { .. } | UpstreamBusy { .. } | MethodNotAllowed { .. } => {
+                }
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
                 Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}
-                AuthUnavailable => {}
+                AuthUnavailable | QuotaExceeded(_) => {}
             }
         }
         all

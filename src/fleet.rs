@@ -36,6 +36,10 @@ pub fn sweep_once(shared: &Shared) {
         .map(|(b, _)| b.key)
         .collect();
     let swept = shared.pins.sweep();
+    if let Some(quotas) = &shared.snapshot().quotas {
+        // Callers idle long enough to be at full allowance again are forgotten: bounded memory.
+        quotas.prune(std::time::Instant::now());
+    }
     for kind in PinKind::ALL {
         let n = swept.expired[kind as usize];
         if n > 0 {

@@ -25,6 +25,11 @@ pub const PROTOCOLS: [&str; 3] = ["pending", "http1", "http2"];
 /// The `result` label values of `mrtr_config_reloads_total` and
 /// `mrtr_discovery_resolutions_total`.
 pub const RESULTS: [&str; 2] = ["ok", "error"];
+/// The `quota` and `scope` labels of `mrtr_quota_refusals_total`.
+pub const QUOTAS: [&str; 3] = ["rate", "in_flight", "open_calls"];
+pub const QUOTA_SCOPES: [&str; 3] = ["caller", "tool", "overflow"];
+/// The one series of the body share: `quota="body_bytes", scope="connection"`.
+pub const BODY_SHARE: [&str; 2] = ["body_bytes", "connection"];
 
 /// Log lines (access log and the router's own) dropped because their output (stdout, stderr)
 /// was not being read fast enough: counted per process, as the outputs are the process's, and
@@ -116,6 +121,9 @@ pub struct Metrics {
     pub(crate) jwks_refreshes: IntCounterVec,
     /// Seconds since the key set in use was loaded; set when `/metrics` is rendered.
     pub(crate) jwks_age: IntGauge,
+    pub(crate) quota_refusals: IntCounterVec,
+    /// Callers the quotas track; set when `/metrics` is rendered.
+    pub(crate) quota_callers: IntGauge,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -211,7 +219,20 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(jwks_age.clone())).expect("unique metric");
+        let quota_callers = IntGauge::new(
+            "mrtr_quota_callers",
+            "Callers [quotas] tracks, all its tables together (at most max_tracked_callers each)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(quota_callers.clone())).expect("unique metric");
         let metrics = Metrics {
+            quota_refusals: counter(
+                &r,
+                "mrtr_quota_refusals_total",
+                "Requests refused by a quota, by quota and scope: 429 for rate, in_flight and open_calls (scope caller, tool, or overflow: the share of callers past max_tracked_callers); 503 for body_bytes (scope connection: quotas.max_body_bytes_per_connection)",
+                &["quota", "scope"],
+            ),
+            quota_callers,
             auth_by_result: crate::auth::AUTH_RESULTS.map(|l| auth.with_label_values(&[l])),
             jwks_refreshes: counter(
                 &r,
@@ -332,6 +353,12 @@ impl Metrics {
         each(&self.config_reloads, &RESULTS);
         each(&self.discovery_resolutions, &RESULTS);
         each(&self.jwks_refreshes, &crate::auth::REFRESH_RESULTS);
+        for quota in QUOTAS {
+            for scope in QUOTA_SCOPES {
+                drop(self.quota_refusals.with_label_values(&[quota, scope]));
+            }
+        }
+        drop(self.quota_refusals.with_label_values(&BODY_SHARE));
         for kind in PIN_KINDS {
             drop(self.pins.with_label_values(&[kind]));
         }

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use crate::metrics::PIN_KINDS;
+use crate::quotas::OpenCall;
 use crate::upstream::BackendKey;
 
 const SHARDS: usize = 64;
@@ -105,7 +106,7 @@ impl PinTtls {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
     backend: BackendKey,
     /// The backend's epoch when pinned: a pin never follows a backend through an ejection.
@@ -117,6 +118,9 @@ struct Entry {
     kind: PinKind,
     /// Finished calls linger for the replay window so duplicate follow-ups still land.
     finished: bool,
+    /// The caller's open-call slot (`[quotas] max_open_calls`), held while the call is open:
+    /// freed when it finishes, expires or is removed.
+    hold: Option<OpenCall>,
 }
 
 impl Entry {
@@ -262,9 +266,28 @@ impl PinTable {
     /// rounds. Returns true when the key was not pinned before (a new pin); an entry past its
     /// deadline counts as gone.
     pub fn pin(&self, key: PinKey, backend: BackendKey, epoch: u32, rounds: u32, ttls: &PinTtls) -> bool {
+        self.pin_holding(key, backend, epoch, rounds, ttls, None)
+    }
+
+    /// [`PinTable::pin`], the pin holding the call's open-call slot `hold` (an active pin
+    /// pinned again keeps the slot it held).
+    pub fn pin_holding(
+        &self,
+        key: PinKey,
+        backend: BackendKey,
+        epoch: u32,
+        rounds: u32,
+        ttls: &PinTtls,
+        hold: Option<OpenCall>,
+    ) -> bool {
         let kind = key.kind;
         let now = self.now_ms();
         let deadline_ms = now + ttls.idle(kind).as_millis() as u64;
+        let mut shard = self.shard(key).lock();
+        let kept = match shard.get_mut(&key.digest) {
+            Some(e) if !e.finished && e.deadline_ms > now => e.hold.take(),
+            _ => None,
+        };
         let entry = Entry {
             backend,
             epoch,
@@ -272,8 +295,10 @@ impl PinTable {
             rounds,
             kind,
             finished: false,
+            hold: hold.or(kept),
         };
-        let old = self.shard(key).lock().insert(key.digest, entry);
+        let old = shard.insert(key.digest, entry);
+        drop(shard);
         match old {
             None => {
                 self.len.fetch_add(1, Ordering::Release);
@@ -304,6 +329,7 @@ impl PinTable {
             return None;
         }
         e.finished = true;
+        e.hold = None;
         e.deadline_ms = now + ttls.replay_window.as_millis() as u64;
         Some(Pin {
             finished: false,

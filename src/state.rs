@@ -15,6 +15,7 @@ use crate::balance::HashRing;
 use crate::config::{Config, ConfigError, ConfigFile, DiscoveryConfig, Reread};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
+use crate::quotas::Quotas;
 use crate::sealing::Sealing;
 use crate::telemetry::Tracing;
 use crate::upstream::{Backend, BackendKey, Lookup, Membership};
@@ -34,6 +35,8 @@ pub struct Snapshot {
     pub tracing: Option<Arc<Tracing>>,
     /// This resource as `[auth]` describes it, when on.
     pub auth: Option<Arc<Resource>>,
+    /// `[quotas]`, when on: the same one (and its counts) across rebuilds with the same config.
+    pub quotas: Option<Arc<Quotas>>,
 }
 
 impl Snapshot {
@@ -234,7 +237,14 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previou
             Some(running) if running.config() == t => running.clone(),
             _ => Arc::new(Tracing::start(t, metrics.spans_dropped.clone())),
         });
+    let quotas = config.quotas.as_ref().map(|q| {
+        let same = previous
+            .filter(|p| p.config.quotas.as_ref() == Some(q))
+            .and_then(|p| p.quotas.clone());
+        same.unwrap_or_else(|| Arc::new(Quotas::new(q, std::time::Instant::now())))
+    });
     Snapshot {
+        quotas,
         sealing: config.tokens.as_ref().map(Sealing::new),
         auth: config.auth.as_ref().map(|a| {
             let same = previous.and_then(|p| p.auth.as_ref()).filter(|r| r.config == *a);

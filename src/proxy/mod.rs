@@ -6,11 +6,14 @@
 //! metrics, and, when the access log or tracing is on, its `telemetry::Observation` (written
 //! out when the answer's body is done with).
 
+mod admit;
 mod answer;
 mod forward;
 mod gate;
 mod headers;
 mod read;
+
+pub use read::ConnectionShare;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,6 +49,8 @@ struct Record {
     answered: Option<(Arc<Backend>, &'static str, StatusCode, f64)>,
     /// The access log's and the trace's view, when either is on.
     obs: Option<Box<Observation>>,
+    /// What `[quotas]` counts of the request in flight, held until its answer's body ends.
+    admitted: Option<crate::quotas::Admission>,
 }
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
@@ -60,12 +65,13 @@ pub fn handle(
     req: Request<Incoming>,
     peer: HeaderValue,
     tls: bool,
+    share: Option<Arc<ConnectionShare>>,
 ) -> Pin<Box<impl Future<Output = Response<ProxyBody>> + Send>> {
     let slot = Box::new_uninit();
     Box::into_pin(Box::write(slot, async move {
         let started = Instant::now();
         let mut record = Record::default();
-        let result = handle_inner(&shared, req, &peer, tls, started, &mut record).await;
+        let result = handle_inner(&shared, req, &peer, tls, share.as_deref(), started, &mut record).await;
         if let Some((backend, method, status, seconds)) = &record.answered {
             backend.observe_request(method, *status, *seconds);
         }
@@ -78,6 +84,9 @@ pub fn handle(
                 router_error(&shared, e, record.id.as_ref().map(RpcId::as_str))
             }
         };
+        if let Some(admitted) = record.admitted.take() {
+            response.body_mut().on_end(Box::new(move |_| drop(admitted)));
+        }
         if let Some(mut obs) = record.obs.take() {
             // Written out when the body is done with: a stream's line has its whole size.
             obs.status = response.status().as_u16();
@@ -92,6 +101,7 @@ async fn handle_inner(
     req: Request<Incoming>,
     peer: &HeaderValue,
     tls: bool,
+    share: Option<&ConnectionShare>,
     started: Instant,
     record: &mut Record,
 ) -> Result<Response<ProxyBody>, RouterError> {
@@ -124,7 +134,7 @@ async fn handle_inner(
     // are no MCP methods: answered here, never forwarded.
     let (bytes, stream, _held) = match parts.method == Method::POST {
         true => {
-            let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer).await?;
+            let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share).await?;
             (bytes, None, held)
         }
         false if parts.method == Method::CONNECT || parts.method == Method::TRACE => {
@@ -139,13 +149,15 @@ async fn handle_inner(
     };
 
     // Keys: every handle the headers and the body carry.
+    let mut tool: Option<String> = None;
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
     let keys = {
         // `params.name` only for a request that is logged or traced, or whose tool may need
         // scopes of its own.
         let mut name = None;
         let scoped = caller.is_some() && snap.auth.as_ref().is_some_and(|r| r.scopes_tools());
-        let want_name = (record.obs.is_some() || scoped).then_some(&mut name);
+        let limited = snap.quotas.as_ref().is_some_and(|q| q.names_tools());
+        let want_name = (record.obs.is_some() || scoped || limited).then_some(&mut name);
         let keys = RequestKeys::read(
             &parts.headers,
             &routing.header,
@@ -161,6 +173,9 @@ async fn handle_inner(
         if let (Some(resource), Some(caller)) = (&snap.auth, &caller) {
             gate::authorize(resource, caller, keys.method.as_deref(), name.as_deref())?;
         }
+        if limited {
+            tool = name.map(|n| n.into_owned());
+        }
         keys
     };
     let tag = caller.as_ref().map(|c| c.tag);
@@ -173,6 +188,18 @@ async fn handle_inner(
     if caller.is_some() {
         // Accepted: its token, its scopes, and every handle it presents are its own.
         shared.metrics.auth_by_result[0].inc();
+    }
+    // Admitted by the caller's quotas, before any backend is asked.
+    let mut open_call = None;
+    if let Some(quotas) = &snap.quotas {
+        let ask = admit::Ask {
+            keys: &keys,
+            follow_up: unsealed.is_some() || decision.matched.is_some(),
+            tool: tool.as_deref(),
+        };
+        let mut admitted = admit::admit(quotas, &parts.headers, peer, tag.as_ref(), ask).await?;
+        open_call = admitted.take_open_call();
+        record.admitted = Some(admitted);
     }
     shared.metrics.decisions_by_source[decision.source as usize].inc();
     if decision.pin_lost {
@@ -206,6 +233,7 @@ async fn handle_inner(
         unsealed.as_ref(),
     );
     call.issue_to(tag);
+    call.hold(open_call);
     if let Some(obs) = &mut record.obs {
         obs.sent_to(&backend.name);
         call.note_pins_in(obs.pins_created.clone());
@@ -311,6 +339,11 @@ fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<P
     match &e {
         RouterError::InvalidToken { reason } => metrics.tokens_rejected.with_label_values(&[reason]).inc(),
         RouterError::PinnedBackendUnavailable { .. } => metrics.pins_lost.inc(),
+        RouterError::QuotaExceeded(q) => metrics.quota_refusals.with_label_values(&[q.quota, q.scope]).inc(),
+        RouterError::ConnectionShareFull { .. } => metrics
+            .quota_refusals
+            .with_label_values(&crate::metrics::BODY_SHARE)
+            .inc(),
         _ => {}
     }
     if let Some(result) = e.auth_result() {

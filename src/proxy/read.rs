@@ -48,23 +48,61 @@ impl BodyBuf {
     }
 }
 
-/// A body's share of `max_body_buffer_bytes`, given back when dropped (the request ends).
+/// One client connection's share of `max_body_buffer_bytes`
+/// (`[quotas] max_body_bytes_per_connection`): what its bodies hold now, and at most.
+pub struct ConnectionShare {
+    held: BodyBuffer,
+    limit: usize,
+}
+
+impl ConnectionShare {
+    pub fn new(limit: usize) -> ConnectionShare {
+        ConnectionShare {
+            held: BodyBuffer::default(),
+            limit,
+        }
+    }
+}
+
+/// A body's share of `max_body_buffer_bytes` (and of its connection's share), given back when
+/// dropped (the request ends).
 pub(super) struct Held<'a> {
     budget: Option<&'a BodyBuffer>,
+    share: Option<&'a ConnectionShare>,
     bytes: usize,
 }
 
 impl<'a> Held<'a> {
     pub(super) fn nothing() -> Held<'a> {
-        Held { budget: None, bytes: 0 }
+        Held {
+            budget: None,
+            share: None,
+            bytes: 0,
+        }
     }
 
-    /// Takes `n` more bytes of `budget` (of `limit` in all), or answers `router_overloaded`.
-    fn take(&mut self, budget: &'a BodyBuffer, n: usize, limit: usize) -> Result<(), RouterError> {
+    /// Takes `n` more bytes of the connection's `share`, then of `budget` (of `limit` in all),
+    /// or answers `router_overloaded`.
+    fn take(
+        &mut self,
+        budget: &'a BodyBuffer,
+        share: Option<&'a ConnectionShare>,
+        n: usize,
+        limit: usize,
+    ) -> Result<(), RouterError> {
+        if let Some(s) = share {
+            if !s.held.try_reserve(n, s.limit) {
+                return Err(RouterError::ConnectionShareFull { limit: s.limit });
+            }
+        }
         if !budget.try_reserve(n, limit) {
+            if let Some(s) = share {
+                s.held.release(n);
+            }
             return Err(RouterError::Overloaded);
         }
         self.budget = Some(budget);
+        self.share = share;
         self.bytes += n;
         Ok(())
     }
@@ -75,6 +113,9 @@ impl Drop for Held<'_> {
         if let Some(budget) = self.budget {
             budget.release(self.bytes);
         }
+        if let Some(share) = self.share {
+            share.held.release(self.bytes);
+        }
     }
 }
 
@@ -84,10 +125,13 @@ pub(super) async fn read_body<'a>(
     mut body: Incoming,
     snap: &Snapshot,
     budget: &'a BodyBuffer,
+    share: Option<&'a ConnectionShare>,
 ) -> Result<(Bytes, Held<'a>), RouterError> {
     let mut held = Held::nothing();
-    let result = read_limited(&mut body, snap, budget, &mut held).await;
-    if let Err(RouterError::BodyTooLarge { .. } | RouterError::Overloaded) = result {
+    let result = read_limited(&mut body, snap, budget, share, &mut held).await;
+    if let Err(RouterError::BodyTooLarge { .. } | RouterError::Overloaded | RouterError::ConnectionShareFull { .. }) =
+        result
+    {
         drop(held);
         // A lingering close: read and drop what the client is still sending (bounded), so
         // that it reads the 413 instead of a connection reset.
@@ -115,6 +159,7 @@ async fn read_limited<'a>(
     body: &mut Incoming,
     snap: &Snapshot,
     budget: &'a BodyBuffer,
+    share: Option<&'a ConnectionShare>,
     held: &mut Held<'a>,
 ) -> Result<Bytes, RouterError> {
     let limit = snap.config.server.max_body_bytes;
@@ -131,7 +176,7 @@ async fn read_limited<'a>(
         if acc.len() + data.len() > limit {
             return Err(RouterError::BodyTooLarge { limit });
         }
-        held.take(budget, data.len(), budget_limit)?;
+        held.take(budget, share, data.len(), budget_limit)?;
         acc.push(data);
         Ok(())
     };

@@ -290,6 +290,11 @@ impl Quotas {
         })
     }
 
+    /// Whether a tool has quotas of its own: only then is a `tools/call`'s tool name read.
+    pub fn names_tools(&self) -> bool {
+        !self.tools.is_empty()
+    }
+
     /// Forgets the callers whose rate state is back to a full burst by `now` (the in-flight
     /// and open-call tables forget theirs as counts reach 0). The request path's owner calls it
     /// on a timer; returns how many were forgotten.

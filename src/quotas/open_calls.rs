@@ -19,6 +19,12 @@ pub struct OpenCalls {
 #[derive(Clone)]
 pub struct OpenCall(#[allow(dead_code)] Arc<Permit>);
 
+impl std::fmt::Debug for OpenCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenCall")
+    }
+}
+
 impl OpenCalls {
     pub fn new(max: u32, max_tracked: usize) -> OpenCalls {
         OpenCalls {

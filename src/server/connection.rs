@@ -300,10 +300,17 @@ impl Connection {
            + 'static {
         let (shared, activity) = (self.shared.clone(), self.activity.clone());
         let peer_ip = HeaderValue::from_str(&self.peer.ip().to_string()).expect("an IP is a valid header value");
+        // The connection's share of the body budget, as the config says when it opened.
+        let share = shared
+            .snapshot()
+            .quotas
+            .as_ref()
+            .and_then(|q| q.max_body_bytes_per_connection())
+            .map(|limit| Arc::new(proxy::ConnectionShare::new(limit)));
         service_fn(move |req| {
             let done = activity.start();
             // Small: `proxy::handle` boxes the large part of the request's future itself.
-            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls);
+            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls, share.clone());
             async move {
                 // First polled inside the stream's task (HTTP/2), where its polls are found.
                 let stream = if h2 { watchdog::stream_polls() } else { None };
@@ -356,6 +363,20 @@ impl Builders {
             .timer(TokioTimer::new())
             .max_concurrent_streams(cfg.h2_max_concurrent_streams)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
+        if let Some(share) = shared
+            .snapshot()
+            .quotas
+            .as_ref()
+            .and_then(|q| q.max_body_bytes_per_connection())
+        {
+            // A client cannot make the router buffer what it has not agreed to: what it may send
+            // unread on the connection is within the connection's share, each stream a quarter
+            // of hyper's 1 MiB at most (Envoy's edge guidance: small windows, a buffer limit).
+            let window = u32::try_from(share).unwrap_or(u32::MAX).min(1 << 20);
+            http2
+                .initial_connection_window_size(window)
+                .initial_stream_window_size(window.min(256 << 10));
+        }
         Builders {
             http1,
             http2,
