@@ -1,4 +1,4 @@
-//! Access tokens already verified (docs/src/authorization.md, "Cost"). A client sends the same
+//! Access tokens already verified, with what the request path made of them (docs/src/authorization.md, "Cost"). A client sends the same
 //! token on every request until it expires, and checking its signature costs 20 times what
 //! routing the request does (ES256: ~780k instructions): the router checks it once, and after
 //! that compares the token's text.
@@ -19,29 +19,32 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 
 use super::jwks::KeySet;
-use super::jwt::Verified;
 
 /// Shards, so that requests on other cores rarely wait for one another.
 const SHARDS: usize = 16;
 
 /// Tokens by their text.
-type Shard = Mutex<HashMap<Box<str>, Entry>>;
+type Shard<T> = Mutex<HashMap<Box<str>, Entry<T>>>;
 
-pub struct VerifiedTokens {
-    shards: Box<[Shard]>,
+/// Verified tokens, each with a `T`: what the request path built from the verified claims once
+/// (the caller, its principal's tag, the identity headers), so a hit rebuilds nothing.
+pub struct VerifiedTokens<T> {
+    shards: Box<[Shard<T>]>,
     per_shard: usize,
     hasher: RandomState,
     leeway: Duration,
 }
 
-struct Entry {
-    verified: Arc<Verified>,
+struct Entry<T> {
+    value: Arc<T>,
+    /// The token's `exp`.
+    expires_at: SystemTime,
     keys: Arc<KeySet>,
 }
 
-impl VerifiedTokens {
+impl<T> VerifiedTokens<T> {
     /// Room for about `capacity` tokens (0: none kept).
-    pub fn new(capacity: usize, leeway: Duration) -> VerifiedTokens {
+    pub fn new(capacity: usize, leeway: Duration) -> VerifiedTokens<T> {
         let per_shard = capacity.div_ceil(SHARDS);
         VerifiedTokens {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
@@ -52,35 +55,43 @@ impl VerifiedTokens {
     }
 
     /// `token` as verified with `keys`, if it was and still holds at `now`.
-    pub fn get(&self, token: &str, keys: &Arc<KeySet>, now: SystemTime) -> Option<Arc<Verified>> {
+    pub fn get(&self, token: &str, keys: &Arc<KeySet>, now: SystemTime) -> Option<Arc<T>> {
         if self.per_shard == 0 {
             return None;
         }
         let mut shard = self.shard(token).lock();
         let entry = shard.get(token)?;
-        if Arc::ptr_eq(&entry.keys, keys) && now < entry.verified.expires_at + self.leeway {
-            return Some(entry.verified.clone());
+        if Arc::ptr_eq(&entry.keys, keys) && now < entry.expires_at + self.leeway {
+            return Some(entry.value.clone());
         }
         shard.remove(token);
         None
     }
 
-    /// Remembers that `token` verified with `keys`. A full shard first drops what has expired,
-    /// and if that frees nothing, everything it holds: bounded, whatever tokens come.
-    pub fn put(&self, token: &str, keys: &Arc<KeySet>, verified: Arc<Verified>, now: SystemTime) {
+    /// Remembers that `token`, expiring at `expires_at`, verified with `keys`. A full shard
+    /// first drops what has expired, and if that frees nothing, everything it holds: bounded,
+    /// whatever tokens come.
+    pub fn put(&self, token: &str, keys: &Arc<KeySet>, value: Arc<T>, expires_at: SystemTime, now: SystemTime) {
         if self.per_shard == 0 {
             return;
         }
         let mut shard = self.shard(token).lock();
         if shard.len() >= self.per_shard {
             let leeway = self.leeway;
-            shard.retain(|_, e| now < e.verified.expires_at + leeway && Arc::ptr_eq(&e.keys, keys));
+            shard.retain(|_, e| now < e.expires_at + leeway && Arc::ptr_eq(&e.keys, keys));
             if shard.len() >= self.per_shard {
                 shard.clear();
             }
         }
         let keys = keys.clone();
-        shard.insert(token.into(), Entry { verified, keys });
+        shard.insert(
+            token.into(),
+            Entry {
+                value,
+                expires_at,
+                keys,
+            },
+        );
     }
 
     /// Tokens held.
@@ -89,7 +100,7 @@ impl VerifiedTokens {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
-    fn shard(&self, token: &str) -> &Shard {
+    fn shard(&self, token: &str) -> &Shard<T> {
         &self.shards[self.hasher.hash_one(token) as usize % SHARDS]
     }
 }
@@ -97,18 +108,6 @@ impl VerifiedTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Scopes;
-
-    fn verified(expires_at: SystemTime) -> Arc<Verified> {
-        Arc::new(Verified {
-            issuer: "https://i".into(),
-            subject: "alice".into(),
-            client_id: None,
-            subject_is_client: false,
-            scopes: Scopes::default(),
-            expires_at,
-        })
-    }
 
     fn keys() -> Arc<KeySet> {
         Arc::new(KeySet::parse(br#"{"keys":[]}"#).unwrap().keys)
@@ -119,7 +118,8 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let cache = VerifiedTokens::new(100, Duration::from_secs(30));
         let (set, other) = (keys(), keys());
-        cache.put("t1", &set, verified(now + Duration::from_secs(60)), now);
+        let exp = now + Duration::from_secs(60);
+        cache.put("t1", &set, Arc::new("alice"), exp, now);
         assert!(cache.get("t1", &set, now).is_some());
         assert!(
             cache.get("t1", &set, now + Duration::from_secs(89)).is_some(),
@@ -128,7 +128,7 @@ mod tests {
         assert!(cache.get("t2", &set, now).is_none(), "only the same text");
         assert!(cache.get("t1", &other, now).is_none(), "another key set");
         assert!(cache.get("t1", &set, now).is_none(), "and it is gone for good");
-        cache.put("t1", &set, verified(now + Duration::from_secs(60)), now);
+        cache.put("t1", &set, Arc::new("alice"), exp, now);
         assert!(
             cache.get("t1", &set, now + Duration::from_secs(90)).is_none(),
             "expired"
@@ -141,17 +141,13 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let cache = VerifiedTokens::new(64, Duration::ZERO);
         let set = keys();
+        let exp = now + Duration::from_secs(60);
         for i in 0..10_000 {
-            cache.put(
-                &format!("token-{i}"),
-                &set,
-                verified(now + Duration::from_secs(60)),
-                now,
-            );
+            cache.put(&format!("token-{i}"), &set, Arc::new(i), exp, now);
         }
         assert!(cache.len() <= 64, "{}", cache.len());
         let off = VerifiedTokens::new(0, Duration::ZERO);
-        off.put("t", &set, verified(now + Duration::from_secs(60)), now);
+        off.put("t", &set, Arc::new(0), exp, now);
         assert!(off.get("t", &set, now).is_none());
     }
 }

@@ -34,7 +34,7 @@ pub use crate::config::{Algorithm, AlgorithmSet};
 pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
 pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
 pub use keys::{FetchOutcome, KeyStore, REFRESH_RESULTS};
-pub use principal::Principal;
+pub use principal::{Caller, Principal};
 pub use refresh::{keep_fresh, JwksConfig};
 pub use resource::Resource;
 pub use scopes::{is_scope_token, InvalidScope, Scopes};

@@ -69,3 +69,40 @@ impl Principal {
         tag
     }
 }
+
+/// A caller whose token verified, with what every request of that token needs from it, made
+/// once per token (`cache`): its principal's tag, and the identity headers backends receive.
+pub struct Caller {
+    pub verified: super::Verified,
+    /// What the handles sealed for it carry (a `token::PrincipalTag`).
+    pub tag: [u8; 16],
+    /// `X-Mcp-Auth-Subject`, `-Client-Id`, `-Issuer`, `-Scopes` (docs/src/authorization.md,
+    /// "What backends receive"); a value that is no valid header value is left out.
+    pub identity: [(&'static str, Option<http::HeaderValue>); 4],
+}
+
+/// The headers that carry the verified identity to backends.
+pub const IDENTITY_HEADERS: [&str; 4] = [
+    "x-mcp-auth-subject",
+    "x-mcp-auth-client-id",
+    "x-mcp-auth-issuer",
+    "x-mcp-auth-scopes",
+];
+
+impl Caller {
+    pub fn new(verified: super::Verified) -> Caller {
+        let value = |v: &str| http::HeaderValue::from_str(v).ok();
+        let scopes: Vec<&str> = verified.scopes.iter().collect();
+        let identity = [
+            (IDENTITY_HEADERS[0], value(&verified.subject)),
+            (IDENTITY_HEADERS[1], verified.client_id.as_deref().and_then(value)),
+            (IDENTITY_HEADERS[2], value(&verified.issuer)),
+            (IDENTITY_HEADERS[3], value(&scopes.join(" "))),
+        ];
+        Caller {
+            tag: verified.principal().tag(),
+            verified,
+            identity,
+        }
+    }
+}

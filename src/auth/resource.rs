@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use super::cache::VerifiedTokens;
 use super::jwt::Policy;
+use super::principal::Caller;
 use crate::config::{AuthConfig, Scoped};
 
 /// The metadata's well-known path (RFC 9728 §3).
@@ -16,7 +17,7 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 pub struct Resource {
     pub policy: Policy,
     /// The tokens this policy accepted, as long as they hold.
-    pub tokens: VerifiedTokens,
+    pub tokens: VerifiedTokens<Caller>,
     /// The config it was built from: a snapshot with the same one keeps this resource (and
     /// its cache).
     pub config: AuthConfig,

@@ -10,29 +10,13 @@ use std::time::SystemTime;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 
-use crate::auth::{AuthFailure, Resource, Verified};
+use crate::auth::{AuthFailure, Caller, Resource};
 use crate::config::{AuthConfig, Forward};
 use crate::error::{Challenge, RouterError};
 use crate::state::Shared;
-use crate::token::PrincipalTag;
 
 /// What every identity header's name starts with: any such header a client sent is removed.
 const IDENTITY_PREFIX: &str = "x-mcp-auth-";
-
-/// The headers that carry the verified identity to backends.
-pub const IDENTITY_HEADERS: [&str; 4] = [
-    "x-mcp-auth-subject",
-    "x-mcp-auth-client-id",
-    "x-mcp-auth-issuer",
-    "x-mcp-auth-scopes",
-];
-
-/// A caller whose token verified.
-pub struct Caller {
-    pub verified: Arc<Verified>,
-    /// What the handles sealed for it carry.
-    pub tag: PrincipalTag,
-}
 
 /// Authenticates a request from its head: `Ok(None)` for a public path (no token checked).
 pub async fn authenticate(
@@ -40,7 +24,7 @@ pub async fn authenticate(
     cfg: &AuthConfig,
     resource: &Resource,
     parts: &Parts,
-) -> Result<Option<Box<Caller>>, RouterError> {
+) -> Result<Option<Arc<Caller>>, RouterError> {
     if let Some(origin) = parts.headers.get(header::ORIGIN) {
         if !cfg.allowed_origins.iter().any(|o| o.as_bytes() == origin.as_bytes()) {
             return Err(RouterError::OriginNotAllowed);
@@ -83,9 +67,8 @@ pub async fn authenticate(
         return Err(RouterError::AuthUnavailable);
     };
     let now = SystemTime::now();
-    if let Some(verified) = resource.tokens.get(token, &keys, now) {
-        let tag = verified.principal().tag();
-        return Ok(Some(Box::new(Caller { verified, tag })));
+    if let Some(caller) = resource.tokens.get(token, &keys, now) {
+        return Ok(Some(caller));
     }
     let (verified, keys) = match resource.policy.verify(token, &keys, now) {
         Err(AuthFailure::UnknownKey { .. }) => match shared.auth_keys.refetch(cfg, &keys).await {
@@ -97,10 +80,10 @@ pub async fn authenticate(
     };
     let verified =
         verified.map_err(|failure| refuse(Some("invalid_token"), Some(failure.description()), failure.result()))?;
-    let verified = Arc::new(verified);
-    resource.tokens.put(token, &keys, verified.clone(), now);
-    let tag = verified.principal().tag();
-    Ok(Some(Box::new(Caller { verified, tag })))
+    let expires_at = verified.expires_at;
+    let caller = Arc::new(Caller::new(verified));
+    resource.tokens.put(token, &keys, caller.clone(), expires_at, now);
+    Ok(Some(caller))
 }
 
 /// Checks that `caller`'s scopes cover what the request needs: its JSON-RPC `method`'s and, for
@@ -141,19 +124,11 @@ pub fn forward_identity(cfg: &AuthConfig, caller: Option<&Caller>, headers: &mut
     let Some(caller) = caller.filter(|_| cfg.identity_headers) else {
         return;
     };
-    let v = &caller.verified;
-    let mut set = |name: &'static str, value: &str| {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(HeaderName::from_static(name), value);
+    for (name, value) in &caller.identity {
+        if let Some(value) = value {
+            headers.insert(HeaderName::from_static(name), value.clone());
         }
-    };
-    set(IDENTITY_HEADERS[0], &v.subject);
-    if let Some(client) = &v.client_id {
-        set(IDENTITY_HEADERS[1], client);
     }
-    set(IDENTITY_HEADERS[2], &v.issuer);
-    let scopes: Vec<&str> = v.scopes.iter().collect();
-    set(IDENTITY_HEADERS[3], &scopes.join(" "));
 }
 
 /// The metadata document's answer.
