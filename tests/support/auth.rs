@@ -13,12 +13,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::Full;
 use mrtr_router::internals::AUTH_RESULTS;
-use mrtr_router::{Listeners, Router};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
-use super::{client, render_config, Answer, BackendSpec, Fleet};
+use super::{Answer, BackendSpec, Fleet};
 
 pub mod rows;
 
@@ -91,31 +89,8 @@ pub async fn start_knowing_its_url(
     extra: impl FnOnce(&str) -> String,
 ) -> Fleet {
     let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let router_addr = proxy.local_addr().unwrap();
-    let extra = extra(&format!("http://{router_addr}"));
-    let dir = tempfile::tempdir().unwrap();
-    let config_path = dir.path().join("config.toml");
-    std::fs::write(&config_path, render_config(&extra, specs)).unwrap();
-    let router = Router::from_file(&config_path).expect("valid test config");
-    let handle = router.handle();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_addr = admin.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let served = tokio::spawn(router.run(Listeners { proxy, admin }, async move {
-        let _ = stopped.await;
-    }));
-    Fleet {
-        router: router_addr,
-        admin: admin_addr,
-        handle,
-        workers,
-        dir,
-        config_path,
-        extra,
-        client: client(),
-        stop: Some(stop),
-        served: Some(served),
-    }
+    let extra = extra(&format!("http://{}", proxy.local_addr().unwrap()));
+    Fleet::start_on(proxy, workers, specs, extra).await
 }
 
 /// A `WWW-Authenticate` challenge: its scheme and its auth-params (RFC 9110 §11.2).

@@ -110,12 +110,17 @@ impl Fleet {
 
     /// A router in front of `specs` (which may name servers other than `workers`).
     pub async fn start_backends(workers: Vec<Worker>, specs: &[BackendSpec], extra: &str) -> Fleet {
+        let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Fleet::start_on(proxy, workers, specs, extra.to_string()).await
+    }
+
+    /// A router serving on `proxy` (bound already: a config may name its address).
+    pub async fn start_on(proxy: TcpListener, workers: Vec<Worker>, specs: &[BackendSpec], extra: String) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("config.toml");
-        std::fs::write(&config_path, render_config(extra, specs)).unwrap();
+        std::fs::write(&config_path, render_config(&extra, specs)).unwrap();
         let router = Router::from_file(&config_path).expect("valid test config");
         let handle = router.handle();
-        let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (router_addr, admin_addr) = (proxy.local_addr().unwrap(), admin.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -129,7 +134,7 @@ impl Fleet {
             workers,
             dir,
             config_path,
-            extra: extra.to_string(),
+            extra,
             client: client(),
             stop: Some(stop),
             served: Some(served),
