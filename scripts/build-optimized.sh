@@ -99,7 +99,7 @@ $LLVM_BIN/llvm-bolt "$OUT/mrtr-router-pgo" -o "$OUT/mrtr-router.new" -data="$OUT
   -icf=1 -use-gnu-stack -hot-text -dyno-stats \
   >"$OUT/bolt-optimize.log" 2>&1 || { cat "$OUT/bolt-optimize.log" >&2; die "llvm-bolt failed"; }
 grep -E "BOLT-INFO: (basic block reordering|splitting separates|[0-9]+ out of [0-9]+ functions in the binary .* have non-empty execution profile)" "$OUT/bolt-optimize.log" >&2 || true
-sed -n '/^BOLT-INFO: program-wide dynostats/,/^$/p' "$OUT/bolt-optimize.log" | sed -n '1,8p' >&2
+grep -A8 '^BOLT-INFO: program-wide dynostats' "$OUT/bolt-optimize.log" >&2 || true
 mv "$OUT/mrtr-router.new" "$OUT/mrtr-router"
 
 # Sizes from llvm-readelf and llvm-nm, in shell arithmetic (no gawk in slim images).
