@@ -54,7 +54,7 @@ impl RouterProcess {
         }
         let path = dir.path().join("config.toml");
         std::fs::write(&path, text).unwrap();
-        let mut child = Command::new(support::BIN)
+        let mut child = Command::new(support::bin())
             .arg("--config")
             .arg(&path)
             .stdout(Stdio::piped())

@@ -16,7 +16,7 @@ fn check_prints_the_effective_config() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
     std::fs::write(&path, "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["check", "--config"])
         .arg(&path)
         .output()
@@ -33,7 +33,7 @@ fn check_prints_the_effective_config() {
         "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\nweight = -1\n",
     )
     .unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["check", "--config"])
         .arg(&path)
         .output()
@@ -54,7 +54,7 @@ fn check_reads_the_tls_files() {
     let backend = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
     let check = |server: &str| {
         std::fs::write(&path, format!("[server]\n{server}{backend}")).unwrap();
-        Command::new(BIN)
+        Command::new(bin())
             .args(["check", "--config"])
             .arg(&path)
             .output()
@@ -67,7 +67,7 @@ fn check_reads_the_tls_files() {
     let printed = toml::Value::String(dir.path().join("server.pem").to_string_lossy().into()).to_string();
     assert!(text.contains(&format!("tls_cert = {printed}")), "{text}");
     // `demo` drives its calls over plain HTTP: with TLS configured it says so and stops.
-    let demo = Command::new(BIN)
+    let demo = Command::new(bin())
         .args(["demo", "--config"])
         .arg(&path)
         .output()
@@ -91,7 +91,7 @@ fn route_explains_a_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
     std::fs::write(&path, "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n[[backend]]\nname = \"b\"\nurl = \"http://127.0.0.1:9002\"\n").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["route", "--config"])
         .arg(&path)
         .arg("transfer-1")
@@ -102,14 +102,14 @@ fn route_explains_a_key() {
     assert_eq!(v["source"], "ring");
     assert!(v["backend"] == "a" || v["backend"] == "b");
     // The same key always maps the same way, in every process.
-    let again = Command::new(BIN)
+    let again = Command::new(bin())
         .args(["route", "--config"])
         .arg(&path)
         .arg("transfer-1")
         .output()
         .unwrap();
     assert_eq!(out.stdout, again.stdout);
-    let body = Command::new(BIN)
+    let body = Command::new(bin())
         .args(["route", "--config"])
         .arg(&path)
         .args([
@@ -230,7 +230,7 @@ async fn demo_drives_calls_through_the_router_and_stops_on_ctrl_c() {
         ));
     }
     std::fs::write(&path, text).unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .arg("demo")
         .arg("--config")
         .arg(&path)
@@ -289,7 +289,7 @@ fn the_demo_fits_max_connections_to_the_open_file_limit_and_serving_still_warns(
         let child = Command::new("sh")
             .arg("-c")
             .arg(script)
-            .arg(BIN)
+            .arg(bin())
             .arg(&path)
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::null())
@@ -352,7 +352,7 @@ fn lines_of(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Recei
 /// or `unknown` outside a git checkout.
 #[test]
 fn version_names_the_commit() {
-    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let out = Command::new(bin()).arg("--version").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let version = env!("CARGO_PKG_VERSION");
@@ -406,7 +406,7 @@ fn bad_inputs_fail_with_a_message() {
         (vec!["--config".as_ref(), bad.as_os_str()], "bad.toml"),
     ];
     for (args, expected) in cases {
-        let out = Command::new(BIN).args(&args).output().unwrap();
+        let out = Command::new(bin()).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");

@@ -9,10 +9,13 @@ use std::process::{Command, Output};
 use mrtr_router::config::{KeyDefault, Kind, Reference, SectionDoc, REGENERATE};
 use mrtr_router::Config;
 
-const BIN: &str = env!("CARGO_BIN_EXE_mrtr-router");
+/// The router cargo built, or the one `MRTR_TEST_ROUTER_BIN` names (as tests/support's `bin()`).
+fn bin() -> String {
+    std::env::var("MRTR_TEST_ROUTER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mrtr-router").into())
+}
 
 fn run(args: &[&str]) -> Output {
-    let out = Command::new(BIN).args(args).output().unwrap();
+    let out = Command::new(bin()).args(args).output().unwrap();
     assert!(
         out.status.success(),
         "mrtr-router {args:?}: {}",

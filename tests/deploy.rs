@@ -96,7 +96,7 @@ fn yaml(rel: &str) -> Value {
 
 /// `mrtr-router check` on `config` with `env`: the effective config it prints.
 fn check_config(config: &Path, env: &[(&str, &str)]) -> toml::Table {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(["check", "--config"])
         .arg(config)
         .env_remove("MRTR_TOKEN_KEY")
@@ -227,13 +227,15 @@ fn dockerfile_pins_its_bases_runs_unprivileged_and_builds_with_the_tested_toolch
         "ENTRYPOINT {entry:?} is what the build stage copied: {copied:?}"
     );
 
-    // The build: the release profile, exactly Cargo.lock.
+    // The build: scripts/build-optimized.sh (PGO and BOLT on the release profile, exactly
+    // Cargo.lock).
     let builds: Vec<&String> = ins
         .iter()
-        .filter(|(k, a)| k == "RUN" && a.contains("cargo build"))
+        .filter(|(k, a)| k == "RUN" && (a.contains("cargo build") || a.contains("build-optimized")))
         .map(|(_, a)| a)
         .collect();
-    assert_eq!(builds, ["cargo build --release --locked --bin mrtr-router"]);
+    assert_eq!(builds, ["scripts/build-optimized.sh"]);
+    assert!(read("scripts/build-optimized.sh").contains("cargo build --release --locked --quiet --bin mrtr-router"));
 
     // The build context: .dockerignore lets in exactly what the build stage copies, and that is
     // a complete cargo package whose lock file is up to date (what `--locked` needs).
@@ -324,6 +326,8 @@ fn copy_tree(from: &Path, to: &Path) {
             copy_tree(&e.path(), &to.join(e.file_name()));
         }
     } else {
+        // A single file may sit in a directory the context has nothing else of (scripts/).
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
     }
 }
@@ -393,7 +397,7 @@ fn check_configmap(objects: &[Value], dir: &Path) -> (toml::Table, String) {
         std::fs::write(dir.join("tls/tls.key"), signing_key.serialize_pem()).unwrap();
     }
     // The token key comes from the environment: without it the config is refused.
-    let bare = Command::new(BIN)
+    let bare = Command::new(bin())
         .args(["check", "--config"])
         .arg(&path)
         .env_remove("MRTR_TOKEN_KEY")
@@ -876,7 +880,7 @@ fn systemd_unit_verifies_is_hardened_and_outlasts_shutdown_grace() {
     let env_file = dir.path().join("env");
     std::fs::write(&env_file, format!("MRTR_TOKEN_KEY={TOKEN_KEY}\n")).unwrap();
     let unit = dir.path().join("mrtr-router.service");
-    let substituted = text.replace("/usr/local/bin/mrtr-router", BIN).replace(
+    let substituted = text.replace("/usr/local/bin/mrtr-router", bin()).replace(
         "EnvironmentFile=/etc/mrtr-router/env",
         &format!("EnvironmentFile={}", env_file.display()),
     );
@@ -1460,7 +1464,7 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
         free_port()
     );
     std::fs::write(&path, &config).unwrap();
-    let child = Command::new(BIN)
+    let child = Command::new(bin())
         .arg("--config")
         .arg(&path)
         .env("MRTR_TOKEN_KEY", TOKEN_KEY)

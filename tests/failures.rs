@@ -155,7 +155,7 @@ async fn a_flood_of_connections_leaves_the_backends_healthy_and_the_admin_listen
     let mut child = KillOnDrop(
         std::process::Command::new("sh")
             .arg("-c")
-            .arg(format!("ulimit -n 128 && exec {BIN} --config {}", config.display()))
+            .arg(format!("ulimit -n 128 && exec {} --config {}", bin(), config.display()))
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),

@@ -24,7 +24,7 @@ fn spawn_activated(config: &std::path::Path, proxy: RawFd, admin: RawFd) -> Chil
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg("LISTEN_PID=$$ exec \"$0\" --config \"$1\"")
-        .arg(BIN)
+        .arg(bin())
         .arg(config)
         .env("LISTEN_FDS", "2")
         .env("LISTEN_FDNAMES", "proxy:admin")

@@ -51,8 +51,15 @@ pub struct Fleet {
     served: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// The router binary, for tests that run it as a child process.
-pub const BIN: &str = env!("CARGO_BIN_EXE_mrtr-router");
+/// The router binary, for tests that run it as a child process: the one cargo built, or the
+/// one `MRTR_TEST_ROUTER_BIN` names (the optimised build: docs/src/benchmarks.md, "Profile-guided
+/// and post-link optimised build").
+pub fn bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("MRTR_TEST_ROUTER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mrtr-router").into())
+    })
+}
 
 pub async fn start_worker(name: &str) -> Worker {
     Worker::start(name, TcpListener::bind("127.0.0.1:0").await.unwrap())
@@ -410,7 +417,7 @@ pub fn free_port() -> u16 {
 
 /// Runs the router binary with `--config path`, its output discarded.
 pub fn spawn_router(config: &Path) -> Child {
-    Command::new(BIN)
+    Command::new(bin())
         .arg("--config")
         .arg(config)
         .stdout(Stdio::null())
