@@ -30,8 +30,13 @@ pub fn assert_quota_refusal(a: &Answer, id: &Value) -> &'static str {
         .iter()
         .find(|r| r.0 == reason)
         .unwrap_or_else(|| panic!("{reason:?} is not a quota's reason: {a:?}"));
+    assert_eq!(a.headers["content-type"], "application/json");
     let body = a.json();
     assert_eq!(body["id"], *id, "{body}");
+    assert!(
+        body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     assert_eq!(body["error"]["code"], code, "{body}");
     let data = &body["error"]["data"];
     assert_eq!(
