@@ -1,7 +1,8 @@
 //! Each quota's share on its own (docs/src/quotas.md): the pin table's (`max_open_calls`), a
 //! call's rounds past its caller's rate (MRTR-aware admission), requests in flight with SSE
 //! answers held (`max_in_flight`), one HTTP/2 connection's share of the body budget
-//! (`max_body_bytes_per_connection`), and the configs `check` refuses.
+//! (`max_body_bytes_per_connection`), the caller a PROXY protocol header names, and the
+//! configs `check` refuses.
 
 mod support;
 
@@ -115,6 +116,46 @@ async fn a_call_admitted_at_round_one_finishes_while_its_caller_is_over_its_rate
     // Another caller has its own burst.
     let b = fleet.post(&from("198.51.100.9"), &start_call("b", 2)).await;
     assert_eq!(b.json()["result"]["pending"], true, "{b:?}");
+    fleet.shutdown().await;
+}
+
+/// The status line and body of a ping sent over a new connection that opens with a PROXY
+/// protocol v1 header naming `source` as the client.
+async fn ping_by_proxy_protocol(router: std::net::SocketAddr, source: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = TcpStream::connect(router).await.unwrap();
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let request = format!(
+        "PROXY TCP4 {source} 127.0.0.1 40000 80\r\n{}",
+        raw_mcp_post(router, "Connection: close\r\n", ping)
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let got = read_to_close(&mut tcp, REQUEST_DEADLINE)
+        .await
+        .expect("an answer, then close");
+    String::from_utf8(got).unwrap()
+}
+
+#[tokio::test]
+async fn behind_an_l4_balancer_the_proxy_protocol_source_is_the_caller() {
+    let fleet = Fleet::start(
+        1,
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]\n\
+         [quotas]\nrate = \"1/m\"\nburst = 1\n",
+    )
+    .await;
+    let first = ping_by_proxy_protocol(fleet.router, "203.0.113.7").await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let again = ping_by_proxy_protocol(fleet.router, "203.0.113.7").await;
+    assert!(again.starts_with("HTTP/1.1 429"), "{again}");
+    assert!(
+        again.to_ascii_lowercase().contains("mcp-router-error: rate_limited"),
+        "{again}"
+    );
+    // The balancer's connections all come from 127.0.0.1; the header tells the callers apart.
+    let other = ping_by_proxy_protocol(fleet.router, "198.51.100.9").await;
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    assert_eq!(fleet.total_requests(), 2);
     fleet.shutdown().await;
 }
 
