@@ -1,6 +1,6 @@
 //! Each quota's share on its own (docs/src/quotas.md): the pin table's (`max_open_calls`), a
 //! call's rounds past its caller's rate (MRTR-aware admission), requests in flight with SSE
-//! answers held (`max_in_flight`), one HTTP/2 connection's share of the body budget
+//! answers held (`max_in_flight`), a tool's own rate and calls in flight, one HTTP/2 connection's share of the body budget
 //! (`max_body_bytes_per_connection`), the caller a PROXY protocol header names, and the
 //! configs `check` refuses.
 
@@ -116,6 +116,48 @@ async fn a_call_admitted_at_round_one_finishes_while_its_caller_is_over_its_rate
     // Another caller has its own burst.
     let b = fleet.post(&from("198.51.100.9"), &start_call("b", 2)).await;
     assert_eq!(b.json()["result"]["pending"], true, "{b:?}");
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tool_has_its_own_rate_per_caller_and_its_own_calls_in_flight_across_callers() {
+    let fleet = Fleet::start(
+        1,
+        &format!(
+            "{BY_FORWARDED_IP}[[quotas.tool]]\nname = \"whoami\"\nrate = \"1/m\"\nburst = 1\n\
+             [[quotas.tool]]\nname = \"stream\"\nmax_in_flight = 1\n"
+        ),
+    )
+    .await;
+    let (a, b) = (from("203.0.113.7"), from("198.51.100.9"));
+    let whoami = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "whoami"}});
+    assert_eq!(fleet.post(&a, &whoami).await.status, 200);
+    let again = fleet.post(&a, &whoami).await;
+    assert_eq!(assert_quota_refusal(&again, &json!(3)), "rate_limited");
+    assert_eq!(again.json()["error"]["data"]["scope"], "tool");
+    assert_eq!(again.headers["ratelimit-policy"], "\"tool\";q=1;w=60");
+    // Per caller: B has its own; and A's calls of other tools are not this one's.
+    assert_eq!(fleet.post(&b, &whoami).await.status, 200);
+    assert_eq!(fleet.post(&a, &start_call("a-1", 1)).await.status, 200);
+
+    // One `stream` in flight, whoever's: A holds it, B's is refused, B's other calls are not.
+    let a_owned: Vec<(String, String)> = a.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let (mut held, worker) = held_sse(&fleet.client, &fleet.url(), &a_owned, 4).await;
+    let mut stream = stream_call(None, json!({"events": 1}));
+    stream["id"] = json!(5);
+    let refused = fleet.post(&b, &stream).await;
+    assert_eq!(assert_quota_refusal(&refused, &json!(5)), "too_many_in_flight");
+    assert_eq!(refused.json()["error"]["data"]["scope"], "tool");
+    assert_eq!(fleet.post(&b, &start_call("b-1", 1)).await.status, 200);
+    fleet.worker(&worker).state.release();
+    read_until(&mut held, "\"result\"").await;
+    let end = tokio::time::timeout(REQUEST_DEADLINE, http_body_util::BodyExt::frame(&mut held)).await;
+    assert!(end.expect("the stream ends").is_none());
+    let served = fleet.post(&b, &stream).await;
+    assert_eq!(served.status, 200, "{served:?}");
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "rate", "tool"), 1.0);
+    assert_eq!(refusals(&m, "in_flight", "tool"), 1.0);
     fleet.shutdown().await;
 }
 

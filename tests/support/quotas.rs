@@ -57,11 +57,13 @@ pub fn assert_quota_refusal(a: &Answer, id: &Value) -> &'static str {
     match (header("ratelimit-policy"), header("ratelimit")) {
         (Some(policy), Some(state)) => {
             assert_eq!(reason, "rate_limited", "RateLimit headers on a {reason}: {a:?}");
+            // The policy is the tool's for a tool's rate, else the caller's.
+            let name = if scope == "tool" { "tool" } else { "caller" };
             assert!(
-                policy.starts_with("\"caller\";q=") && policy.contains(";w="),
+                policy.starts_with(&format!("\"{name}\";q=")) && policy.contains(";w="),
                 "{policy}"
             );
-            assert!(state.starts_with("\"caller\";r=0;t="), "{state}");
+            assert!(state.starts_with(&format!("\"{name}\";r=0;t=")), "{state}");
         }
         (None, None) => assert_ne!(reason, "rate_limited", "a rate's refusal without RateLimit: {a:?}"),
         other => panic!("one RateLimit header without the other: {other:?}"),
