@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod idp;
 pub mod otlp;
+pub mod quotas;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,368 @@
+//! Each quota's share on its own (docs/src/quotas.md): the pin table's (`max_open_calls`), a
+//! call's rounds past its caller's rate (MRTR-aware admission), requests in flight with SSE
+//! answers held (`max_in_flight`), a tool's own rate and calls in flight, one HTTP/2 connection's share of the body budget
+//! (`max_body_bytes_per_connection`), the caller a PROXY protocol header names, and the
+//! configs `check` refuses.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use mrtr_router::config::Config;
+use serde_json::{json, Value};
+use support::quotas::{assert_quota_refusal, held_sse};
+use support::*;
+use tokio::net::TcpStream;
+
+/// Callers told apart by the `X-Forwarded-For` that 127.0.0.1, a trusted proxy, adds.
+const BY_FORWARDED_IP: &str = "[quotas]\ncaller = \"ip\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n";
+
+fn from(ip: &str) -> [(&'static str, &str); 1] {
+    [("x-forwarded-for", ip)]
+}
+
+fn refusals(metrics: &str, quota: &str, scope: &str) -> f64 {
+    let (q, s) = (format!("quota=\"{quota}\""), format!("scope=\"{scope}\""));
+    metric_sum(metrics, "mrtr_quota_refusals_total", &[&q, &s])
+}
+
+#[tokio::test]
+async fn a_caller_at_its_open_calls_share_leaves_the_pin_table_to_others() {
+    const N: u32 = 3;
+    let fleet = Fleet::start(2, &format!("{BY_FORWARDED_IP}max_open_calls = {N}\n")).await;
+    let (a, b) = (from("203.0.113.7"), from("198.51.100.9"));
+    for i in 0..N {
+        let started = fleet.post(&a, &start_call(&format!("a-{i}"), 2)).await;
+        assert_eq!(started.json()["result"]["pending"], true, "{started:?}");
+    }
+    let reached = fleet.total_requests();
+    let mut refused = start_call("a-over", 2);
+    refused["id"] = json!("a-over-id");
+    let over = fleet.post(&a, &refused).await;
+    assert_eq!(assert_quota_refusal(&over, &json!("a-over-id")), "too_many_open_calls");
+    assert_eq!(over.json()["error"]["data"]["scope"], "caller");
+    assert_eq!(fleet.total_requests(), reached, "the refused call reached no worker");
+    assert!(!fleet.workers.iter().any(|w| w.state.knows("a-over")));
+    // Only a request that may start a call needs a slot.
+    let ping = fleet
+        .post(&a, &json!({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
+        .await;
+    assert_eq!(ping.status, 200, "{ping:?}");
+
+    // B's calls pin and complete meanwhile, more of them than A's share.
+    for i in 0..2 * N {
+        let mid = format!("b-{i}");
+        let started = fleet.post(&b, &start_call(&mid, 2)).await;
+        assert_eq!(started.json()["result"]["pending"], true, "{started:?}");
+        assert!(
+            fleet.handle.pin(mrtr_router::handle::PinKind::Client, &mid).is_some(),
+            "B's call is pinned"
+        );
+        let done = fleet.post(&b, &confirm(&mid, 2)).await;
+        assert_eq!(done.json()["result"]["content"][0]["text"], "done", "{done:?}");
+        assert_eq!(done.worker(), started.worker());
+    }
+    // A's admitted calls go on while A is at its share; each one finished gives a slot back.
+    let done = fleet.post(&a, &confirm("a-0", 2)).await;
+    assert_eq!(done.json()["result"]["content"][0]["text"], "done", "{done:?}");
+    let again = fleet.post(&a, &start_call("a-next", 2)).await;
+    assert_eq!(again.json()["result"]["pending"], true, "{again:?}");
+    let over = fleet.post(&a, &start_call("a-over-2", 2)).await;
+    assert_eq!(assert_quota_refusal(&over, &json!(1)), "too_many_open_calls");
+    for mid in ["a-1", "a-2", "a-next"] {
+        let done = fleet.post(&a, &confirm(mid, 2)).await;
+        assert_eq!(done.json()["result"]["content"][0]["text"], "done", "{mid}: {done:?}");
+    }
+    assert_eq!(fleet.total_executions(), u64::from(2 * N + N + 1));
+    assert_eq!(fleet.total_unknown_followups(), 0);
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "open_calls", "caller"), 2.0);
+    assert_eq!(metric_sum(&m, "mrtr_quota_refusals_total", &[]), 2.0);
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_admitted_at_round_one_finishes_while_its_caller_is_over_its_rate() {
+    // One new call a minute: the first round takes the whole burst, for the whole test.
+    let fleet = Fleet::start(2, &format!("{BY_FORWARDED_IP}rate = \"1/m\"\nburst = 1\n")).await;
+    let a = from("203.0.113.7");
+    const ROUNDS: u32 = 5;
+    let first = fleet.post(&a, &start_call("long", ROUNDS)).await;
+    assert_eq!(first.json()["result"]["pending"], true, "{first:?}");
+    for round in 2..=ROUNDS {
+        // Over its rate: a new call is refused...
+        let mut other = start_call(&format!("other-{round}"), 2);
+        other["id"] = json!(100 + round);
+        let refused = fleet.post(&a, &other).await;
+        assert_eq!(assert_quota_refusal(&refused, &json!(100 + round)), "rate_limited");
+        let policy = refused.headers["ratelimit-policy"].to_str().unwrap();
+        assert_eq!(policy, "\"caller\";q=1;w=60", "one call per 60 s");
+        // ...and the admitted call's next round is not.
+        let next = fleet.post(&a, &confirm("long", round)).await;
+        assert_eq!(next.status, 200, "round {round}: {next:?}");
+        let result = &next.json()["result"];
+        match round {
+            ROUNDS => assert_eq!(result["content"][0]["text"], "done", "{result}"),
+            _ => assert_eq!((&result["pending"], &result["round"]), (&json!(true), &json!(round))),
+        }
+    }
+    assert_eq!(fleet.total_executions(), 1);
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "rate", "caller"), f64::from(ROUNDS - 1));
+    // Another caller has its own burst.
+    let b = fleet.post(&from("198.51.100.9"), &start_call("b", 2)).await;
+    assert_eq!(b.json()["result"]["pending"], true, "{b:?}");
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tool_has_its_own_rate_per_caller_and_its_own_calls_in_flight_across_callers() {
+    let fleet = Fleet::start(
+        1,
+        &format!(
+            "{BY_FORWARDED_IP}[[quotas.tool]]\nname = \"whoami\"\nrate = \"1/m\"\nburst = 1\n\
+             [[quotas.tool]]\nname = \"stream\"\nmax_in_flight = 1\n"
+        ),
+    )
+    .await;
+    let (a, b) = (from("203.0.113.7"), from("198.51.100.9"));
+    let whoami = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "whoami"}});
+    assert_eq!(fleet.post(&a, &whoami).await.status, 200);
+    let again = fleet.post(&a, &whoami).await;
+    assert_eq!(assert_quota_refusal(&again, &json!(3)), "rate_limited");
+    assert_eq!(again.json()["error"]["data"]["scope"], "tool");
+    assert_eq!(again.headers["ratelimit-policy"], "\"tool\";q=1;w=60");
+    // Per caller: B has its own; and A's calls of other tools are not this one's.
+    assert_eq!(fleet.post(&b, &whoami).await.status, 200);
+    assert_eq!(fleet.post(&a, &start_call("a-1", 1)).await.status, 200);
+
+    // One `stream` in flight, whoever's: A holds it, B's is refused, B's other calls are not.
+    let a_owned: Vec<(String, String)> = a.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let (mut held, worker) = held_sse(&fleet.client, &fleet.url(), &a_owned, 4).await;
+    let mut stream = stream_call(None, json!({"events": 1}));
+    stream["id"] = json!(5);
+    let refused = fleet.post(&b, &stream).await;
+    assert_eq!(assert_quota_refusal(&refused, &json!(5)), "too_many_in_flight");
+    assert_eq!(refused.json()["error"]["data"]["scope"], "tool");
+    assert_eq!(fleet.post(&b, &start_call("b-1", 1)).await.status, 200);
+    fleet.worker(&worker).state.release();
+    read_until(&mut held, "\"result\"").await;
+    let end = tokio::time::timeout(REQUEST_DEADLINE, http_body_util::BodyExt::frame(&mut held)).await;
+    assert!(end.expect("the stream ends").is_none());
+    let served = fleet.post(&b, &stream).await;
+    assert_eq!(served.status, 200, "{served:?}");
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "rate", "tool"), 1.0);
+    assert_eq!(refusals(&m, "in_flight", "tool"), 1.0);
+    fleet.shutdown().await;
+}
+
+/// The status line and body of a ping sent over a new connection that opens with a PROXY
+/// protocol v1 header naming `source` as the client.
+async fn ping_by_proxy_protocol(router: std::net::SocketAddr, source: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = TcpStream::connect(router).await.unwrap();
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let request = format!(
+        "PROXY TCP4 {source} 127.0.0.1 40000 80\r\n{}",
+        raw_mcp_post(router, "Connection: close\r\n", ping)
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let got = read_to_close(&mut tcp, REQUEST_DEADLINE)
+        .await
+        .expect("an answer, then close");
+    String::from_utf8(got).unwrap()
+}
+
+#[tokio::test]
+async fn behind_an_l4_balancer_the_proxy_protocol_source_is_the_caller() {
+    let fleet = Fleet::start(
+        1,
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]\n\
+         [quotas]\nrate = \"1/m\"\nburst = 1\n",
+    )
+    .await;
+    let first = ping_by_proxy_protocol(fleet.router, "203.0.113.7").await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let again = ping_by_proxy_protocol(fleet.router, "203.0.113.7").await;
+    assert!(again.starts_with("HTTP/1.1 429"), "{again}");
+    assert!(
+        again.to_ascii_lowercase().contains("mcp-router-error: rate_limited"),
+        "{again}"
+    );
+    // The balancer's connections all come from 127.0.0.1; the header tells the callers apart.
+    let other = ping_by_proxy_protocol(fleet.router, "198.51.100.9").await;
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    assert_eq!(fleet.total_requests(), 2);
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn held_sse_answers_count_in_flight_until_they_end() {
+    let fleet = Fleet::start(1, "[quotas]\nmax_in_flight = 2\n").await;
+    let (url, none) = (fleet.url(), Vec::new());
+    let (mut first, worker) = held_sse(&fleet.client, &url, &none, 1).await;
+    let (_second, _) = held_sse(&fleet.client, &url, &none, 2).await;
+    let reached = fleet.total_requests();
+    let ping = json!({"jsonrpc": "2.0", "id": "third", "method": "ping"});
+    let third = fleet.post(&[], &ping).await;
+    assert_eq!(assert_quota_refusal(&third, &json!("third")), "too_many_in_flight");
+    assert_eq!(third.headers["retry-after"], "1");
+    assert_eq!(fleet.total_requests(), reached, "the refused request reached no worker");
+
+    // One stream ends (its answer's last byte read): its count comes back.
+    fleet.worker(&worker).state.release();
+    let rest = read_until(&mut first, "\"result\"").await;
+    assert!(rest.contains("\"progress\":2"), "{rest}");
+    let end = tokio::time::timeout(REQUEST_DEADLINE, http_body_util::BodyExt::frame(&mut first)).await;
+    assert!(end.expect("the stream ends").is_none(), "nothing after the result");
+    let fourth = fleet.post(&[], &ping).await;
+    assert_eq!(fourth.status, 200, "{fourth:?}");
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "in_flight", "caller"), 1.0);
+    fleet.worker(&worker).state.release();
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_h2_connection_holds_at_most_its_share_of_the_body_budget() {
+    const KIB: usize = 1 << 10;
+    const SHARE: usize = 2 << 20;
+    // Each stream sends its whole window (hyper's stream window under a share: 256 KiB) of a
+    // body it declares larger, and never finishes it.
+    const PART: usize = 256 * KIB;
+    const STREAMS: usize = 180;
+    let fleet = Fleet::start(
+        1,
+        &format!(
+            "[server]\nmax_body_bytes = {}\nh2_max_concurrent_streams = 200\n\
+             [quotas]\nmax_body_bytes_per_connection = {SHARE}\n",
+            1 << 20
+        ),
+    )
+    .await;
+    let tcp = TcpStream::connect(fleet.router).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let part = Bytes::from(vec![b' '; PART]);
+    let (mut answers, mut sending) = (Vec::new(), Vec::new());
+    for _ in 0..STREAMS {
+        let mut ready = client.clone().ready().await.unwrap();
+        let req = Request::post(fleet.url())
+            .header("content-type", "application/json")
+            .header("content-length", 1 << 20)
+            .body(())
+            .unwrap();
+        let (answer, mut body) = ready.send_request(req, false).unwrap();
+        body.send_data(part.clone(), false).unwrap();
+        sending.push(body);
+        answers.push(tokio::spawn(async move {
+            let resp = answer.await.ok()?;
+            let status = resp.status().as_u16();
+            let header = |n: &str| resp.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+            let reason = header("mcp-router-error");
+            let retry = header("retry-after");
+            let mut body = resp.into_body();
+            let mut text = Vec::new();
+            while let Some(Ok(chunk)) = body.data().await {
+                text.extend_from_slice(&chunk);
+            }
+            let code = serde_json::from_slice::<Value>(&text).ok()?["error"]["code"].as_i64();
+            Some((status, reason, retry, code))
+        }));
+    }
+
+    // Settled: each stream is held whole (its part read) or refused; the bytes held are
+    // sampled all along.
+    let mut peak = 0.0f64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        let refused = answers.iter().filter(|a| a.is_finished()).count();
+        let held = metric(&fleet.metrics().await, "mrtr_body_buffer_bytes").unwrap_or(0.0);
+        peak = peak.max(held);
+        if (held as usize).is_multiple_of(PART) && refused + held as usize / PART == STREAMS {
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never settled: {held} bytes held, {refused} streams answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "one h2 connection, {STREAMS} unfinished {PART}-byte parts: {held} bytes held (peak {peak}), share {SHARE}"
+    );
+    assert!(peak <= SHARE as f64, "held {peak} bytes, over the share {SHARE}");
+    assert_eq!(held as usize, SHARE, "the share is used whole");
+
+    // Another client is served meanwhile, body and all.
+    let other = fleet
+        .post(
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami"}}),
+        )
+        .await;
+    assert_eq!(other.status, 200, "{other:?}");
+    assert_eq!(
+        fleet.total_requests(),
+        1,
+        "only the other client's request reached the worker"
+    );
+
+    let mut refused = 0;
+    for answer in answers.iter_mut().filter(|a| a.is_finished()) {
+        let got = answer.await.unwrap().expect("an answer, not a reset");
+        let (status, reason, retry, code) = got;
+        assert_eq!(
+            (status, reason.as_deref(), retry.as_deref(), code),
+            (503, Some("router_overloaded"), Some("1"), Some(-32005))
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, STREAMS - SHARE / PART);
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "body_bytes", "connection"), refused as f64);
+
+    drop((sending, client));
+    conn.abort();
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    while metric(&fleet.metrics().await, "mrtr_body_buffer_bytes") != Some(0.0) {
+        assert!(Instant::now() < deadline, "the share was never given back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fleet.shutdown().await;
+}
+
+const BACKEND: &str = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
+
+#[test]
+fn configs_that_would_not_do_what_they_say_are_refused() {
+    let parse = |text: &str| Config::parse(Path::new("q.toml"), &format!("{BACKEND}{text}")).map(|_| ());
+    let redis = "[quotas]\nrate = \"10/s\"\nstore = \"redis://127.0.0.1:6379/0\"\n";
+    let e = parse(redis).unwrap_err().to_string();
+    assert!(e.contains("a Redis store is not in this version"), "{e}");
+    assert!(
+        e.contains("docs/src/quotas.md"),
+        "the refusal says where to read why: {e}"
+    );
+    let e = parse("[quotas]\ncaller = \"principal\"\n").unwrap_err().to_string();
+    assert!(e.contains("\"principal\" needs [auth]"), "{e}");
+    parse("[quotas]\nrate = \"10/s\"\nstore = \"local\"\n").expect("the local store");
+
+    // `check` says the same and fails.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.toml");
+    std::fs::write(&path, format!("{BACKEND}{redis}")).unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "check accepted a Redis store");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("q.toml") && err.contains("not in this version"), "{err}");
+}
