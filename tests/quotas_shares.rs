@@ -357,7 +357,7 @@ fn configs_that_would_not_do_what_they_say_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.toml");
     std::fs::write(&path, format!("{BACKEND}{redis}")).unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["check", "--config"])
         .arg(&path)
         .output()
