@@ -110,22 +110,7 @@ impl<'a, 't> Section<'a, 't> {
                 }],
                 None,
             ),
-            Some(v) => {
-                let DeValue::Array(items) = v.get_ref() else {
-                    return self.wrong_type(key.name, v, "an array of strings");
-                };
-                let mut texts = Vec::with_capacity(items.len());
-                for item in items.iter() {
-                    match item.get_ref() {
-                        DeValue::String(s) => texts.push(Text {
-                            value: s.as_ref(),
-                            span: Some(item.span()),
-                        }),
-                        _ => return self.wrong_type(key.name, item, "an array of strings"),
-                    }
-                }
-                (texts, Some(v.span()))
-            }
+            Some(v) => (self.texts_of(key.name, v)?, Some(v.span())),
         };
         let secrets = texts.into_iter().enumerate();
         let secrets = secrets.map(|(i, text)| self.expand(&format!("{}[{i}]", self.key_name(key.name)), text));
@@ -159,8 +144,13 @@ impl<'a, 't> Section<'a, 't> {
         let Some(v) = self.value(key, Kind::Strings, doc)? else {
             return Ok(None);
         };
+        Ok(Some((self.texts_of(key.name, v)?, Some(v.span()))))
+    }
+
+    /// The strings of the array `v`, each with where it stands.
+    fn texts_of(&self, name: &str, v: &'a toml::Spanned<DeValue<'t>>) -> Result<Vec<Text<'a>>, ConfigError> {
         let DeValue::Array(items) = v.get_ref() else {
-            return self.wrong_type(key.name, v, "an array of strings");
+            return self.wrong_type(name, v, "an array of strings");
         };
         let mut texts = Vec::with_capacity(items.len());
         for item in items.iter() {
@@ -169,10 +159,10 @@ impl<'a, 't> Section<'a, 't> {
                     value: s.as_ref(),
                     span: Some(item.span()),
                 }),
-                _ => return self.wrong_type(key.name, item, "an array of strings"),
+                _ => return self.wrong_type(name, item, "an array of strings"),
             }
         }
-        Ok(Some((texts, Some(v.span()))))
+        Ok(texts)
     }
 
     /// Records `key = [..]` in the printout.
