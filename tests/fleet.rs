@@ -404,7 +404,8 @@ async fn ipv6_backends_pass_their_health_checks_and_serve() {
             &fleet.metrics().await,
             "mrtr_upstream_errors_total{backend=\"v6\",kind=\"connect\"}"
         ),
-        None
+        Some(0.0),
+        "shown from the start, and never moved"
     );
 }
 
