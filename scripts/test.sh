@@ -91,8 +91,9 @@ scripts/test-stock.sh
 step "bench harness: its unit tests, then a smoke run of every row with the debug router (bench/run.py --smoke): proves each row starts, routes and has no errors; not a performance check"
 python3 -m unittest discover -s bench/tests
 # cargo test built the router already; the hyper-floor rows need examples/hyper_floor*.rs as plain
-# binaries (cargo test builds examples as test harnesses under another name).
-cargo build --bins --example hyper_floor --example hyper_floor_h2c --example hyper_floor_scan
+# binaries (cargo test builds examples as test harnesses under another name), the [auth] rows
+# examples/bench_token.rs.
+cargo build --bins --example hyper_floor --example hyper_floor_h2c --example hyper_floor_scan --example bench_token
 echo "bench/run.py --smoke --router-bin target/debug/mrtr-router"
 echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start)"
 if ! python3 bench/run.py --smoke --router-bin target/debug/mrtr-router; then

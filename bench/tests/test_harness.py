@@ -118,6 +118,9 @@ class Configs(unittest.TestCase):
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="mrtr-bench-test."))
         self.peers = peers.Peers(load_settings(), Procs(), self.tmp, fd_limit=20000)
+        # The [auth] rows' token comes from examples/bench_token.rs, built for a run (the smoke
+        # run in scripts/test.sh mints real ones); here only the config is rendered.
+        self.peers.bench_token = lambda alg: (self.tmp / f"jwks-{alg}.json", "not-a-token")
 
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
