@@ -73,6 +73,18 @@ MRTR_DEPLOY_PYTHON="$(bash tests/deploy/setup_venv.sh | tail -n1)"
 export MRTR_DEPLOY_PYTHON
 # ---- end of the deploy/ checks block ----------------------------------------------------------
 
+# ---- the shared quota store's Redis (tests/quotas_redis.rs, tests/support/redis_server.rs) ------
+step "redis-server for the shared quota store's tests (Debian's package; each test starts its own on loopback)"
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "redis-server missing: apt-get install redis-server"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }; then
+    echo >&2 "==> FAILED: apt-get install redis-server (tests/quotas_redis.rs needs it)"
+    exit 1
+  fi
+fi
+redis-server --version
+# ---- end of the Redis block ---------------------------------------------------------------------
+
 step "cargo test"
 cargo test --all-targets
 

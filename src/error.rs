@@ -66,6 +66,8 @@ pub enum RouterError {
     AuthUnavailable,
     #[error("{}", .0.message())]
     QuotaExceeded(Box<QuotaRefusal>),
+    #[error("the shared quota store cannot be reached; retry later")]
+    QuotaStoreUnavailable,
 }
 
 /// A request refused by a quota of its caller (docs/src/quotas.md): 429, never 401 or 403 (an
@@ -186,6 +188,7 @@ impl RouterError {
             HandlePrincipalMismatch => (StatusCode::FORBIDDEN, -32013, "handle_principal_mismatch"),
             AuthUnavailable => (StatusCode::SERVICE_UNAVAILABLE, -32014, "auth_unavailable"),
             QuotaExceeded(q) => (StatusCode::TOO_MANY_REQUESTS, q.code(), q.reason),
+            QuotaStoreUnavailable => (StatusCode::SERVICE_UNAVAILABLE, -32018, "quota_store_unavailable"),
         }
     }
 
@@ -195,7 +198,7 @@ impl RouterError {
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
     /// `mrtr_router_errors_total` from the start.
-    pub const REASONS: [&'static str; 24] = [
+    pub const REASONS: [&'static str; 25] = [
         "parse_error",
         "body_too_large",
         "body_timeout",
@@ -220,6 +223,7 @@ impl RouterError {
         "rate_limited",
         "too_many_in_flight",
         "too_many_open_calls",
+        "quota_store_unavailable",
     ];
 
     /// The `result` label of `mrtr_auth_total` for a refusal by `[auth]`.
@@ -410,6 +414,7 @@ mod tests {
             QuotaExceeded(Box::new(quota("rate_limited"))),
             QuotaExceeded(Box::new(quota("too_many_in_flight"))),
             QuotaExceeded(Box::new(quota("too_many_open_calls"))),
+            QuotaStoreUnavailable,
         ];
         for e in &all {
             match e {
@@ -419,7 +424,7 @@ mod tests {
                 }
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
                 Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}
-                AuthUnavailable | QuotaExceeded(_) => {}
+                AuthUnavailable | QuotaExceeded(_) | QuotaStoreUnavailable => {}
             }
         }
         all

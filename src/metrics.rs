@@ -124,6 +124,9 @@ pub struct Metrics {
     pub(crate) quota_refusals: IntCounterVec,
     /// Callers the quotas track; set when `/metrics` is rendered.
     pub(crate) quota_callers: IntGauge,
+    /// `mrtr_quota_store_seconds` and `mrtr_quota_store_errors_total`, handed to each
+    /// `[quotas]` with a shared store.
+    pub(crate) quota_store: crate::quotas::StoreMetrics,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -225,7 +228,29 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(quota_callers.clone())).expect("unique metric");
+        let quota_store_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "mrtr_quota_store_seconds",
+                "Round trips to the shared quota store (quotas.store): one per new call, every rate it checks together",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+            ]),
+        )
+        .expect("valid metric");
+        r.register(Box::new(quota_store_seconds.clone()))
+            .expect("unique metric");
+        let quota_store_errors = counter(
+            &r,
+            "mrtr_quota_store_errors_total",
+            "Rate checks the shared quota store did not decide, by kind: timeout (no answer within quotas.store_timeout), error (Redis unreachable or failing), down (decided without a round trip, within a second of a failure); quotas.store_failure decided them",
+            &["kind"],
+        );
         let metrics = Metrics {
+            quota_store: crate::quotas::StoreMetrics {
+                seconds: quota_store_seconds,
+                errors: crate::quotas::StoreMetrics::KINDS.map(|k| quota_store_errors.with_label_values(&[k])),
+            },
             quota_refusals: counter(
                 &r,
                 "mrtr_quota_refusals_total",

@@ -241,7 +241,7 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previou
         let same = previous
             .filter(|p| p.config.quotas.as_ref() == Some(q))
             .and_then(|p| p.quotas.clone());
-        same.unwrap_or_else(|| Arc::new(Quotas::new(q, std::time::Instant::now())))
+        same.unwrap_or_else(|| Arc::new(Quotas::new(q, std::time::Instant::now(), metrics.quota_store.clone())))
     });
     Snapshot {
         quotas,

@@ -342,13 +342,12 @@ const BACKEND: &str = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\
 #[test]
 fn configs_that_would_not_do_what_they_say_are_refused() {
     let parse = |text: &str| Config::parse(Path::new("q.toml"), &format!("{BACKEND}{text}")).map(|_| ());
-    let redis = "[quotas]\nrate = \"10/s\"\nstore = \"redis://127.0.0.1:6379/0\"\n";
-    let e = parse(redis).unwrap_err().to_string();
-    assert!(e.contains("a Redis store is not in this version"), "{e}");
-    assert!(
-        e.contains("docs/src/quotas.md"),
-        "the refusal says where to read why: {e}"
-    );
+    // A shared store holds only the rates: one with no rate to share is refused.
+    let no_rate = "[quotas]\nmax_in_flight = 8\nstore = \"redis://127.0.0.1:6379/0\"\n";
+    let e = parse(no_rate).unwrap_err().to_string();
+    assert!(e.contains("a shared store holds only the rates"), "{e}");
+    parse("[quotas]\nstore = \"redis://r:6379\"\n[[quotas.tool]]\nname = \"t\"\nrate = \"1/s\"\n")
+        .expect("a tool's rate is one to share");
     let e = parse("[quotas]\ncaller = \"principal\"\n").unwrap_err().to_string();
     assert!(e.contains("\"principal\" needs [auth]"), "{e}");
     parse("[quotas]\nrate = \"10/s\"\nstore = \"local\"\n").expect("the local store");
@@ -356,13 +355,33 @@ fn configs_that_would_not_do_what_they_say_are_refused() {
     // `check` says the same and fails.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.toml");
-    std::fs::write(&path, format!("{BACKEND}{redis}")).unwrap();
-    let out = Command::new(bin())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "check accepted a Redis store");
+    let check = |quotas: &str| {
+        std::fs::write(&path, format!("{BACKEND}{quotas}")).unwrap();
+        Command::new(bin())
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = check(no_rate);
+    assert!(!out.status.success(), "check accepted a store with no rate");
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("q.toml") && err.contains("not in this version"), "{err}");
+    assert!(err.contains("q.toml") && err.contains("holds only the rates"), "{err}");
+
+    // A store with a rate is accepted without a connection (Redis may come up after the
+    // router), and `check` never prints its password.
+    let out = check("[quotas]\nrate = \"10/s\"\nstore = \"redis://mrtr:s3cret@127.0.0.1:1/2\"\n");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("store = \"redis://mrtr:***@127.0.0.1:1/2\""),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("s3cret") && !stderr.contains("s3cret"),
+        "{stdout}{stderr}"
+    );
 }

@@ -170,7 +170,9 @@ impl Config {
             let tool = quotas::tool(element, &quota_tools)?;
             quota_tools.push(tool);
         }
-        let quotas = quotas::combine(quota_keys, quota_tools);
+        let quotas = quotas::combine(quota_keys, quota_tools, |span, message| {
+            doc.err::<()>(span, message).unwrap_err()
+        })?;
         let about = "Backends found in DNS, merged with the static ones: present turns it on.";
         let discovery = fleet::discovery(doc.section(root, "discovery", about)?)?;
         let about = "How backends are reached: the TLS roots and client certificate, HTTP/2, pooled connections.";

@@ -145,6 +145,8 @@ fn parse_rate(text: &str) -> Option<(u32, Duration)> {
 pub(super) struct QuotasKeys {
     present: bool,
     config: QuotasConfig,
+    /// Where `store` is written, for [`combine`]'s check that a shared store has a rate to share.
+    store_span: Option<std::ops::Range<usize>>,
 }
 
 pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Result<QuotasKeys, ConfigError> {
@@ -205,8 +207,9 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     );
     let store = key(
         "store",
-        "Where rate state lives: `local` (each replica counts alone), or `redis://host:port/db`, shared \
-         by every replica (the rate quotas only; in-flight and open calls are always local).",
+        "Where rate state lives: `local` (each replica counts alone), or \
+         `redis://[user:password@]host[:port][/db]`, shared by every replica that names it (the rates \
+         only; in-flight and open calls are always local).",
     );
     let store_timeout = key(
         "store_timeout",
@@ -283,27 +286,20 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
         }
     };
     let max_tracked_callers = s.int(max_tracked, defaults::QUOTA_MAX_TRACKED_CALLERS as i64, 1..=100_000_000)? as usize;
-    let store_text = s.text_or(store, Kind::String, defaults::QUOTA_STORE)?;
+    let store_text = s.secret_or(store, defaults::QUOTA_STORE)?;
+    let store_span = store_text.span.clone();
     let store = match store_text.value.trim() {
         "local" => QuotaStore::Local,
         url => match redis_url(url) {
-            // Named and checked, not yet built: a config that asks for one limit across the
-            // replicas must not silently get one per replica.
-            Ok(()) => {
-                return s.err(
-                    store_text.span,
-                    "quotas.store: a Redis store is not in this version; each replica counts its own rates \
-                     (`local`: docs/src/quotas.md, \"Several replicas\")",
-                )
-            }
+            Ok(()) => QuotaStore::Redis(url.to_string()),
             Err(why) => return s.err(store_text.span, format!("quotas.store: {why}")),
         },
     };
     let printed = match &store {
-        QuotaStore::Local => "local",
-        QuotaStore::Redis(url) => url.as_str(),
+        QuotaStore::Local => "local".to_string(),
+        QuotaStore::Redis(url) => without_password(url),
     };
-    s.print("store", quoted(printed));
+    s.print("store", quoted(&printed));
     let store_timeout = s.duration(store_timeout, defaults::QUOTA_STORE_TIMEOUT)?;
     let store_failure = s.choice(
         store_failure,
@@ -314,6 +310,7 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     s.finish(false)?;
     Ok(QuotasKeys {
         present,
+        store_span,
         config: QuotasConfig {
             caller,
             trusted_proxies,
@@ -330,18 +327,37 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     })
 }
 
-/// `redis://host[:port][/db]`: the scheme and a host checked here, the rest by the client
-/// when it connects.
+/// `redis://[user:password@]host[:port][/db]`: the scheme and a host checked here, the rest
+/// by the Redis client's own parser (no connection is made: Redis may come up after the
+/// router).
 fn redis_url(url: &str) -> Result<(), String> {
+    let shown = without_password(url);
     let Some(rest) = url.strip_prefix("redis://") else {
-        return Err(format!("{url:?} is neither \"local\" nor a redis:// URL"));
+        return Err(format!("{shown:?} is neither \"local\" nor a redis:// URL"));
     };
     let authority = rest.split('/').next().unwrap_or_default();
     let host = authority.rsplit('@').next().unwrap_or_default();
     if host.is_empty() || host.starts_with(':') {
-        return Err(format!("{url:?} has no host"));
+        return Err(format!("{shown:?} has no host"));
     }
-    Ok(())
+    redis::Client::open(url)
+        .map(drop)
+        .map_err(|e| format!("{shown:?}: {e}"))
+}
+
+/// The URL as the router shows it (`config show`, errors): a password replaced by `***`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..])
+        }
+        _ => url.to_string(),
+    }
 }
 
 /// One `[[quotas.tool]]`.
@@ -399,9 +415,26 @@ pub(super) fn tool(mut s: Section, seen: &[ToolQuota]) -> Result<ToolQuota, Conf
 }
 
 /// Puts the section and its tools together: `None` when `[quotas]` is absent (a
-/// `[[quotas.tool]]` makes it present: TOML opens the parent table).
-pub(super) fn combine(keys: QuotasKeys, tools: Vec<ToolQuota>) -> Option<QuotasConfig> {
-    keys.present.then(|| QuotasConfig { tools, ..keys.config })
+/// `[[quotas.tool]]` makes it present: TOML opens the parent table). A shared store holds only
+/// rates, so one named where no rate is set would share nothing: refused.
+pub(super) fn combine(
+    keys: QuotasKeys,
+    tools: Vec<ToolQuota>,
+    err: impl Fn(Option<std::ops::Range<usize>>, String) -> ConfigError,
+) -> Result<Option<QuotasConfig>, ConfigError> {
+    if !keys.present {
+        return Ok(None);
+    }
+    let rated = keys.config.rate.is_some() || tools.iter().any(|t| t.rate.is_some());
+    if matches!(keys.config.store, QuotaStore::Redis(_)) && !rated {
+        return Err(err(
+            keys.store_span,
+            "quotas.store: a shared store holds only the rates, and neither quotas.rate nor a \
+             [[quotas.tool]] rate is set"
+                .to_string(),
+        ));
+    }
+    Ok(Some(QuotasConfig { tools, ..keys.config }))
 }
 
 #[cfg(test)]
@@ -539,7 +572,15 @@ mod tests {
             ("[quotas]\nstore = \"redis://\"\n", "has no host"),
             (
                 "[quotas]\nstore = \"redis://127.0.0.1:6379/0\"\n",
-                "a Redis store is not in this version",
+                "a shared store holds only the rates",
+            ),
+            (
+                "[quotas]\nrate = \"1/s\"\nstore = \"redis://u:secret@127.0.0.1:6379/x\"\n",
+                "\"redis://u:***@127.0.0.1:6379/x\": ",
+            ),
+            (
+                "[quotas]\nrate = \"1/s\"\nstore = \"rediss://127.0.0.1\"\n",
+                "is neither \"local\" nor a redis:// URL",
             ),
             ("[quotas]\nstore = \"redis://:6379\"\n", "has no host"),
             ("[quotas]\nstore_failure = \"maybe\"\n", "quotas.store_failure"),

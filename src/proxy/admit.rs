@@ -11,7 +11,7 @@ use http::header::{HeaderMap, HeaderValue};
 
 use crate::dialect::RequestKeys;
 use crate::error::{QuotaRefusal, RouterError};
-use crate::quotas::{Admission, Quotas, Request};
+use crate::quotas::{Admission, Quota, Quotas, Request};
 use crate::token::PrincipalTag;
 
 /// What the request asks of its caller's quotas.
@@ -42,13 +42,17 @@ pub async fn admit(
         new_call: !ask.follow_up,
         may_open_call: ask.keys.may_create_pin(),
     };
-    quotas.admit(caller, &request, Instant::now()).await.map_err(|refused| {
-        RouterError::QuotaExceeded(Box::new(QuotaRefusal {
-            reason: refused.quota.reason(),
-            quota: refused.quota.label(),
-            scope: refused.scope.label(),
-            retry_after_secs: refused.retry_after_secs(),
-            rate_limit: refused.rate_limit_headers(),
-        }))
-    })
+    quotas
+        .admit(caller, &request, Instant::now())
+        .await
+        .map_err(|refused| match refused.quota {
+            Quota::Store => RouterError::QuotaStoreUnavailable,
+            _ => RouterError::QuotaExceeded(Box::new(QuotaRefusal {
+                reason: refused.quota.reason(),
+                quota: refused.quota.label(),
+                scope: refused.scope.label(),
+                retry_after_secs: refused.retry_after_secs(),
+                rate_limit: refused.rate_limit_headers(),
+            })),
+        })
 }

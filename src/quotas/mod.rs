@@ -16,6 +16,7 @@ mod caller;
 mod inflight;
 mod open_calls;
 mod rate;
+mod store;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -31,8 +32,10 @@ pub use caller::{CallerKey, CallerRule};
 pub use inflight::{PerCaller, Permit, Refused, Shared, SharedPermit};
 pub use open_calls::{OpenCall, OpenCalls};
 pub use rate::{RateLimiter, RetryAfter};
+pub use store::StoreMetrics;
 
 use crate::config::{QuotaStore, QuotasConfig, Rate};
+use store::{RedisStore, SharedRate, Verdict};
 
 /// The `Retry-After` of a refusal that no clock decides (in flight, open calls): a request or
 /// call of the same caller may end any moment.
@@ -44,6 +47,9 @@ pub enum Quota {
     Rate,
     InFlight,
     OpenCalls,
+    /// Not a refusal of the caller's: the shared store could not check its rate, and
+    /// `store_failure = "closed"` (503, not 429).
+    Store,
 }
 
 impl Quota {
@@ -53,6 +59,7 @@ impl Quota {
             Quota::Rate => "rate_limited",
             Quota::InFlight => "too_many_in_flight",
             Quota::OpenCalls => "too_many_open_calls",
+            Quota::Store => "quota_store_unavailable",
         }
     }
 
@@ -62,6 +69,7 @@ impl Quota {
             Quota::Rate => "rate",
             Quota::InFlight => "in_flight",
             Quota::OpenCalls => "open_calls",
+            Quota::Store => "store",
         }
     }
 }
@@ -185,6 +193,8 @@ impl Admission {
 
 /// The quotas of one tool.
 struct ToolQuotas {
+    /// The tool's name in the shared store's keys.
+    name: String,
     rate: Option<RateLimiter>,
     in_flight: Option<Arc<Shared>>,
 }
@@ -207,15 +217,19 @@ pub struct Quotas {
     open_calls: Option<OpenCalls>,
     tools: HashMap<String, ToolQuotas>,
     max_body_bytes_per_connection: Option<usize>,
-    store: QuotaStore,
+    /// The shared store, when `store` names one: the rates above are then counted there (the
+    /// local tables stay empty).
+    shared: Option<RedisStore>,
 }
 
 impl Quotas {
-    /// The quotas of `config`, their clocks starting at `epoch`.
-    pub fn new(config: &QuotasConfig, epoch: Instant) -> Quotas {
+    /// The quotas of `config`, their clocks starting at `epoch`; a shared store reports to
+    /// `store_metrics`.
+    pub fn new(config: &QuotasConfig, epoch: Instant, store_metrics: StoreMetrics) -> Quotas {
         let cap = config.max_tracked_callers;
         let tools = config.tools.iter().map(|t| {
             let quotas = ToolQuotas {
+                name: t.name.clone(),
                 rate: t.rate.map(|r| RateLimiter::new(r, cap, epoch)),
                 in_flight: t.max_in_flight.map(Shared::new),
             };
@@ -228,7 +242,15 @@ impl Quotas {
             open_calls: config.max_open_calls.map(|n| OpenCalls::new(n, cap)),
             tools: tools.collect(),
             max_body_bytes_per_connection: config.max_body_bytes_per_connection,
-            store: config.store.clone(),
+            shared: match &config.store {
+                QuotaStore::Local => None,
+                QuotaStore::Redis(url) => Some(RedisStore::new(
+                    url,
+                    config.store_timeout,
+                    config.store_failure,
+                    store_metrics,
+                )),
+            },
         }
     }
 
@@ -272,15 +294,10 @@ impl Quotas {
             _ => None,
         };
         if request.new_call {
-            if let Some(limiter) = tool.and_then(|t| t.rate.as_ref()) {
-                limiter
-                    .check(&caller, now)
-                    .map_err(|r| Refusal::rate(Scope::Tool, limiter.rate(), r))?;
-            }
-            if let Some(limiter) = &self.rate {
-                limiter
-                    .check(&caller, now)
-                    .map_err(|r| Refusal::rate(Scope::Caller, limiter.rate(), r))?;
+            let tool_rate = tool.and_then(|t| Some((t.name.as_str(), t.rate.as_ref()?)));
+            match &self.shared {
+                None => self.check_rates(tool_rate.map(|(_, r)| r), caller, now)?,
+                Some(store) => self.check_shared(store, tool_rate, caller, now).await?,
             }
         }
         Ok(Admission {
@@ -288,6 +305,56 @@ impl Quotas {
             _tool_in_flight: tool_in_flight,
             open_call,
         })
+    }
+
+    /// The rates of a new call, the tool's first, in this replica's tables.
+    fn check_rates(&self, tool_rate: Option<&RateLimiter>, caller: CallerKey, now: Instant) -> Result<(), Refusal> {
+        if let Some(limiter) = tool_rate {
+            limiter
+                .check(&caller, now)
+                .map_err(|r| Refusal::rate(Scope::Tool, limiter.rate(), r))?;
+        }
+        if let Some(limiter) = &self.rate {
+            limiter
+                .check(&caller, now)
+                .map_err(|r| Refusal::rate(Scope::Caller, limiter.rate(), r))?;
+        }
+        Ok(())
+    }
+
+    /// The rates of a new call, the tool's first, in the shared store: one round trip.
+    async fn check_shared(
+        &self,
+        store: &RedisStore,
+        tool_rate: Option<(&str, &RateLimiter)>,
+        caller: CallerKey,
+        now: Instant,
+    ) -> Result<(), Refusal> {
+        let (mut limits, mut keys) = (Vec::with_capacity(2), Vec::with_capacity(2));
+        if let Some((name, limiter)) = tool_rate {
+            limits.push((Scope::Tool, limiter));
+            keys.push(SharedRate::of(limiter, format!("mrtr:rate:tool:{name}:{caller}")));
+        }
+        if let Some(limiter) = &self.rate {
+            limits.push((Scope::Caller, limiter));
+            keys.push(SharedRate::of(limiter, format!("mrtr:rate:caller:{caller}")));
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        match store.check(&keys, now).await {
+            Verdict::Admitted => Ok(()),
+            Verdict::Refused(i, retry) => {
+                let (scope, limiter) = limits[i];
+                Err(Refusal::rate(scope, limiter.rate(), retry))
+            }
+            Verdict::Unavailable => Err(Refusal {
+                quota: Quota::Store,
+                scope: Scope::Caller,
+                retry_after: RETRY_AFTER_BUSY,
+                rate: None,
+            }),
+        }
     }
 
     /// Whether a tool has quotas of its own: only then is a `tools/call`'s tool name read.
@@ -322,9 +389,8 @@ impl Quotas {
         self.max_body_bytes_per_connection
     }
 
-    /// Where the rate state lives. Only [`QuotaStore::Local`] is built so far: with a Redis
-    /// store configured, the rates are still counted by this replica alone.
-    pub fn store(&self) -> &QuotaStore {
-        &self.store
+    /// Whether the rates are counted in a shared store.
+    pub fn shares_rates(&self) -> bool {
+        self.shared.is_some()
     }
 }

@@ -138,6 +138,7 @@ fn follow_ups_are_never_refused_by_the_rate_but_count_in_flight() {
             ..config()
         },
         t0,
+        StoreMetrics::unregistered(),
     );
     let a = key(1);
     let first = admit(&q, a, &NEW, t0).unwrap();
@@ -170,6 +171,7 @@ fn open_calls_are_reserved_for_new_calls_that_may_pin() {
             ..config()
         },
         t0,
+        StoreMetrics::unregistered(),
     );
     let may_pin = Request {
         may_open_call: true,
@@ -219,6 +221,7 @@ fn tool_quotas_rate_per_caller_and_in_flight_across_callers() {
             ..config()
         },
         t0,
+        StoreMetrics::unregistered(),
     );
     let search = Request {
         tool: Some("search"),
@@ -284,6 +287,7 @@ fn the_caller_comes_from_the_configured_source() {
             ..config()
         },
         Instant::now(),
+        StoreMetrics::unregistered(),
     );
     let mut h = HeaderMap::new();
     h.insert("x-forwarded-for", "198.51.100.1".parse().unwrap());

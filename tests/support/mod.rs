@@ -6,6 +6,7 @@ pub mod auth;
 pub mod idp;
 pub mod otlp;
 pub mod quotas;
+pub mod redis_server;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -52,6 +52,17 @@ impl<'a, 't> Section<'a, 't> {
         }))
     }
 
+    /// A string with a default in which `${VAR}` reads the environment (a URL with a password);
+    /// not printed.
+    pub fn secret_or(&mut self, key: Key, default: &'static str) -> Result<Secret, ConfigError> {
+        let doc = || (KeyDefault::Value(quoted(default)), Some(ENV_ALLOWED.to_string()));
+        let text = self.string_value(key, Kind::Secret, doc)?.unwrap_or(Text {
+            value: default,
+            span: None,
+        });
+        self.expand(&self.key_name(key.name), text)
+    }
+
     /// A string of `kind` the section needs; in reference mode, the key's example. Not printed.
     pub fn required(&mut self, key: Key, kind: Kind) -> Result<Text<'a>, ConfigError> {
         match self.string_value(key, kind, || (KeyDefault::Required, None))? {
