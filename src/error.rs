@@ -70,6 +70,9 @@ pub enum RouterError {
     QuotaStoreUnavailable,
 }
 
+/// The `quota` and `scope` labels of a connection's body share (`mrtr_quota_refusals_total`).
+pub const BODY_SHARE: [&str; 2] = ["body_bytes", "connection"];
+
 /// A request refused by a quota of its caller (docs/src/quotas.md): 429, never 401 or 403 (an
 /// OAuth client re-authorizes on those).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,6 +197,16 @@ impl RouterError {
 
     pub fn reason(&self) -> &'static str {
         self.parts().2
+    }
+
+    /// The `quota` and `scope` labels of a quota's refusal (`mrtr_quota_refusals_total`, the
+    /// access log's `quota`); `None` for every other error.
+    pub fn quota_labels(&self) -> Option<(&'static str, &'static str)> {
+        match self {
+            RouterError::QuotaExceeded(q) => Some((q.quota, q.scope)),
+            RouterError::ConnectionShareFull { .. } => Some((BODY_SHARE[0], BODY_SHARE[1])),
+            _ => None,
+        }
     }
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of

@@ -29,7 +29,7 @@ pub const RESULTS: [&str; 2] = ["ok", "error"];
 pub const QUOTAS: [&str; 3] = ["rate", "in_flight", "open_calls"];
 pub const QUOTA_SCOPES: [&str; 3] = ["caller", "tool", "overflow"];
 /// The one series of the body share: `quota="body_bytes", scope="connection"`.
-pub const BODY_SHARE: [&str; 2] = ["body_bytes", "connection"];
+pub use crate::error::BODY_SHARE;
 
 /// Log lines (access log and the router's own) dropped because their output (stdout, stderr)
 /// was not being read fast enough: counted per process, as the outputs are the process's, and

@@ -292,6 +292,45 @@ async fn json_lines_one_per_request_with_the_fields_and_no_credentials() {
 }
 
 #[tokio::test]
+async fn a_line_names_the_quota_caller_and_the_quota_that_refused() {
+    let (_workers, specs) = workers(1).await;
+    let extra = "[log]\nformat = \"json\"\naccess = true\n\
+                 [quotas]\ncaller = \"ip\"\ntrusted_proxies = [\"127.0.0.1/32\"]\nrate = \"1/m\"\nburst = 1\n\
+                 [[quotas.tool]]\nname = \"whoami\"\nrate = \"1/m\"\nburst = 1\n";
+    let router = RouterProcess::start(extra, &specs, true).await;
+    let next = || -> Value { serde_json::from_str(&router.next_line()).unwrap() };
+    let behind_proxy = [("x-forwarded-for", "203.0.113.7")];
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    assert_eq!(router.post(&behind_proxy, &ping).await.status, 200);
+    let admitted = next();
+    // The client is the TCP peer; the caller the address the trusted proxy vouched for.
+    assert_eq!(
+        (&admitted["client"], &admitted["caller"]),
+        (&json!("127.0.0.1"), &json!("203.0.113.7"))
+    );
+    assert!(admitted.get("quota").is_none(), "{admitted}");
+    assert_eq!(router.post(&behind_proxy, &ping).await.status, 429);
+    let refused = next();
+    assert_eq!(refused["caller"], "203.0.113.7", "{refused}");
+    assert_eq!(
+        (&refused["quota"], &refused["error"]),
+        (&json!("rate/caller"), &json!("rate_limited"))
+    );
+    // A tool's own rate says so; an IPv6 caller is its /64.
+    let whoami = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami"}});
+    let v6 = [("x-forwarded-for", "2001:db8:1:2::77")];
+    assert_eq!(router.post(&v6, &whoami).await.status, 200);
+    assert_eq!(next()["caller"], "2001:db8:1:2::/64");
+    assert_eq!(router.post(&v6, &whoami).await.status, 429);
+    let refused = next();
+    assert_eq!(
+        (&refused["caller"], &refused["quota"]),
+        (&json!("2001:db8:1:2::/64"), &json!("rate/tool"))
+    );
+    router.stop().await;
+}
+
+#[tokio::test]
 async fn text_lines_by_default_format() {
     let (_workers, specs) = workers(1).await;
     let router = RouterProcess::start("[log]\naccess = true\n", &specs, true).await;

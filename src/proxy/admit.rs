@@ -11,7 +11,7 @@ use http::header::{HeaderMap, HeaderValue};
 
 use crate::dialect::RequestKeys;
 use crate::error::{QuotaRefusal, RouterError};
-use crate::quotas::{Admission, Quota, Quotas, Request};
+use crate::quotas::{Admission, CallerKey, Quota, Quotas, Request};
 use crate::token::PrincipalTag;
 
 /// What the request asks of its caller's quotas.
@@ -23,20 +23,19 @@ pub struct Ask<'a> {
     pub tool: Option<&'a str>,
 }
 
-/// Admits the request, or refuses it 429 with when to retry.
-pub async fn admit(
-    quotas: &Quotas,
-    headers: &HeaderMap,
-    peer: &HeaderValue,
-    principal: Option<&PrincipalTag>,
-    ask: Ask<'_>,
-) -> Result<Admission, RouterError> {
+/// The request's caller: `peer` is the connection's client address (the PROXY header's source
+/// when there was one), `principal` the tag of the principal `[auth]` verified.
+pub fn caller(quotas: &Quotas, headers: &HeaderMap, peer: &HeaderValue, principal: Option<&PrincipalTag>) -> CallerKey {
     let peer = peer
         .to_str()
         .ok()
         .and_then(|p| p.parse::<IpAddr>().ok())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    let caller = quotas.caller(principal, headers, peer);
+    quotas.caller(principal, headers, peer)
+}
+
+/// Admits the request, or refuses it 429 with when to retry.
+pub async fn admit(quotas: &Quotas, caller: CallerKey, ask: Ask<'_>) -> Result<Admission, RouterError> {
     let request = Request {
         tool: ask.tool.filter(|_| ask.keys.method.as_deref() == Some("tools/call")),
         new_call: !ask.follow_up,

@@ -80,6 +80,7 @@ pub fn handle(
             Err(e) => {
                 if let Some(obs) = &mut record.obs {
                     obs.error = Some(e.reason());
+                    obs.quota = e.quota_labels();
                 }
                 router_error(&shared, e, record.id.as_ref().map(RpcId::as_str))
             }
@@ -197,7 +198,11 @@ async fn handle_inner(
             follow_up: unsealed.is_some() || decision.matched.is_some(),
             tool: tool.as_deref(),
         };
-        let mut admitted = admit::admit(quotas, &parts.headers, peer, tag.as_ref(), ask).await?;
+        let caller = admit::caller(quotas, &parts.headers, peer, tag.as_ref());
+        if let Some(obs) = &mut record.obs {
+            obs.quota_caller(caller.log_text());
+        }
+        let mut admitted = admit::admit(quotas, caller, ask).await?;
         open_call = admitted.take_open_call();
         record.admitted = Some(admitted);
     }
@@ -339,12 +344,10 @@ fn router_error(shared: &Shared, e: RouterError, id: Option<&str>) -> Response<P
     match &e {
         RouterError::InvalidToken { reason } => metrics.tokens_rejected.with_label_values(&[reason]).inc(),
         RouterError::PinnedBackendUnavailable { .. } => metrics.pins_lost.inc(),
-        RouterError::QuotaExceeded(q) => metrics.quota_refusals.with_label_values(&[q.quota, q.scope]).inc(),
-        RouterError::ConnectionShareFull { .. } => metrics
-            .quota_refusals
-            .with_label_values(&crate::metrics::BODY_SHARE)
-            .inc(),
         _ => {}
+    }
+    if let Some((quota, scope)) = e.quota_labels() {
+        metrics.quota_refusals.with_label_values(&[quota, scope]).inc();
     }
     if let Some(result) = e.auth_result() {
         if let Some(i) = crate::auth::AUTH_RESULTS.iter().position(|r| *r == result) {

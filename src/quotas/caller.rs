@@ -64,8 +64,24 @@ impl CallerKey {
     }
 }
 
-/// Hex: what a log line may show (an IP caller is readable in it, as the access log already
-/// names the client; a digest names no one).
+impl CallerKey {
+    /// What the access log shows of the caller: an IP caller as its address (an IPv6 one as its
+    /// /64), a principal or header caller as its key in hex, a digest that names no one (a
+    /// header may carry a credential; the principal's subject has a field of its own).
+    pub fn log_text(&self) -> String {
+        let v6 = Ipv6Addr::from(self.0);
+        if let Some(v4) = v6.to_ipv4_mapped() {
+            return v4.to_string();
+        }
+        // A digest whose last 8 bytes are all zero: one in 2^64.
+        if self.0[8..] == [0; 8] {
+            return format!("{v6}/64");
+        }
+        self.to_string()
+    }
+}
+
+/// Hex: the key in the shared store (`mrtr:rate:caller:HEX`), and what a log line may show.
 impl fmt::Display for CallerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
@@ -163,6 +179,22 @@ mod tests {
             h.append("x-forwarded-for", http::HeaderValue::from_bytes(v.as_bytes()).unwrap());
         }
         h
+    }
+
+    #[test]
+    fn the_log_shows_an_address_for_an_ip_caller_and_a_digest_for_the_others() {
+        assert_eq!(CallerKey::from_ip(ip("203.0.113.7")).log_text(), "203.0.113.7");
+        assert_eq!(CallerKey::from_ip(ip("::ffff:203.0.113.7")).log_text(), "203.0.113.7");
+        assert_eq!(
+            CallerKey::from_ip(ip("2001:db8:1:2:3:4:5:6")).log_text(),
+            "2001:db8:1:2::/64"
+        );
+        let header = CallerKey::from_header_value(b"api-key-of-tenant-7");
+        assert_eq!(header.log_text(), header.to_string());
+        assert_eq!(header.log_text().len(), 32);
+        assert!(!header.log_text().contains("tenant"));
+        let principal = CallerKey::from_principal(&[7; 16]);
+        assert_eq!(principal.log_text(), "07".repeat(16));
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub struct AccessLine<'a> {
     /// The verified caller (`[auth]`): the token's subject and client id.
     pub subject: Option<&'a str>,
     pub client_id: Option<&'a str>,
+    /// The caller `[quotas]` counted the request against: an address, or a key's digest.
+    pub caller: Option<&'a str>,
+    /// The quota that refused the request and its scope, e.g. `rate/caller`.
+    pub quota: Option<&'a str>,
 }
 
 impl AccessLine<'_> {
@@ -48,7 +52,7 @@ impl AccessLine<'_> {
         let mut out = String::with_capacity(320);
         let ts = humantime::format_rfc3339_millis(self.ts).to_string();
         let ms = format!("{:.3}", self.duration.as_secs_f64() * 1000.0);
-        let fields: [(&str, Value); 16] = [
+        let fields: [(&str, Value); 18] = [
             ("ts", Value::Str(Some(&ts))),
             ("client", Value::Str(Some(self.client))),
             ("http_method", Value::Str(Some(self.http_method))),
@@ -65,6 +69,8 @@ impl AccessLine<'_> {
             ("trace_id", Value::Str(self.trace_id)),
             ("subject", Value::Str(self.subject)),
             ("client_id", Value::Str(self.client_id)),
+            ("caller", Value::Str(self.caller)),
+            ("quota", Value::Str(self.quota)),
         ];
         match format {
             LogFormat::Json => {
@@ -188,6 +194,8 @@ mod tests {
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
             subject: None,
             client_id: None,
+            caller: None,
+            quota: None,
         }
     }
 

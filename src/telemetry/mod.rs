@@ -57,6 +57,10 @@ pub struct Observation {
     /// The verified caller's subject and client id, when `[auth]` is on.
     subject: Option<String>,
     client_id: Option<String>,
+    /// The caller `[quotas]` counted the request against, as the log shows it.
+    quota_caller: Option<String>,
+    /// The `quota` and `scope` of the quota that refused the request.
+    pub quota: Option<(&'static str, &'static str)>,
 }
 
 impl Observation {
@@ -110,7 +114,14 @@ impl Observation {
             client_trace_id,
             subject: None,
             client_id: None,
+            quota_caller: None,
+            quota: None,
         })
+    }
+
+    /// The caller `[quotas]` counts the request against.
+    pub fn quota_caller(&mut self, caller: String) {
+        self.quota_caller = Some(caller);
     }
 
     /// The caller `[auth]` verified.
@@ -186,6 +197,7 @@ impl Observation {
             trace.finish(self.status, self.error, attributes);
         }
         let Some(format) = self.access else { return };
+        let quota = self.quota.map(|(quota, scope)| format!("{quota}/{scope}"));
         let line = AccessLine {
             ts: self.ts,
             client: self.client.to_str().unwrap_or("-"),
@@ -203,6 +215,8 @@ impl Observation {
             trace_id: trace_id.as_deref(),
             subject: self.subject.as_deref(),
             client_id: self.client_id.as_deref(),
+            caller: self.quota_caller.as_deref(),
+            quota: quota.as_deref(),
         };
         writer::stdout().write_line(line.render(format));
     }
