@@ -42,8 +42,10 @@ pub enum RouterError {
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
-    #[error("this connection's request bodies hold its share of the router's memory ({limit} bytes); retry later")]
-    ConnectionShareFull { limit: usize },
+    /// A connection's or a caller's share of the body budget (`[quotas]
+    /// max_body_bytes_per_connection`, `max_body_bytes_per_caller`) is full; `scope` says whose.
+    #[error("this {scope}'s request bodies hold its share of the router's memory ({limit} bytes); retry later")]
+    BodyShareFull { scope: &'static str, limit: usize },
     #[error("the backend has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
     UpstreamBusy { backend: String },
     #[error("the router does not forward {method} requests")]
@@ -70,8 +72,9 @@ pub enum RouterError {
     QuotaStoreUnavailable,
 }
 
-/// The `quota` and `scope` labels of a connection's body share (`mrtr_quota_refusals_total`).
-pub const BODY_SHARE: [&str; 2] = ["body_bytes", "connection"];
+/// The `quota` label of a body share's refusal (`mrtr_quota_refusals_total`), and its scopes.
+pub const BODY_BYTES: &str = "body_bytes";
+pub const BODY_SHARE_SCOPES: [&str; 2] = ["connection", "caller"];
 
 /// A request refused by a quota of its caller (docs/src/quotas.md): 429, never 401 or 403 (an
 /// OAuth client re-authorizes on those).
@@ -179,7 +182,7 @@ impl RouterError {
             PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
             HeaderMismatch => (StatusCode::BAD_REQUEST, -32020, "header_mismatch"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
-            Overloaded | ConnectionShareFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
+            Overloaded | BodyShareFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
             MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, -32600, "method_not_allowed"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
@@ -204,7 +207,7 @@ impl RouterError {
     pub fn quota_labels(&self) -> Option<(&'static str, &'static str)> {
         match self {
             RouterError::QuotaExceeded(q) => Some((q.quota, q.scope)),
-            RouterError::ConnectionShareFull { .. } => Some((BODY_SHARE[0], BODY_SHARE[1])),
+            RouterError::BodyShareFull { scope, .. } => Some((BODY_BYTES, scope)),
             _ => None,
         }
     }
@@ -413,7 +416,10 @@ mod tests {
             HeaderMismatch,
             NoBackend,
             Overloaded,
-            ConnectionShareFull { limit: 1 },
+            BodyShareFull {
+                scope: "connection",
+                limit: 1,
+            },
             UpstreamBusy { backend: b() },
             MethodNotAllowed { method: "TRACE" },
             UpstreamUnavailable { backend: b() },
@@ -433,8 +439,7 @@ mod tests {
             match e {
                 Parse | BodyBroken | BodyTooLarge { .. } | BodyTimeout | HeaderTimeout | InvalidToken { .. } => {}
                 TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
-                NoBackend | Overloaded | ConnectionShareFull { .. } | UpstreamBusy { .. } | MethodNotAllowed { .. } => {
-                }
+                NoBackend | Overloaded | BodyShareFull { .. } | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
                 Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}
                 AuthUnavailable | QuotaExceeded(_) | QuotaStoreUnavailable => {}

@@ -28,8 +28,8 @@ pub const RESULTS: [&str; 2] = ["ok", "error"];
 /// The `quota` and `scope` labels of `mrtr_quota_refusals_total`.
 pub const QUOTAS: [&str; 3] = ["rate", "in_flight", "open_calls"];
 pub const QUOTA_SCOPES: [&str; 3] = ["caller", "tool", "overflow"];
-/// The one series of the body share: `quota="body_bytes", scope="connection"`.
-pub use crate::error::BODY_SHARE;
+/// The series of the body shares: `quota="body_bytes"`, `scope="connection"` or `"caller"`.
+pub use crate::error::{BODY_BYTES, BODY_SHARE_SCOPES};
 
 /// Log lines (access log and the router's own) dropped because their output (stdout, stderr)
 /// was not being read fast enough: counted per process, as the outputs are the process's, and
@@ -383,7 +383,9 @@ impl Metrics {
                 drop(self.quota_refusals.with_label_values(&[quota, scope]));
             }
         }
-        drop(self.quota_refusals.with_label_values(&BODY_SHARE));
+        for scope in BODY_SHARE_SCOPES {
+            drop(self.quota_refusals.with_label_values(&[BODY_BYTES, scope]));
+        }
         for kind in PIN_KINDS {
             drop(self.pins.with_label_values(&[kind]));
         }

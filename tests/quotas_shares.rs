@@ -1,20 +1,18 @@
 //! Each quota's share on its own (docs/src/quotas.md): the pin table's (`max_open_calls`), a
 //! call's rounds past its caller's rate (MRTR-aware admission), requests in flight with SSE
-//! answers held (`max_in_flight`), a tool's own rate and calls in flight, one HTTP/2 connection's share of the body budget
-//! (`max_body_bytes_per_connection`), the caller a PROXY protocol header names, and the
-//! configs `check` refuses.
+//! answers held (`max_in_flight`), a tool's own rate and calls in flight, the body budget's
+//! shares (one HTTP/2 connection's, `max_body_bytes_per_connection`; one caller's on many
+//! connections, `max_body_bytes_per_caller`), the caller a PROXY protocol header names, and
+//! the configs `check` refuses.
 
 mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::Request;
 use mrtr_router::config::Config;
-use serde_json::{json, Value};
-use support::quotas::{assert_quota_refusal, held_sse};
+use serde_json::json;
+use support::quotas::{assert_quota_refusal, held_sse, UnfinishedBodies};
 use support::*;
 use tokio::net::TcpStream;
 
@@ -245,96 +243,84 @@ async fn one_h2_connection_holds_at_most_its_share_of_the_body_budget() {
         ),
     )
     .await;
-    let tcp = TcpStream::connect(fleet.router).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    let conn = tokio::spawn(conn);
-    let part = Bytes::from(vec![b' '; PART]);
-    let (mut answers, mut sending) = (Vec::new(), Vec::new());
-    for _ in 0..STREAMS {
-        let mut ready = client.clone().ready().await.unwrap();
-        let req = Request::post(fleet.url())
-            .header("content-type", "application/json")
-            .header("content-length", 1 << 20)
-            .body(())
-            .unwrap();
-        let (answer, mut body) = ready.send_request(req, false).unwrap();
-        body.send_data(part.clone(), false).unwrap();
-        sending.push(body);
-        answers.push(tokio::spawn(async move {
-            let resp = answer.await.ok()?;
-            let status = resp.status().as_u16();
-            let header = |n: &str| resp.headers().get(n).map(|v| v.to_str().unwrap().to_string());
-            let reason = header("mcp-router-error");
-            let retry = header("retry-after");
-            let mut body = resp.into_body();
-            let mut text = Vec::new();
-            while let Some(Ok(chunk)) = body.data().await {
-                text.extend_from_slice(&chunk);
-            }
-            let code = serde_json::from_slice::<Value>(&text).ok()?["error"]["code"].as_i64();
-            Some((status, reason, retry, code))
-        }));
-    }
-
-    // Settled: each stream is held whole (its part read) or refused; the bytes held are
-    // sampled all along.
-    let mut peak = 0.0f64;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let held = loop {
-        let refused = answers.iter().filter(|a| a.is_finished()).count();
-        let held = metric(&fleet.metrics().await, "mrtr_body_buffer_bytes").unwrap_or(0.0);
-        peak = peak.max(held);
-        if (held as usize).is_multiple_of(PART) && refused + held as usize / PART == STREAMS {
-            break held;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never settled: {held} bytes held, {refused} streams answered"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let mut bodies = UnfinishedBodies::open(&fleet, &[], 1, STREAMS, PART).await;
+    // Settled: each stream is held whole (its part read) or refused.
+    let (held, peak) = bodies.settle(&fleet).await;
     println!(
         "one h2 connection, {STREAMS} unfinished {PART}-byte parts: {held} bytes held (peak {peak}), share {SHARE}"
     );
-    assert!(peak <= SHARE as f64, "held {peak} bytes, over the share {SHARE}");
-    assert_eq!(held as usize, SHARE, "the share is used whole");
+    assert!(peak <= SHARE, "held {peak} bytes, over the share {SHARE}");
+    assert_eq!(held, SHARE, "the share is used whole");
+    assert_another_client_is_served(&fleet).await;
+    let refused = bodies.refused().await;
+    assert_eq!(refused, STREAMS - SHARE / PART);
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "body_bytes", "connection"), refused as f64);
+    bodies.close(&fleet).await;
+    fleet.shutdown().await;
+}
 
-    // Another client is served meanwhile, body and all.
-    let other = fleet
-        .post(
-            &[],
-            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami"}}),
-        )
-        .await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_on_many_connections_holds_at_most_its_share_of_the_body_budget() {
+    const PART: usize = 256 << 10;
+    const PER_CONNECTION: usize = 2 << 20;
+    const PER_CALLER: usize = 3 << 20;
+    let fleet = Fleet::start(
+        1,
+        &format!(
+            "[server]\nmax_body_bytes = {}\n{}max_body_bytes_per_connection = {PER_CONNECTION}\n\
+             max_body_bytes_per_caller = {PER_CALLER}\n",
+            1 << 20,
+            BY_FORWARDED_IP,
+        ),
+    )
+    .await;
+    // Four connections of eight streams: each connection offers exactly its share (2 MiB),
+    // the caller 8 MiB in all, past its 3 MiB.
+    let a = from("203.0.113.7");
+    let mut bodies = UnfinishedBodies::open(&fleet, &a, 4, 8, PART).await;
+    let (held, peak) = bodies.settle(&fleet).await;
+    println!("one caller, 4 h2 connections x 8 unfinished {PART}-byte parts: {held} bytes held (peak {peak}), share {PER_CALLER}");
+    assert!(
+        peak <= PER_CALLER,
+        "held {peak} bytes, over the caller's share {PER_CALLER}"
+    );
+    assert_eq!(held, PER_CALLER, "the caller's share is used whole");
+    // Another caller, and a body of this caller's that fits nowhere now, meanwhile.
+    assert_another_client_is_served(&fleet).await;
+    let whoami = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "whoami"}});
+    let over = fleet.post(&a, &whoami).await;
+    assert_eq!(
+        (over.status, over.router_error()),
+        (http::StatusCode::SERVICE_UNAVAILABLE, Some("router_overloaded"))
+    );
+    // Refused before its body was whole: its id is not known.
+    assert_eq!(
+        (over.json()["id"].clone(), over.json()["error"]["code"].clone()),
+        (json!(null), json!(-32005))
+    );
+    let refused = bodies.refused().await;
+    assert_eq!(refused, 32 - PER_CALLER / PART);
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "body_bytes", "caller"), (refused + 1) as f64);
+    assert_eq!(refusals(&m, "body_bytes", "connection"), 0.0);
+    bodies.close(&fleet).await;
+    // Given back: the caller's next body is read and served.
+    assert_eq!(fleet.post(&a, &whoami).await.status, 200);
+    fleet.shutdown().await;
+}
+
+/// A client that holds no body is served, body and all, while another holds its share; it is
+/// the only one whose request reached a worker.
+async fn assert_another_client_is_served(fleet: &Fleet) {
+    let whoami = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami"}});
+    let other = fleet.post(&from("198.51.100.9"), &whoami).await;
     assert_eq!(other.status, 200, "{other:?}");
     assert_eq!(
         fleet.total_requests(),
         1,
         "only the other client's request reached the worker"
     );
-
-    let mut refused = 0;
-    for answer in answers.iter_mut().filter(|a| a.is_finished()) {
-        let got = answer.await.unwrap().expect("an answer, not a reset");
-        let (status, reason, retry, code) = got;
-        assert_eq!(
-            (status, reason.as_deref(), retry.as_deref(), code),
-            (503, Some("router_overloaded"), Some("1"), Some(-32005))
-        );
-        refused += 1;
-    }
-    assert_eq!(refused, STREAMS - SHARE / PART);
-    let m = fleet.metrics().await;
-    assert_eq!(refusals(&m, "body_bytes", "connection"), refused as f64);
-
-    drop((sending, client));
-    conn.abort();
-    let deadline = Instant::now() + REQUEST_DEADLINE;
-    while metric(&fleet.metrics().await, "mrtr_body_buffer_bytes") != Some(0.0) {
-        assert!(Instant::now() < deadline, "the share was never given back");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    fleet.shutdown().await;
 }
 
 const BACKEND: &str = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";

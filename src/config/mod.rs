@@ -240,6 +240,7 @@ impl Config {
                 && q.max_in_flight.is_none()
                 && q.max_open_calls.is_none()
                 && q.max_body_bytes_per_connection.is_none()
+                && q.max_body_bytes_per_caller.is_none()
                 && q.tools.is_empty();
             if none {
                 notes.push("[quotas] sets no quota: every caller is unlimited".to_string());

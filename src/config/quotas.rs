@@ -24,6 +24,8 @@ pub struct QuotasConfig {
     pub max_open_calls: Option<u32>,
     /// Request-body bytes one client connection may have buffered at once.
     pub max_body_bytes_per_connection: Option<usize>,
+    /// Request-body bytes one caller may have buffered at once, all its connections together.
+    pub max_body_bytes_per_caller: Option<usize>,
     /// Callers tracked per quota table; past it, new callers share one overflow entry.
     pub max_tracked_callers: usize,
     /// `[[quotas.tool]]`.
@@ -200,6 +202,14 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     )
     .unset("a connection may take all of `server.max_body_buffer_bytes`")
     .example("8388608");
+    let max_body_caller = key(
+        "max_body_bytes_per_caller",
+        "Request-body bytes one caller may have buffered at once, all its connections together, \
+         between `server.max_body_bytes` and `server.max_body_buffer_bytes`; past it, 503 \
+         `router_overloaded`.",
+    )
+    .unset("a caller may take all of `server.max_body_buffer_bytes`")
+    .example("33554432");
     let max_tracked = key(
         "max_tracked_callers",
         "Callers each quota keeps state for (idle ones are forgotten); past it, new callers share one \
@@ -266,25 +276,8 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     let rate = rate(&mut s, rate_key, burst)?;
     let max_in_flight = s.maybe_int(max_in_flight, 1..=1_000_000)?.map(|n| n as u32);
     let max_open_calls = s.maybe_int(max_open_calls, 1..=u32::MAX.into())?.map(|n| n as u32);
-    let body = s.maybe_int(max_body, 64..=1 << 40)?;
-    let max_body_bytes_per_connection = match body {
-        None => None,
-        Some(n) => {
-            let n = n as usize;
-            if n < server.max_body_bytes || n > server.max_body_buffer_bytes {
-                let span = s.span();
-                return s.err(
-                    span,
-                    format!(
-                        "quotas.max_body_bytes_per_connection ({n}): must be between server.max_body_bytes ({}) \
-                         and server.max_body_buffer_bytes ({})",
-                        server.max_body_bytes, server.max_body_buffer_bytes
-                    ),
-                );
-            }
-            Some(n)
-        }
-    };
+    let max_body_bytes_per_connection = body_share(&mut s, max_body, server)?;
+    let max_body_bytes_per_caller = body_share(&mut s, max_body_caller, server)?;
     let max_tracked_callers = s.int(max_tracked, defaults::QUOTA_MAX_TRACKED_CALLERS as i64, 1..=100_000_000)? as usize;
     let store_text = s.secret_or(store, defaults::QUOTA_STORE)?;
     let store_span = store_text.span.clone();
@@ -318,6 +311,7 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
             max_in_flight,
             max_open_calls,
             max_body_bytes_per_connection,
+            max_body_bytes_per_caller,
             max_tracked_callers,
             tools: Vec::new(),
             store,
@@ -325,6 +319,28 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
             store_failure,
         },
     })
+}
+
+/// A share of `server.max_body_buffer_bytes` (a connection's or a caller's): at least one whole
+/// body, at most the whole budget.
+fn body_share(s: &mut Section, key: super::reader::Key, server: &ServerConfig) -> Result<Option<usize>, ConfigError> {
+    let Some(n) = s.maybe_int(key, 64..=1 << 40)? else {
+        return Ok(None);
+    };
+    let n = n as usize;
+    if n < server.max_body_bytes || n > server.max_body_buffer_bytes {
+        let span = s.span();
+        return s.err(
+            span,
+            format!(
+                "{} ({n}): must be between server.max_body_bytes ({}) and server.max_body_buffer_bytes ({})",
+                s.key_name(key.name()),
+                server.max_body_bytes,
+                server.max_body_buffer_bytes
+            ),
+        );
+    }
+    Ok(Some(n))
 }
 
 /// `redis://[user:password@]host[:port][/db]`: the scheme and a host checked here, the rest
@@ -492,8 +508,8 @@ mod tests {
         let q = quotas(
             "[quotas]\ncaller = \"header:X-Api-Key\"\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n\
              rate = \"20/s\"\nmax_in_flight = 8\nmax_open_calls = 50\n\
-             max_body_bytes_per_connection = 4194304\nmax_tracked_callers = 1000\n\
-             store_timeout = \"20ms\"\nstore_failure = \"closed\"\n\
+             max_body_bytes_per_connection = 4194304\nmax_body_bytes_per_caller = 8388608\n\
+             max_tracked_callers = 1000\nstore_timeout = \"20ms\"\nstore_failure = \"closed\"\n\
              [[quotas.tool]]\nname = \"search\"\nrate = \"30/m\"\nburst = 5\n\
              [[quotas.tool]]\nname = \"slow\"\nmax_in_flight = 4\n",
         );
@@ -513,6 +529,7 @@ mod tests {
         );
         assert_eq!((q.max_in_flight, q.max_open_calls), (Some(8), Some(50)));
         assert_eq!(q.max_body_bytes_per_connection, Some(4 << 20));
+        assert_eq!(q.max_body_bytes_per_caller, Some(8 << 20));
         assert_eq!(q.store, QuotaStore::Local);
         assert_eq!(q.store_failure, StoreFailure::Closed);
         let minute = Duration::from_secs(60);
@@ -601,6 +618,10 @@ mod tests {
             (
                 "[quotas]\nmax_body_bytes_per_connection = 1099511627776\n",
                 "must be between server.max_body_bytes",
+            ),
+            (
+                "[quotas]\nmax_body_bytes_per_caller = 1024\n",
+                "quotas.max_body_bytes_per_caller (1024): must be between server.max_body_bytes",
             ),
             ("[quotas]\nbogus = 1\n", "quotas: unknown key `bogus`"),
             (

@@ -130,12 +130,28 @@ async fn handle_inner(
         _ => None,
     };
 
+    // The caller `[quotas]` counts against, from the head too: its share of the body budget
+    // bounds the body's read.
+    let tag = caller.as_ref().map(|c| c.tag);
+    let quota_caller = snap.quotas.as_ref().map(|quotas| {
+        let key = admit::caller(quotas, &parts.headers, peer, tag.as_ref());
+        if let Some(obs) = &mut record.obs {
+            obs.quota_caller(key.log_text());
+        }
+        key
+    });
+
     // Read: a POST's body whole (bounded in size and time, and held within the budget all
     // bodies share until the request ends); other methods stream theirs. CONNECT and TRACE
     // are no MCP methods: answered here, never forwarded.
     let (bytes, stream, _held) = match parts.method == Method::POST {
         true => {
-            let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share).await?;
+            let body_share = snap
+                .quotas
+                .as_ref()
+                .zip(quota_caller)
+                .and_then(|(q, c)| q.body_share(c));
+            let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share, body_share).await?;
             (bytes, None, held)
         }
         false if parts.method == Method::CONNECT || parts.method == Method::TRACE => {
@@ -179,7 +195,6 @@ async fn handle_inner(
         }
         keys
     };
-    let tag = caller.as_ref().map(|c| c.tag);
     if keys.names_disagree() {
         return Err(RouterError::HeaderMismatch);
     }
@@ -192,16 +207,12 @@ async fn handle_inner(
     }
     // Admitted by the caller's quotas, before any backend is asked.
     let mut open_call = None;
-    if let Some(quotas) = &snap.quotas {
+    if let (Some(quotas), Some(caller)) = (&snap.quotas, quota_caller) {
         let ask = admit::Ask {
             keys: &keys,
             follow_up: unsealed.is_some() || decision.matched.is_some(),
             tool: tool.as_deref(),
         };
-        let caller = admit::caller(quotas, &parts.headers, peer, tag.as_ref());
-        if let Some(obs) = &mut record.obs {
-            obs.quota_caller(caller.log_text());
-        }
         let mut admitted = admit::admit(quotas, caller, ask).await?;
         open_call = admitted.take_open_call();
         record.admitted = Some(admitted);

@@ -16,6 +16,7 @@ use super::forward::within;
 use crate::body::MAX_OBSERVED_EVENT;
 use crate::error::RouterError;
 use crate::metrics::BodyBuffer;
+use crate::quotas::BodyShare;
 use crate::state::Snapshot;
 use crate::upstream::DrivenBody;
 
@@ -64,11 +65,13 @@ impl ConnectionShare {
     }
 }
 
-/// A body's share of `max_body_buffer_bytes` (and of its connection's share), given back when
-/// dropped (the request ends).
+/// A body's share of `max_body_buffer_bytes` (and of its connection's and its caller's
+/// shares), given back when dropped (the request ends).
 pub(super) struct Held<'a> {
     budget: Option<&'a BodyBuffer>,
     share: Option<&'a ConnectionShare>,
+    /// The caller's share (`max_body_bytes_per_caller`): gives back all it took when dropped.
+    caller: Option<BodyShare>,
     bytes: usize,
 }
 
@@ -77,12 +80,13 @@ impl<'a> Held<'a> {
         Held {
             budget: None,
             share: None,
+            caller: None,
             bytes: 0,
         }
     }
 
-    /// Takes `n` more bytes of the connection's `share`, then of `budget` (of `limit` in all),
-    /// or answers `router_overloaded`.
+    /// Takes `n` more bytes of the connection's `share`, of the caller's, then of `budget` (of
+    /// `limit` in all), or answers `router_overloaded`.
     fn take(
         &mut self,
         budget: &'a BodyBuffer,
@@ -92,7 +96,22 @@ impl<'a> Held<'a> {
     ) -> Result<(), RouterError> {
         if let Some(s) = share {
             if !s.held.try_reserve(n, s.limit) {
-                return Err(RouterError::ConnectionShareFull { limit: s.limit });
+                return Err(RouterError::BodyShareFull {
+                    scope: "connection",
+                    limit: s.limit,
+                });
+            }
+        }
+        if let Some(caller) = &mut self.caller {
+            // What the caller's share took is given back whole when `self` drops.
+            if caller.try_take(n as u64).is_err() {
+                if let Some(s) = share {
+                    s.held.release(n);
+                }
+                return Err(RouterError::BodyShareFull {
+                    scope: "caller",
+                    limit: caller.limit() as usize,
+                });
             }
         }
         if !budget.try_reserve(n, limit) {
@@ -120,17 +139,21 @@ impl Drop for Held<'_> {
 }
 
 /// Reads a POST body whole: at most `max_body_bytes`, within `body_read_timeout`, each frame
-/// taken from the budget all bodies share (`max_body_buffer_bytes`) as it is read.
+/// taken from the budget all bodies share (`max_body_buffer_bytes`) as it is read, and from
+/// the connection's and the caller's shares of it when `[quotas]` sets them.
 pub(super) async fn read_body<'a>(
     mut body: Incoming,
     snap: &Snapshot,
     budget: &'a BodyBuffer,
     share: Option<&'a ConnectionShare>,
+    caller: Option<BodyShare>,
 ) -> Result<(Bytes, Held<'a>), RouterError> {
-    let mut held = Held::nothing();
+    let mut held = Held {
+        caller,
+        ..Held::nothing()
+    };
     let result = read_limited(&mut body, snap, budget, share, &mut held).await;
-    if let Err(RouterError::BodyTooLarge { .. } | RouterError::Overloaded | RouterError::ConnectionShareFull { .. }) =
-        result
+    if let Err(RouterError::BodyTooLarge { .. } | RouterError::Overloaded | RouterError::BodyShareFull { .. }) = result
     {
         drop(held);
         // A lingering close: read and drop what the client is still sending (bounded), so

@@ -12,6 +12,7 @@
 //! Depends on `config` only; never on the request path's types: the request path passes in
 //! what it read (principal tag, headers, peer, tool, whether the request continues a call).
 
+mod body;
 mod caller;
 mod inflight;
 mod open_calls;
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
+pub use body::{BodyShare, BodyShares};
 pub use caller::{CallerKey, CallerRule};
 pub use inflight::{PerCaller, Permit, Refused, Shared, SharedPermit};
 pub use open_calls::{OpenCall, OpenCalls};
@@ -217,6 +219,7 @@ pub struct Quotas {
     open_calls: Option<OpenCalls>,
     tools: HashMap<String, ToolQuotas>,
     max_body_bytes_per_connection: Option<usize>,
+    bodies: Option<Arc<BodyShares>>,
     /// The shared store, when `store` names one: the rates above are then counted there (the
     /// local tables stay empty).
     shared: Option<RedisStore>,
@@ -242,6 +245,7 @@ impl Quotas {
             open_calls: config.max_open_calls.map(|n| OpenCalls::new(n, cap)),
             tools: tools.collect(),
             max_body_bytes_per_connection: config.max_body_bytes_per_connection,
+            bodies: config.max_body_bytes_per_caller.map(|n| BodyShares::new(n as u64, cap)),
             shared: match &config.store {
                 QuotaStore::Local => None,
                 QuotaStore::Redis(url) => Some(RedisStore::new(
@@ -379,7 +383,8 @@ impl Quotas {
         Stats {
             tracked: rates().map(RateLimiter::tracked).sum::<usize>()
                 + self.in_flight.as_ref().map_or(0, |q| q.tracked())
-                + self.open_calls.as_ref().map_or(0, OpenCalls::tracked),
+                + self.open_calls.as_ref().map_or(0, OpenCalls::tracked)
+                + self.bodies.as_ref().map_or(0, |b| b.tracked()),
             overflowed: rates().map(RateLimiter::overflowed).sum(),
         }
     }
@@ -389,8 +394,8 @@ impl Quotas {
         self.max_body_bytes_per_connection
     }
 
-    /// Whether the rates are counted in a shared store.
-    pub fn shares_rates(&self) -> bool {
-        self.shared.is_some()
+    /// The share of `caller`'s bodies one body takes from (`max_body_bytes_per_caller`).
+    pub fn body_share(&self, caller: CallerKey) -> Option<BodyShare> {
+        self.bodies.as_ref().map(|b| b.share(caller))
     }
 }

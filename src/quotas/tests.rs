@@ -41,6 +41,7 @@ fn config() -> QuotasConfig {
         max_in_flight: None,
         max_open_calls: None,
         max_body_bytes_per_connection: None,
+        max_body_bytes_per_caller: None,
         max_tracked_callers: 1000,
         tools: Vec::new(),
         store: QuotaStore::Local,

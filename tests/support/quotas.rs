@@ -112,3 +112,121 @@ pub fn quantile(samples: &[Duration], q: f64) -> Duration {
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
 }
+
+/// What an unfinished body's stream was answered: status, `Mcp-Router-Error`, `Retry-After`
+/// and the JSON-RPC error code.
+type BodyAnswer = (u16, Option<String>, Option<String>, Option<i64>);
+
+/// POST bodies that never finish: HTTP/2 streams that each declare a 1 MiB body, send `part`
+/// bytes of it and stop, on connections of their own (a caller taking the body budget).
+pub struct UnfinishedBodies {
+    part: usize,
+    streams: usize,
+    answers: Vec<tokio::task::JoinHandle<Option<BodyAnswer>>>,
+    sending: Vec<h2::SendStream<Bytes>>,
+    clients: Vec<h2::client::SendRequest<Bytes>>,
+    conns: Vec<tokio::task::JoinHandle<Result<(), h2::Error>>>,
+}
+
+impl UnfinishedBodies {
+    /// `connections` × `streams` unfinished bodies to `fleet`, each request with `headers`.
+    pub async fn open(
+        fleet: &super::Fleet,
+        headers: &[(&str, &str)],
+        connections: usize,
+        streams: usize,
+        part: usize,
+    ) -> UnfinishedBodies {
+        let mut bodies = UnfinishedBodies {
+            part,
+            streams: connections * streams,
+            answers: Vec::new(),
+            sending: Vec::new(),
+            clients: Vec::new(),
+            conns: Vec::new(),
+        };
+        let part = Bytes::from(vec![b' '; part]);
+        for _ in 0..connections {
+            let tcp = tokio::net::TcpStream::connect(fleet.router).await.unwrap();
+            let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+            bodies.conns.push(tokio::spawn(conn));
+            for _ in 0..streams {
+                let mut ready = client.clone().ready().await.unwrap();
+                let mut req = Request::post(fleet.url())
+                    .header("content-type", "application/json")
+                    .header("content-length", 1 << 20);
+                for (k, v) in headers {
+                    req = req.header(*k, *v);
+                }
+                let (answer, mut body) = ready.send_request(req.body(()).unwrap(), false).unwrap();
+                body.send_data(part.clone(), false).unwrap();
+                bodies.sending.push(body);
+                bodies.answers.push(tokio::spawn(async move {
+                    let resp = answer.await.ok()?;
+                    let status = resp.status().as_u16();
+                    let header = |n: &str| resp.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+                    let reason = header("mcp-router-error");
+                    let retry = header("retry-after");
+                    let mut body = resp.into_body();
+                    let mut text = Vec::new();
+                    while let Some(Ok(chunk)) = body.data().await {
+                        text.extend_from_slice(&chunk);
+                    }
+                    let code = serde_json::from_slice::<Value>(&text).ok()?["error"]["code"].as_i64();
+                    Some((status, reason, retry, code))
+                }));
+            }
+            bodies.clients.push(client);
+        }
+        bodies
+    }
+
+    /// Waits until every stream is either held whole (its part read and buffered) or refused,
+    /// sampling the router's `mrtr_body_buffer_bytes` all along: the bytes held then, and the
+    /// most held at any sample.
+    pub async fn settle(&self, fleet: &super::Fleet) -> (usize, usize) {
+        let mut peak = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let refused = self.answers.iter().filter(|a| a.is_finished()).count();
+            let held = super::metric(&fleet.metrics().await, "mrtr_body_buffer_bytes").unwrap_or(0.0) as usize;
+            peak = peak.max(held);
+            if held.is_multiple_of(self.part) && refused + held / self.part == self.streams {
+                return (held, peak);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never settled: {held} bytes held, {refused} streams answered"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Asserts that every stream answered so far was refused as a body share's refusal is
+    /// (503 `router_overloaded`, `Retry-After: 1`, -32005), and returns how many were.
+    pub async fn refused(&mut self) -> usize {
+        let mut refused = 0;
+        for answer in self.answers.iter_mut().filter(|a| a.is_finished()) {
+            let (status, reason, retry, code) = answer.await.unwrap().expect("an answer, not a reset");
+            assert_eq!(
+                (status, reason.as_deref(), retry.as_deref(), code),
+                (503, Some("router_overloaded"), Some("1"), Some(-32005))
+            );
+            refused += 1;
+        }
+        refused
+    }
+
+    /// Closes every connection and waits until the router holds no body bytes.
+    pub async fn close(self, fleet: &super::Fleet) {
+        drop((self.sending, self.clients));
+        for conn in &self.conns {
+            conn.abort();
+        }
+        let deadline = std::time::Instant::now() + REQUEST_DEADLINE;
+        while super::metric(&fleet.metrics().await, "mrtr_body_buffer_bytes") != Some(0.0) {
+            assert!(std::time::Instant::now() < deadline, "the share was never given back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
