@@ -106,6 +106,58 @@ async fn slow_calls_never_eject_a_backend_that_answers_its_health_checks() {
     assert_eq!(done.json()["result"]["content"][0]["text"], "done", "{done:?}");
 }
 
+#[tokio::test]
+async fn each_request_on_a_keep_alive_connection_gets_its_whole_upstream_timeout() {
+    // The requests of one HTTP/1.1 connection share one timer, re-armed lazily (its first
+    // request sets it): a later request must still be given its own timeout, counted from
+    // its own start, not what is left of the first one's.
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    let fleet = Fleet::start(1, "[server]\nupstream_timeout = \"400ms\"\n").await;
+    let tcp = TcpStream::connect(fleet.router).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let call = |ms: u64| {
+        let body =
+            json!({"jsonrpc":"2.0","id":ms,"method":"tools/call","params":{"name":"sleep","arguments":{"ms": ms}}});
+        http::Request::post(fleet.url())
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+            .unwrap()
+    };
+    let mut exchange = |ms: u64| {
+        let request = sender.send_request(call(ms));
+        async move {
+            let started = Instant::now();
+            let resp = tokio::time::timeout(REQUEST_DEADLINE, request).await.unwrap().unwrap();
+            let reason = resp
+                .headers()
+                .get("mcp-router-error")
+                .map(|v| v.to_str().unwrap().to_string());
+            let status = resp.status().as_u16();
+            http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+            (status, reason, started.elapsed())
+        }
+    };
+    assert_eq!(
+        exchange(50).await.0,
+        200,
+        "the first request sets the connection's timer"
+    );
+    // Most of the first request's timeout goes by before the second starts.
+    tokio::time::sleep(TIMEOUT * 3 / 4).await;
+    let (status, reason, took) = exchange(3_000).await;
+    assert_eq!((status, reason.as_deref()), (504, Some("upstream_timeout")));
+    assert!(took >= TIMEOUT, "timed out after {took:?}, before its own {TIMEOUT:?}");
+    assert!(took < TIMEOUT * 5, "timed out after {took:?}");
+    // The connection, and its timer, serve on.
+    assert_eq!(exchange(10).await.0, 200);
+    let (status, _, took) = exchange(3_000).await;
+    assert_eq!((status, took >= TIMEOUT), (504, true), "{took:?}");
+    fleet.shutdown().await;
+}
+
 /// Runs the futures concurrently and returns their outputs in order.
 async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
     let mut pinned: Vec<_> = futures.map(Box::pin).collect();

@@ -8,11 +8,10 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use http::{Request, Response};
-use tokio::time::Sleep;
 
+use super::deadline::{within, Deadline};
 use crate::body::ErrorHook;
 use crate::error::RouterError;
 use crate::route::{self, Decision};
@@ -40,7 +39,7 @@ impl Forward<'_> {
         &self,
         decision: &Decision,
         fallback_key: Option<&str>,
-        mut timer: Pin<&mut Sleep>,
+        mut deadline: Deadline<'_>,
         mut trace: Option<&mut RequestTrace>,
     ) -> Result<(PooledConn, Arc<Backend>, InflightGuard), RouterError> {
         let (shared, snap) = (self.shared, self.snap);
@@ -54,7 +53,7 @@ impl Forward<'_> {
             let guard = backend.start_request();
             let connected = match backend.connection() {
                 Connection::Ready(conn) => Some(Ok(conn)),
-                Connection::Opening(mut opening) => within(timer.as_mut(), opening.as_mut()).await,
+                Connection::Opening(mut opening) => within(deadline.reborrow(), opening.as_mut()).await,
             };
             let Some(result) = connected else {
                 if let Some(t) = trace.as_deref_mut() {
@@ -103,7 +102,7 @@ impl Forward<'_> {
     /// never reached the backend is sent once more, to the same backend: a pooled connection
     /// that turns out closed before the request went out is replaced by a new one; an HTTP/2
     /// stream the backend refused goes on a connection with room. The first attempt is the
-    /// caller's (`PooledConn::send` within the timer): the request goes to the connection
+    /// caller's (`PooledConn::send` within the deadline): the request goes to the connection
     /// before the caller's `join_the_write_burst`, and its future is held once.
     pub(super) async fn answer(
         &self,
@@ -111,7 +110,7 @@ impl Forward<'_> {
         reused: bool,
         backend: &Backend,
         client_fault: Option<&FaultCell>,
-        mut timer: Pin<&mut Sleep>,
+        mut deadline: Deadline<'_>,
     ) -> Result<Response<DrivenBody>, RouterError> {
         let (shared, snap) = (self.shared, self.snap);
         let failed = |e: SendError| match tls_error(e.error()) {
@@ -127,11 +126,11 @@ impl Forward<'_> {
         let result = match first {
             Some(Err(SendError::Unsent(request, e))) if reused => {
                 tracing::debug!(backend = %backend.name, error = %e, "pooled connection closed; sending again");
-                within(timer.as_mut(), self.resend(backend, request, failed).as_mut()).await
+                within(deadline.reborrow(), self.resend(backend, request, failed).as_mut()).await
             }
             Some(Err(SendError::Refused(request, e))) => {
                 tracing::debug!(backend = %backend.name, error = %Chain(e.as_ref()), "backend refused the stream; sending again");
-                within(timer.as_mut(), self.resend(backend, request, failed).as_mut()).await
+                within(deadline.reborrow(), self.resend(backend, request, failed).as_mut()).await
             }
             other => other.map(|sent| sent.map_err(failed)),
         };
@@ -199,21 +198,6 @@ impl Forward<'_> {
             .inc();
         RouterError::upstream_timeout(&backend.name)
     }
-}
-
-/// Runs `f` until `timer` fires (`None`). The timer is registered once, however often it is
-/// used: one per request is enough. `f` comes pinned by the caller, so its state is stored once,
-/// in the caller's future (an `async fn` taking it by value would hold it twice).
-pub(super) fn within<'a, F: Future + ?Sized>(
-    mut timer: Pin<&'a mut Sleep>,
-    mut f: Pin<&'a mut F>,
-) -> impl Future<Output = Option<F::Output>> + 'a {
-    std::future::poll_fn(move |cx| {
-        if let Poll::Ready(out) = f.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        timer.as_mut().poll(cx).map(|()| None)
-    })
 }
 
 /// Logs and counts a connection that could not be opened: a TLS failure names the backend

@@ -8,11 +8,13 @@
 
 mod admit;
 mod answer;
+mod deadline;
 mod forward;
 mod gate;
 mod headers;
 mod read;
 
+pub use deadline::ConnectionTimer;
 pub use read::ConnectionShare;
 
 use std::future::Future;
@@ -37,7 +39,17 @@ use crate::sealing;
 use crate::state::Shared;
 use crate::telemetry::Observation;
 use crate::upstream::{Backend, ClientBody, FaultCell};
+use deadline::{within, Deadline};
 use forward::Forward;
+
+/// What a client connection's requests share, made when it opens.
+#[derive(Default)]
+pub struct PerConnection {
+    /// Its share of the body budget (`[quotas] max_body_bytes_per_connection`).
+    pub share: Option<ConnectionShare>,
+    /// Its requests' upstream timer: HTTP/1.1 only, whose requests come one at a time.
+    pub timer: Option<ConnectionTimer>,
+}
 
 /// What one request did, filled in as its phases go; [`handle`] records it.
 #[derive(Default)]
@@ -65,13 +77,13 @@ pub fn handle(
     req: Request<Incoming>,
     peer: HeaderValue,
     tls: bool,
-    share: Option<Arc<ConnectionShare>>,
+    client_conn: Arc<PerConnection>,
 ) -> Pin<Box<impl Future<Output = Response<ProxyBody>> + Send>> {
     let slot = Box::new_uninit();
     Box::into_pin(Box::write(slot, async move {
         let started = Instant::now();
         let mut record = Record::default();
-        let result = handle_inner(&shared, req, &peer, tls, share.as_deref(), started, &mut record).await;
+        let result = handle_inner(&shared, req, &peer, tls, &client_conn, started, &mut record).await;
         if let Some((backend, method, status, seconds)) = &record.answered {
             backend.observe_request(method, *status, *seconds);
         }
@@ -102,7 +114,7 @@ async fn handle_inner(
     req: Request<Incoming>,
     peer: &HeaderValue,
     tls: bool,
-    share: Option<&ConnectionShare>,
+    client_conn: &PerConnection,
     started: Instant,
     record: &mut Record,
 ) -> Result<Response<ProxyBody>, RouterError> {
@@ -151,6 +163,7 @@ async fn handle_inner(
                 .as_ref()
                 .zip(quota_caller)
                 .and_then(|(q, c)| q.body_share(c));
+            let share = client_conn.share.as_ref();
             let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share, body_share).await?;
             (bytes, None, held)
         }
@@ -229,13 +242,14 @@ async fn handle_inner(
         obs.routed(decision.source.label(), &decision.backend.name, pin_used);
     }
 
-    // Forward. One timer bounds the whole exchange, up to a JSON answer's last byte.
-    let deadline = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+    // Forward. One deadline bounds the whole exchange, up to a JSON answer's last byte.
+    let at = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
+    let mut own_timer = std::pin::pin!(None);
+    let mut deadline = Deadline::new(at, client_conn.timer.as_ref(), own_timer.as_mut());
     let forward = Forward { shared, snap: &snap };
     let trace = record.obs.as_mut().and_then(|o| o.trace.as_mut());
     let (conn, backend, guard) = forward
-        .connect(&decision, keys.client_key(), timer.as_mut(), trace)
+        .connect(&decision, keys.client_key(), deadline.reborrow(), trace)
         .await?;
     // The incarnation the request goes to: an ejection while it is in flight voids any pin
     // its answer makes.
@@ -285,9 +299,9 @@ async fn handle_inner(
     let reused = conn.reused;
     let sending = std::pin::pin!(conn.send(request));
     join_the_write_burst().await;
-    let first = forward::within(timer.as_mut(), sending).await;
+    let first = within(deadline.reborrow(), sending).await;
     let resp = forward
-        .answer(first, reused, &backend, client_fault.as_ref(), timer.as_mut())
+        .answer(first, reused, &backend, client_fault.as_ref(), deadline.reborrow())
         .await?;
 
     // Observe the answer; pins are in place before the client can read it.
@@ -297,9 +311,15 @@ async fn handle_inner(
     let (mut parts, body) = resp.into_parts();
     let head = answer::head(&call, status, &mut parts);
     let body = match head.kind {
-        answer::Kind::Sse => answer::sse(&forward, call, &mut parts, head.pinned, body, &backend, guard),
+        answer::Kind::Sse => {
+            // A stream waits on no deadline: its connection holds no timer while it streams.
+            if let Some(timer) = &client_conn.timer {
+                timer.release();
+            }
+            answer::sse(&forward, call, &mut parts, head.pinned, body, &backend, guard)
+        }
         answer::Kind::Json => {
-            let collected = read::collect_json(body, timer.as_mut()).await;
+            let collected = read::collect_json(body, deadline).await;
             answer::json(&forward, &call, &mut parts, head, collected, &backend, guard)?
         }
         answer::Kind::Other => answer::other(&forward, &call, &mut parts, head.pinned, body, &backend, guard),

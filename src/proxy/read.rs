@@ -3,16 +3,13 @@
 //! the rest of a refused one drained so the client reads the 413 or 503), and a backend's JSON
 //! answer whole (within the upstream deadline) so its outcome can be observed.
 
-use std::pin::Pin;
-
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tokio::time::Sleep;
 
-use super::forward::within;
+use super::deadline::{within, Deadline};
 use crate::body::MAX_OBSERVED_EVENT;
 use crate::error::RouterError;
 use crate::metrics::BodyBuffer;
@@ -235,7 +232,7 @@ pub(super) enum CollectError {
 }
 
 /// Reads a JSON answer whole (up to [`MAX_OBSERVED_EVENT`]) before the upstream deadline.
-pub(super) async fn collect_json(mut body: DrivenBody, timer: Pin<&mut Sleep>) -> Result<Collected, CollectError> {
+pub(super) async fn collect_json(mut body: DrivenBody, deadline: Deadline<'_>) -> Result<Collected, CollectError> {
     let read = async move {
         let mut acc = BodyBuf::default();
         while let Some(frame) = body.frame().await {
@@ -249,5 +246,7 @@ pub(super) async fn collect_json(mut body: DrivenBody, timer: Pin<&mut Sleep>) -
         }
         Ok(Collected::Whole(acc.finish()))
     };
-    within(timer, std::pin::pin!(read)).await.ok_or(CollectError::Timeout)?
+    within(deadline, std::pin::pin!(read))
+        .await
+        .ok_or(CollectError::Timeout)?
 }
