@@ -19,6 +19,7 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,6 +131,14 @@ def run(ctx, t_start):
         ctx.peers.build_err = tools.build_release(s)
         if ctx.peers.build_err:
             log(f"router rows will fail: {ctx.peers.build_err}")
+    if want_router and s.check_router and not ctx.peers.build_err:
+        # A build made another way (the profile-guided one) is measured only once it passes
+        # the tests that start the binary.
+        log(f"checking {s.router_bin}: scripts/test-binary.sh")
+        checked = subprocess.run([str(s.repo_dir / "scripts" / "test-binary.sh"), str(s.router_bin)])
+        if checked.returncode != 0:
+            log("error: the router binary failed scripts/test-binary.sh; nothing measured")
+            return 1
     bin_mtime, bin_sha = tools.binary_info(s.router_bin) if want_router else (None, None)
     versions = tools.versions(s)
     if want_router:

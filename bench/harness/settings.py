@@ -53,6 +53,7 @@ class Settings:
     tls_clients: int
     port_offset: int
     nproc: int = field(default_factory=os.cpu_count)
+    check_router: bool = False  # run scripts/test-binary.sh on the router binary first
     notes: list = field(default_factory=list)
     explicit: set = field(default_factory=set)  # the int settings given by a flag or variable
 
@@ -116,6 +117,9 @@ def parser():
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--router-bin", help="router binary, used as it is, no build (BENCH_ROUTER_BIN)")
     ap.add_argument("--floor-bin", help="hyper-floor binary (BENCH_FLOOR_BIN)")
+    ap.add_argument("--check-router", action="store_true", default=None,
+                    help="before measuring, run the tests that start the router binary against it "
+                         "(scripts/test-binary.sh; BENCH_CHECK_ROUTER=1)")
     ap.add_argument("--skip-build", action="store_true", default=None, help="no cargo build --release (BENCH_SKIP_BUILD=1)")
     ap.add_argument("--results", help="JSON output (BENCH_RESULTS)")
     ap.add_argument("--keep-tmp", action="store_true", default=None, help="keep the work dir (BENCH_KEEP_TMP=1)")
@@ -236,6 +240,7 @@ def load(argv):
         router_bin=router_bin, floor_bin=floor_bin, nginx_keepalive=keepalive,
         keep_tmp=bool(pick(a.keep_tmp, _env_bool("BENCH_KEEP_TMP"), False)),
         no_install=bool(pick(a.no_install, _env_bool("BENCH_NO_INSTALL"), False)),
-        nproc=nproc, notes=notes, explicit=explicit, **ints,
+        nproc=nproc, notes=notes, explicit=explicit,
+        check_router=bool(pick(a.check_router, _env_bool("BENCH_CHECK_ROUTER"), False)), **ints,
     )
     return s, a.list

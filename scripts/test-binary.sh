@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the tests that start the router as a program against another build of it, such as the
+# profile-guided one (scripts/build-optimized.sh): every test file that runs the binary through
+# tests/support's bin() or MRTR_TEST_ROUTER_BIN, found by that name, so a new one is included by
+# itself. The other tests run the library in-process and test the same code either way.
+#
+#   scripts/test-binary.sh target/optimized/mrtr-router
+#
+# tests/deploy.rs is left out: it checks the deploy files with kubectl, promtool and a venv that
+# scripts/test.sh sets up, and runs the binary only for `check`. Exits non-zero when a test fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BIN=${1:?usage: scripts/test-binary.sh PATH-TO-mrtr-router}
+[ -x "$BIN" ] || { echo >&2 "test-binary: $BIN is not an executable"; exit 2; }
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+
+args=()
+for f in $(grep -lE 'MRTR_TEST_ROUTER_BIN|[^_a-z]bin\(\)' tests/*.rs | sort); do
+  name=$(basename "$f" .rs)
+  [ "$name" = deploy ] && continue
+  args+=(--test "$name")
+done
+[ ${#args[@]} -gt 0 ] || { echo >&2 "test-binary: no test starts the binary?"; exit 2; }
+echo "test-binary: ${args[*]} against $BIN ($("$BIN" --version))"
+MRTR_TEST_ROUTER_BIN=$BIN cargo test "${args[@]}"
