@@ -42,13 +42,11 @@ use crate::upstream::{Backend, ClientBody, FaultCell};
 use deadline::{within, Deadline};
 use forward::Forward;
 
-/// What a client connection's requests share, made when it opens.
-#[derive(Default)]
-pub struct PerConnection {
-    /// Its share of the body budget (`[quotas] max_body_bytes_per_connection`).
-    pub share: Option<ConnectionShare>,
-    /// Its requests' upstream timer: HTTP/1.1 only, whose requests come one at a time.
-    pub timer: Option<ConnectionTimer>,
+/// What a request's client connection lends it.
+#[derive(Clone, Copy)]
+struct Connection<'a> {
+    share: Option<&'a ConnectionShare>,
+    timer: Option<&'a ConnectionTimer>,
 }
 
 /// What one request did, filled in as its phases go; [`handle`] records it.
@@ -66,7 +64,10 @@ struct Record {
 }
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
-/// connection). Never fails: every problem becomes an answer of docs/src/errors.md.
+/// connection). Never fails: every problem becomes an answer of docs/src/errors.md. `share` is
+/// its connection's share of the body budget, `timer` (HTTP/1.1) what holds the timer its
+/// connection's requests share: the connection's own state, which holds it at no allocation
+/// of its own.
 ///
 /// Boxed: the request's state is large (~3.9 KiB), and a future is copied whole each time it is
 /// moved; boxed here, it is moved as a pointer. Built in its box (`Box::write` into an
@@ -77,13 +78,18 @@ pub fn handle(
     req: Request<Incoming>,
     peer: HeaderValue,
     tls: bool,
-    client_conn: Arc<PerConnection>,
+    share: Option<Arc<ConnectionShare>>,
+    timer: Option<Arc<impl AsRef<ConnectionTimer> + Send + Sync + 'static>>,
 ) -> Pin<Box<impl Future<Output = Response<ProxyBody>> + Send>> {
     let slot = Box::new_uninit();
     Box::into_pin(Box::write(slot, async move {
         let started = Instant::now();
         let mut record = Record::default();
-        let result = handle_inner(&shared, req, &peer, tls, &client_conn, started, &mut record).await;
+        let connection = Connection {
+            share: share.as_deref(),
+            timer: timer.as_deref().map(AsRef::as_ref),
+        };
+        let result = handle_inner(&shared, req, &peer, tls, connection, started, &mut record).await;
         if let Some((backend, method, status, seconds)) = &record.answered {
             backend.observe_request(method, *status, *seconds);
         }
@@ -114,7 +120,7 @@ async fn handle_inner(
     req: Request<Incoming>,
     peer: &HeaderValue,
     tls: bool,
-    client_conn: &PerConnection,
+    client_conn: Connection<'_>,
     started: Instant,
     record: &mut Record,
 ) -> Result<Response<ProxyBody>, RouterError> {
@@ -163,7 +169,7 @@ async fn handle_inner(
                 .as_ref()
                 .zip(quota_caller)
                 .and_then(|(q, c)| q.body_share(c));
-            let share = client_conn.share.as_ref();
+            let share = client_conn.share;
             let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share, body_share).await?;
             (bytes, None, held)
         }
@@ -245,7 +251,7 @@ async fn handle_inner(
     // Forward. One deadline bounds the whole exchange, up to a JSON answer's last byte.
     let at = tokio::time::Instant::now() + snap.config.server.upstream_timeout;
     let mut own_timer = std::pin::pin!(None);
-    let mut deadline = Deadline::new(at, client_conn.timer.as_ref(), own_timer.as_mut());
+    let mut deadline = Deadline::new(at, client_conn.timer, own_timer.as_mut());
     let forward = Forward { shared, snap: &snap };
     let trace = record.obs.as_mut().and_then(|o| o.trace.as_mut());
     let (conn, backend, guard) = forward
@@ -313,7 +319,7 @@ async fn handle_inner(
     let body = match head.kind {
         answer::Kind::Sse => {
             // A stream waits on no deadline: its connection holds no timer while it streams.
-            if let Some(timer) = &client_conn.timer {
+            if let Some(timer) = client_conn.timer {
                 timer.release();
             }
             answer::sse(&forward, call, &mut parts, head.pinned, body, &backend, guard)

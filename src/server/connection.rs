@@ -300,22 +300,19 @@ impl Connection {
            + 'static {
         let (shared, activity) = (self.shared.clone(), self.activity.clone());
         let peer_ip = HeaderValue::from_str(&self.peer.ip().to_string()).expect("an IP is a valid header value");
-        // The connection's share of the body budget, as the config says when it opened, and
-        // (HTTP/1.1) the one timer its requests' upstream deadlines share.
+        // The connection's share of the body budget, as the config says when it opened; its
+        // activity holds (HTTP/1.1) the one timer its requests' upstream deadlines share.
         let share = shared
             .snapshot()
             .quotas
             .as_ref()
             .and_then(|q| q.max_body_bytes_per_connection())
-            .map(proxy::ConnectionShare::new);
-        let per_connection = Arc::new(proxy::PerConnection {
-            share,
-            timer: (!h2).then(proxy::ConnectionTimer::default),
-        });
+            .map(|limit| Arc::new(proxy::ConnectionShare::new(limit)));
         service_fn(move |req| {
             let done = activity.start();
+            let timer = (!h2).then(|| activity.clone());
             // Small: `proxy::handle` boxes the large part of the request's future itself.
-            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls, per_connection.clone());
+            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls, share.clone(), timer);
             async move {
                 // First polled inside the stream's task (HTTP/2), where its polls are found.
                 let stream = if h2 { watchdog::stream_polls() } else { None };

@@ -72,6 +72,15 @@ pub struct Activity {
     finished: AtomicU64,
     /// How hyper polls the answers' bodies (HTTP/1: one answer at a time).
     polls: BodyPolls,
+    /// The timer the connection's requests' upstream deadlines share (HTTP/1.1): here, in an
+    /// allocation the connection has anyway.
+    timer: crate::proxy::ConnectionTimer,
+}
+
+impl AsRef<crate::proxy::ConnectionTimer> for Activity {
+    fn as_ref(&self) -> &crate::proxy::ConnectionTimer {
+        &self.timer
+    }
 }
 
 /// How hyper has polled an answer's body (or, for HTTP/1, the connection's answers): it asks
