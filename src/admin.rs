@@ -96,11 +96,10 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>, loopback: bool) -> 
             shared.update_pin_gauges();
             let age = shared.auth_keys.age().map_or(0, |a| a.as_secs());
             shared.metrics.jwks_age.set(i64::try_from(age).unwrap_or(i64::MAX));
-            let callers = shared.snapshot().quotas.as_ref().map_or(0, |q| q.stats().tracked);
-            shared
-                .metrics
-                .quota_callers
-                .set(i64::try_from(callers).unwrap_or(i64::MAX));
+            let stats = shared.snapshot().quotas.as_ref().map(|q| q.stats()).unwrap_or_default();
+            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            shared.metrics.quota_callers.set(gauge(stats.tracked));
+            shared.metrics.quota_tables_full.set(gauge(stats.full_tables));
             reply(StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
         }
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub(crate) quota_refusals: IntCounterVec,
     /// Callers the quotas track; set when `/metrics` is rendered.
     pub(crate) quota_callers: IntGauge,
+    /// Quota tables full; set when `/metrics` is rendered.
+    pub(crate) quota_tables_full: IntGauge,
     /// `mrtr_quota_store_seconds` and `mrtr_quota_store_errors_total`, handed to each
     /// `[quotas]` with a shared store.
     pub(crate) quota_store: crate::quotas::StoreMetrics,
@@ -228,6 +230,12 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(quota_callers.clone())).expect("unique metric");
+        let quota_tables_full = IntGauge::new(
+            "mrtr_quota_tables_full",
+            "Quota tables at max_tracked_callers: while above 0, a new caller of one shares its overflow entry (one caller's limits for all of them)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(quota_tables_full.clone())).expect("unique metric");
         let quota_store_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "mrtr_quota_store_seconds",
@@ -254,10 +262,11 @@ impl Metrics {
             quota_refusals: counter(
                 &r,
                 "mrtr_quota_refusals_total",
-                "Requests refused by a quota, by quota and scope: 429 for rate, in_flight and open_calls (scope caller, tool, or overflow: the share of callers past max_tracked_callers); 503 for body_bytes (scope connection: quotas.max_body_bytes_per_connection)",
+                "Requests refused by a quota, by quota and scope: 429 for rate, in_flight and open_calls (scope caller, tool, or overflow: the share of callers past max_tracked_callers); 503 for body_bytes (scope connection or caller: quotas.max_body_bytes_per_connection, max_body_bytes_per_caller)",
                 &["quota", "scope"],
             ),
             quota_callers,
+            quota_tables_full,
             auth_by_result: crate::auth::AUTH_RESULTS.map(|l| auth.with_label_values(&[l])),
             jwks_refreshes: counter(
                 &r,

@@ -84,6 +84,46 @@ async fn a_caller_at_its_open_calls_share_leaves_the_pin_table_to_others() {
 }
 
 #[tokio::test]
+async fn callers_past_max_tracked_callers_share_one_overflow_entry_and_the_metrics_say_so() {
+    // Two callers tracked at most, one call a minute each: a third and a fourth caller share
+    // one entry, so one call between them (fail closed).
+    let fleet = Fleet::start(
+        1,
+        &format!("{BY_FORWARDED_IP}rate = \"1/m\"\nburst = 1\nmax_tracked_callers = 2\n"),
+    )
+    .await;
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    let m = fleet.metrics().await;
+    assert_eq!(metric(&m, "mrtr_quota_tables_full"), Some(0.0));
+    for ip in ["192.0.2.1", "192.0.2.2"] {
+        assert_eq!(fleet.post(&from(ip), &ping).await.status, 200, "{ip}");
+    }
+    let m = fleet.metrics().await;
+    assert_eq!(
+        metric(&m, "mrtr_quota_tables_full"),
+        Some(1.0),
+        "the rate's table is full"
+    );
+    assert_eq!(metric(&m, "mrtr_quota_callers"), Some(2.0));
+    assert_eq!(
+        fleet.post(&from("192.0.2.3"), &ping).await.status,
+        200,
+        "the overflow entry's one call"
+    );
+    let shared = fleet.post(&from("192.0.2.4"), &ping).await;
+    assert_eq!(assert_quota_refusal(&shared, &json!(1)), "rate_limited");
+    assert_eq!(shared.json()["error"]["data"]["scope"], "overflow");
+    let m = fleet.metrics().await;
+    assert_eq!(refusals(&m, "rate", "overflow"), 1.0);
+    assert_eq!(
+        metric(&m, "mrtr_quota_callers"),
+        Some(2.0),
+        "no caller past the cap is added"
+    );
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_call_admitted_at_round_one_finishes_while_its_caller_is_over_its_rate() {
     // One new call a minute: the first round takes the whole burst, for the whole test.
     let fleet = Fleet::start(2, &format!("{BY_FORWARDED_IP}rate = \"1/m\"\nburst = 1\n")).await;

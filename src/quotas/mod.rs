@@ -205,8 +205,10 @@ struct ToolQuotas {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
     /// Callers tracked, all tables together (the caller rate, each tool's rate, in flight,
-    /// open calls).
+    /// open calls, body bytes).
     pub tracked: usize,
+    /// Tables at `max_tracked_callers` now: a new caller of one shares its overflow entry.
+    pub full_tables: usize,
     /// Rate checks of callers past the cap, served by the overflow buckets, since the start.
     pub overflowed: u64,
 }
@@ -220,6 +222,7 @@ pub struct Quotas {
     tools: HashMap<String, ToolQuotas>,
     max_body_bytes_per_connection: Option<usize>,
     bodies: Option<Arc<BodyShares>>,
+    max_tracked_callers: usize,
     /// The shared store, when `store` names one: the rates above are then counted there (the
     /// local tables stay empty).
     shared: Option<RedisStore>,
@@ -246,6 +249,7 @@ impl Quotas {
             tools: tools.collect(),
             max_body_bytes_per_connection: config.max_body_bytes_per_connection,
             bodies: config.max_body_bytes_per_caller.map(|n| BodyShares::new(n as u64, cap)),
+            max_tracked_callers: cap,
             shared: match &config.store {
                 QuotaStore::Local => None,
                 QuotaStore::Redis(url) => Some(RedisStore::new(
@@ -380,11 +384,17 @@ impl Quotas {
                 .iter()
                 .chain(self.tools.values().filter_map(|t| t.rate.as_ref()))
         };
+        let tables = rates()
+            .map(RateLimiter::tracked)
+            .chain(self.in_flight.as_ref().map(|q| q.tracked()))
+            .chain(self.open_calls.as_ref().map(OpenCalls::tracked))
+            .chain(self.bodies.as_ref().map(|b| b.tracked()));
+        let (tracked, full_tables) = tables.fold((0, 0), |(sum, full), n| {
+            (sum + n, full + usize::from(n >= self.max_tracked_callers))
+        });
         Stats {
-            tracked: rates().map(RateLimiter::tracked).sum::<usize>()
-                + self.in_flight.as_ref().map_or(0, |q| q.tracked())
-                + self.open_calls.as_ref().map_or(0, OpenCalls::tracked)
-                + self.bodies.as_ref().map_or(0, |b| b.tracked()),
+            tracked,
+            full_tables,
             overflowed: rates().map(RateLimiter::overflowed).sum(),
         }
     }
