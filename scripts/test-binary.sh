@@ -15,6 +15,15 @@ BIN=${1:?usage: scripts/test-binary.sh PATH-TO-mrtr-router}
 [ -x "$BIN" ] || { echo >&2 "test-binary: $BIN is not an executable"; exit 2; }
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
+# The tests are this checkout's: a binary built from another commit (the checkout moved on
+# while it was built) would be judged by tests that are not its own.
+built=$("$BIN" --version | sed -n 's/.*(\([0-9a-f]*\)).*/\1/p')
+head=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if [ "$built" != "$head" ]; then
+  echo >&2 "test-binary: $BIN was built from ${built:-an unknown commit}, the checkout is at $head: rebuild it (or check out $built)"
+  exit 2
+fi
+
 args=()
 for f in $(grep -lE 'MRTR_TEST_ROUTER_BIN|[^_a-z]bin\(\)' tests/*.rs | sort); do
   name=$(basename "$f" .rs)
