@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the tests that start the router as a program against another build of it, such as the
 # profile-guided one (scripts/build-optimized.sh): every test file that runs the binary through
-# tests/support's bin() or MRTR_TEST_ROUTER_BIN, found by that name, so a new one is included by
-# itself. The other tests run the library in-process and test the same code either way.
+# tests/support's bin() or spawn_router(), or MRTR_TEST_ROUTER_BIN, found by those names, so a
+# new one is included by itself. The other tests run the library in-process and test the same code either way.
 #
 #   scripts/test-binary.sh target/optimized/mrtr-router
 #
@@ -25,7 +25,7 @@ if [ "$built" != "$head" ]; then
 fi
 
 args=()
-for f in $(grep -lE 'MRTR_TEST_ROUTER_BIN|[^_a-z]bin\(\)' tests/*.rs | sort); do
+for f in $(grep -lE 'MRTR_TEST_ROUTER_BIN|[^_a-z]bin\(\)|spawn_router\(' tests/*.rs | sort); do
   name=$(basename "$f" .rs)
   [ "$name" = deploy ] && continue
   args+=(--test "$name")
