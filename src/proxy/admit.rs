@@ -11,7 +11,7 @@ use http::header::{HeaderMap, HeaderValue};
 
 use crate::dialect::RequestKeys;
 use crate::error::{QuotaRefusal, RouterError};
-use crate::quotas::{Admission, CallerKey, Quota, Quotas, Request};
+use crate::quotas::{Admission, CallerKey, NotAdmitted, Quotas, Request};
 use crate::token::PrincipalTag;
 
 /// What the request asks of its caller's quotas.
@@ -44,9 +44,9 @@ pub async fn admit(quotas: &Quotas, caller: CallerKey, ask: Ask<'_>) -> Result<A
     quotas
         .admit(caller, &request, Instant::now())
         .await
-        .map_err(|refused| match refused.quota {
-            Quota::Store => RouterError::QuotaStoreUnavailable,
-            _ => RouterError::QuotaExceeded(Box::new(QuotaRefusal {
+        .map_err(|e| match e {
+            NotAdmitted::StoreUnavailable => RouterError::QuotaStoreUnavailable,
+            NotAdmitted::Refused(refused) => RouterError::QuotaExceeded(Box::new(QuotaRefusal {
                 reason: refused.quota.reason(),
                 quota: refused.quota.label(),
                 scope: refused.scope.label(),

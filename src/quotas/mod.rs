@@ -49,9 +49,6 @@ pub enum Quota {
     Rate,
     InFlight,
     OpenCalls,
-    /// Not a refusal of the caller's: the shared store could not check its rate, and
-    /// `store_failure = "closed"` (503, not 429).
-    Store,
 }
 
 impl Quota {
@@ -61,7 +58,6 @@ impl Quota {
             Quota::Rate => "rate_limited",
             Quota::InFlight => "too_many_in_flight",
             Quota::OpenCalls => "too_many_open_calls",
-            Quota::Store => "quota_store_unavailable",
         }
     }
 
@@ -71,8 +67,23 @@ impl Quota {
             Quota::Rate => "rate",
             Quota::InFlight => "in_flight",
             Quota::OpenCalls => "open_calls",
-            Quota::Store => "store",
         }
+    }
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotAdmitted {
+    /// A quota of the caller's (or its tool's) refused it: 429.
+    Refused(Refusal),
+    /// The shared store could not check its rate, and `store_failure = "closed"`: 503, no
+    /// refusal of the caller's.
+    StoreUnavailable,
+}
+
+impl From<Refusal> for NotAdmitted {
+    fn from(refusal: Refusal) -> NotAdmitted {
+        NotAdmitted::Refused(refusal)
     }
 }
 
@@ -277,7 +288,12 @@ impl Quotas {
     /// (the tool's before the caller's), so a refused request spends at most one rate unit.
     /// Async for the shared store, whose rate check is a round trip; the local store never
     /// waits.
-    pub async fn admit(&self, caller: CallerKey, request: &Request<'_>, now: Instant) -> Result<Admission, Refusal> {
+    pub async fn admit(
+        &self,
+        caller: CallerKey,
+        request: &Request<'_>,
+        now: Instant,
+    ) -> Result<Admission, NotAdmitted> {
         let in_flight = match &self.in_flight {
             Some(q) => Some(
                 q.try_acquire(caller)
@@ -337,7 +353,7 @@ impl Quotas {
         tool_rate: Option<(&str, &RateLimiter)>,
         caller: CallerKey,
         now: Instant,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), NotAdmitted> {
         let (mut limits, mut keys) = (Vec::with_capacity(2), Vec::with_capacity(2));
         if let Some((name, limiter)) = tool_rate {
             limits.push((Scope::Tool, limiter));
@@ -354,14 +370,9 @@ impl Quotas {
             Verdict::Admitted => Ok(()),
             Verdict::Refused(i, retry) => {
                 let (scope, limiter) = limits[i];
-                Err(Refusal::rate(scope, limiter.rate(), retry))
+                Err(Refusal::rate(scope, limiter.rate(), retry).into())
             }
-            Verdict::Unavailable => Err(Refusal {
-                quota: Quota::Store,
-                scope: Scope::Caller,
-                retry_after: RETRY_AFTER_BUSY,
-                rate: None,
-            }),
+            Verdict::Unavailable => Err(NotAdmitted::StoreUnavailable),
         }
     }
 

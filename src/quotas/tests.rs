@@ -22,9 +22,11 @@ fn per_second(count: u32, burst: u32) -> Rate {
 
 /// Admission never waits with the local store: a future that is not ready at once fails here.
 fn admit(q: &Quotas, caller: CallerKey, request: &Request<'_>, now: Instant) -> Result<Admission, Refusal> {
-    q.admit(caller, request, now)
-        .now_or_never()
-        .expect("the local store never waits")
+    let admitted = q.admit(caller, request, now).now_or_never();
+    admitted.expect("the local store never waits").map_err(|e| match e {
+        NotAdmitted::Refused(refusal) => refusal,
+        NotAdmitted::StoreUnavailable => panic!("the local store is never unavailable"),
+    })
 }
 
 const NEW: Request<'static> = Request {
