@@ -85,12 +85,22 @@ pub enum Verdict {
     Unavailable,
 }
 
+/// A check the store did not decide: the `kind` of `mrtr_quota_store_errors_total`.
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    /// No answer within `store_timeout`.
+    Timeout = 0,
+    /// Redis unreachable, or an error from it.
+    Error = 1,
+    /// Not asked: within [`RETRY_INTERVAL`] of a failure.
+    Down = 2,
+}
+
 /// The store's metrics: `mrtr_quota_store_seconds` and `mrtr_quota_store_errors_total` by kind.
 #[derive(Clone)]
 pub struct StoreMetrics {
     pub seconds: Histogram,
-    /// `timeout`, `error`, `down` (decided without a round trip, within [`RETRY_INTERVAL`] of a
-    /// failure).
+    /// By [`Failure`]: `timeout`, `error`, `down`.
     pub errors: [IntCounter; 3],
 }
 
@@ -167,10 +177,10 @@ impl RedisStore {
     /// Checks `rates` (none empty) for one new call at `now`.
     pub async fn check(&self, rates: &[SharedRate], now: Instant) -> Verdict {
         if self.nanos(now) < self.down_until.load(Ordering::Relaxed) {
-            return self.failed(2);
+            return self.failed(Failure::Down);
         }
         let Some(mut conn) = self.manager() else {
-            return self.failed(1);
+            return self.failed(Failure::Error);
         };
         let mut invocation = self.script.prepare_invoke();
         for rate in rates {
@@ -179,7 +189,7 @@ impl RedisStore {
         let started = Instant::now();
         let answer = tokio::time::timeout(self.timeout, invocation.invoke_async::<(u64, u64, u64)>(&mut conn)).await;
         self.metrics.seconds.observe(started.elapsed().as_secs_f64());
-        let kind = match answer {
+        let failure = match answer {
             Ok(Ok((0, _, _))) => return Verdict::Admitted,
             Ok(Ok((i, after, reset))) if (1..=rates.len() as u64).contains(&i) => {
                 let retry = RetryAfter {
@@ -191,22 +201,22 @@ impl RedisStore {
             }
             Ok(Ok(other)) => {
                 tracing::warn!(?other, "quotas.store: the rate script answered outside its range");
-                1
+                Failure::Error
             }
-            Ok(Err(e)) if e.is_timeout() => 0,
+            Ok(Err(e)) if e.is_timeout() => Failure::Timeout,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "quotas.store: Redis failed a rate check");
-                1
+                Failure::Error
             }
-            Err(_) => 0,
+            Err(_) => Failure::Timeout,
         };
         let until = self.nanos(Instant::now()) + RETRY_INTERVAL.as_nanos() as u64;
         self.down_until.fetch_max(until, Ordering::Relaxed);
-        self.failed(kind)
+        self.failed(failure)
     }
 
-    fn failed(&self, kind: usize) -> Verdict {
-        self.metrics.errors[kind].inc();
+    fn failed(&self, failure: Failure) -> Verdict {
+        self.metrics.errors[failure as usize].inc();
         match self.failure {
             StoreFailure::Open => Verdict::Admitted,
             StoreFailure::Closed => Verdict::Unavailable,
