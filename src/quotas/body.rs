@@ -24,9 +24,19 @@ pub struct BodyShares {
 pub struct BodyShare {
     owner: Arc<BodyShares>,
     key: CallerKey,
-    /// Decided at the first byte taken: tracked (`Some(false)`) or in the overflow.
-    overflow: Option<bool>,
+    /// Where its bytes are counted, decided at the first byte taken.
+    counted: Counted,
     held: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    /// Nothing taken yet.
+    Nowhere,
+    /// In the caller's entry.
+    Caller,
+    /// In the overflow count (the table was full).
+    Overflow,
 }
 
 impl BodyShares {
@@ -43,7 +53,7 @@ impl BodyShares {
         BodyShare {
             owner: self.clone(),
             key,
-            overflow: None,
+            counted: Counted::Nowhere,
             held: 0,
         }
     }
@@ -64,7 +74,7 @@ impl BodyShare {
     pub fn try_take(&mut self, n: u64) -> Result<(), Refused> {
         let owner = &*self.owner;
         let max = owner.max;
-        if self.overflow != Some(true) {
+        if self.counted != Counted::Overflow {
             let taken = owner.table.update(
                 &self.key,
                 || 0,
@@ -78,21 +88,21 @@ impl BodyShare {
             );
             match taken {
                 Some(true) => {
-                    self.overflow = Some(false);
+                    self.counted = Counted::Caller;
                     self.held += n;
                     return Ok(());
                 }
                 Some(false) => {
                     // Inserted at 0 by this refusal when it held nothing: not kept.
-                    if self.held == 0 {
+                    if self.counted == Counted::Nowhere {
                         owner.table.update_existing(&self.key, |held| *held == 0);
                     }
                     return Err(Refused { overflow: false });
                 }
                 // The table is full and this caller is not in it: the overflow share, unless
                 // this body holds tracked bytes already (its entry cannot be gone then).
-                None if self.held > 0 => return Err(Refused { overflow: false }),
-                None => self.overflow = Some(true),
+                None if self.counted == Counted::Caller => return Err(Refused { overflow: false }),
+                None => self.counted = Counted::Overflow,
             }
         }
         let taken = owner
@@ -113,13 +123,13 @@ impl BodyShare {
 impl Drop for BodyShare {
     fn drop(&mut self) {
         let held = self.held;
-        match self.overflow {
-            None => {}
-            Some(false) => self.owner.table.update_existing(&self.key, |h| {
+        match self.counted {
+            Counted::Nowhere => {}
+            Counted::Caller => self.owner.table.update_existing(&self.key, |h| {
                 *h -= held;
                 *h == 0
             }),
-            Some(true) => {
+            Counted::Overflow => {
                 self.owner.overflow.fetch_sub(held, Ordering::AcqRel);
             }
         }
