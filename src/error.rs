@@ -43,8 +43,9 @@ pub enum RouterError {
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
     /// A connection's or a caller's share of the body budget (`[quotas]
-    /// max_body_bytes_per_connection`, `max_body_bytes_per_caller`) is full; `scope` says whose.
-    #[error("this {scope}'s request bodies hold its share of the router's memory ({limit} bytes); retry later")]
+    /// max_body_bytes_per_connection`, `max_body_bytes_per_caller`) is full; `scope` says whose
+    /// (`overflow`: the share callers past `max_tracked_callers` have together).
+    #[error("the request bodies being read hold the whole {scope} share of the router's memory ({limit} bytes); retry later")]
     BodyShareFull { scope: &'static str, limit: usize },
     #[error("the backend has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
     UpstreamBusy { backend: String },
@@ -74,7 +75,7 @@ pub enum RouterError {
 
 /// The `quota` label of a body share's refusal (`mrtr_quota_refusals_total`), and its scopes.
 pub const BODY_BYTES: &str = "body_bytes";
-pub const BODY_SHARE_SCOPES: [&str; 2] = ["connection", "caller"];
+pub const BODY_SHARE_SCOPES: [&str; 3] = ["connection", "caller", "overflow"];
 
 /// A request refused by a quota of its caller (docs/src/quotas.md): 429, never 401 or 403 (an
 /// OAuth client re-authorizes on those).

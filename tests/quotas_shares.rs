@@ -123,6 +123,48 @@ async fn callers_past_max_tracked_callers_share_one_overflow_entry_and_the_metri
     fleet.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_past_max_tracked_callers_share_one_body_share() {
+    // One caller tracked: A takes the table's one entry with one unfinished body; B and C are
+    // past the cap and share one overflow share of 1 MiB, which B fills.
+    const PART: usize = 256 << 10;
+    let fleet = Fleet::start(
+        1,
+        &format!(
+            "{BY_FORWARDED_IP}max_body_bytes_per_caller = {}\nmax_tracked_callers = 1\n",
+            1 << 20
+        ),
+    )
+    .await;
+    let a = UnfinishedBodies::open(&fleet, &from("192.0.2.1"), 1, 1, PART).await;
+    let (held, _) = a.settle(&fleet, 0).await;
+    assert_eq!(held, PART);
+    let mut b = UnfinishedBodies::open(&fleet, &from("192.0.2.2"), 1, 4, PART).await;
+    let (held, _) = b.settle(&fleet, PART).await;
+    assert_eq!(held, 1 << 20, "B holds the whole overflow share");
+    assert_eq!(b.refused().await, 0);
+    let whoami = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "whoami"}});
+    let c = fleet.post(&from("192.0.2.3"), &whoami).await;
+    assert_eq!(
+        (c.status.as_u16(), c.router_error()),
+        (503, Some("router_overloaded")),
+        "{c:?}"
+    );
+    let m = fleet.metrics().await;
+    assert_eq!(
+        refusals(&m, "body_bytes", "overflow"),
+        1.0,
+        "C was refused by the overflow share"
+    );
+    assert_eq!(refusals(&m, "body_bytes", "caller"), 0.0);
+    assert_eq!(metric(&m, "mrtr_quota_tables_full"), Some(1.0));
+    // A tracked caller is not held back by the overflow.
+    b.close(&fleet, PART).await;
+    a.close(&fleet, 0).await;
+    assert_eq!(fleet.post(&from("192.0.2.1"), &whoami).await.status, 200);
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_call_admitted_at_round_one_finishes_while_its_caller_is_over_its_rate() {
     // One new call a minute: the first round takes the whole burst, for the whole test.
@@ -285,7 +327,7 @@ async fn one_h2_connection_holds_at_most_its_share_of_the_body_budget() {
     .await;
     let mut bodies = UnfinishedBodies::open(&fleet, &[], 1, STREAMS, PART).await;
     // Settled: each stream is held whole (its part read) or refused.
-    let (held, peak) = bodies.settle(&fleet).await;
+    let (held, peak) = bodies.settle(&fleet, 0).await;
     println!(
         "one h2 connection, {STREAMS} unfinished {PART}-byte parts: {held} bytes held (peak {peak}), share {SHARE}"
     );
@@ -296,14 +338,17 @@ async fn one_h2_connection_holds_at_most_its_share_of_the_body_budget() {
     assert_eq!(refused, STREAMS - SHARE / PART);
     let m = fleet.metrics().await;
     assert_eq!(refusals(&m, "body_bytes", "connection"), refused as f64);
-    bodies.close(&fleet).await;
+    bodies.close(&fleet, 0).await;
     fleet.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_caller_on_many_connections_holds_at_most_its_share_of_the_body_budget() {
-    const PART: usize = 256 << 10;
-    const PER_CONNECTION: usize = 2 << 20;
+    // Parts of one HTTP/2 DATA frame (16 KiB, the default largest): each is taken from the
+    // shares whole or refused whole, so the share fills exactly however the frames interleave.
+    const PART: usize = 16 << 10;
+    const STREAMS: usize = 64;
+    const PER_CONNECTION: usize = 1 << 20;
     const PER_CALLER: usize = 3 << 20;
     let fleet = Fleet::start(
         1,
@@ -315,12 +360,12 @@ async fn one_caller_on_many_connections_holds_at_most_its_share_of_the_body_budg
         ),
     )
     .await;
-    // Four connections of eight streams: each connection offers exactly its share (2 MiB),
-    // the caller 8 MiB in all, past its 3 MiB.
+    // Four connections of 64 streams: each connection offers exactly its share (1 MiB), the
+    // caller 4 MiB in all, past its 3 MiB.
     let a = from("203.0.113.7");
-    let mut bodies = UnfinishedBodies::open(&fleet, &a, 4, 8, PART).await;
-    let (held, peak) = bodies.settle(&fleet).await;
-    println!("one caller, 4 h2 connections x 8 unfinished {PART}-byte parts: {held} bytes held (peak {peak}), share {PER_CALLER}");
+    let mut bodies = UnfinishedBodies::open(&fleet, &a, 4, STREAMS, PART).await;
+    let (held, peak) = bodies.settle(&fleet, 0).await;
+    println!("one caller, 4 h2 connections x {STREAMS} unfinished {PART}-byte parts: {held} bytes held (peak {peak}), share {PER_CALLER}");
     assert!(
         peak <= PER_CALLER,
         "held {peak} bytes, over the caller's share {PER_CALLER}"
@@ -340,11 +385,11 @@ async fn one_caller_on_many_connections_holds_at_most_its_share_of_the_body_budg
         (json!(null), json!(-32005))
     );
     let refused = bodies.refused().await;
-    assert_eq!(refused, 32 - PER_CALLER / PART);
+    assert_eq!(refused, 4 * STREAMS - PER_CALLER / PART);
     let m = fleet.metrics().await;
     assert_eq!(refusals(&m, "body_bytes", "caller"), (refused + 1) as f64);
     assert_eq!(refusals(&m, "body_bytes", "connection"), 0.0);
-    bodies.close(&fleet).await;
+    bodies.close(&fleet, 0).await;
     // Given back: the caller's next body is read and served.
     assert_eq!(fleet.post(&a, &whoami).await.status, 200);
     fleet.shutdown().await;

@@ -101,12 +101,12 @@ impl<'a> Held<'a> {
         }
         if let Some(caller) = &mut self.caller {
             // What the caller's share took is given back whole when `self` drops.
-            if caller.try_take(n as u64).is_err() {
+            if let Err(refused) = caller.try_take(n as u64) {
                 if let Some(s) = share {
                     s.held.release(n);
                 }
                 return Err(RouterError::BodyShareFull {
-                    scope: "caller",
+                    scope: if refused.overflow { "overflow" } else { "caller" },
                     limit: caller.limit() as usize,
                 });
             }

@@ -182,14 +182,15 @@ impl UnfinishedBodies {
     }
 
     /// Waits until every stream is either held whole (its part read and buffered) or refused,
-    /// sampling the router's `mrtr_body_buffer_bytes` all along: the bytes held then, and the
-    /// most held at any sample.
-    pub async fn settle(&self, fleet: &super::Fleet) -> (usize, usize) {
+    /// sampling the router's `mrtr_body_buffer_bytes` all along (of which `others` bytes are
+    /// held by other bodies): the bytes these hold then, and the most held at any sample.
+    pub async fn settle(&self, fleet: &super::Fleet, others: usize) -> (usize, usize) {
         let mut peak = 0;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let refused = self.answers.iter().filter(|a| a.is_finished()).count();
-            let held = super::metric(&fleet.metrics().await, "mrtr_body_buffer_bytes").unwrap_or(0.0) as usize;
+            let all = super::metric(&fleet.metrics().await, "mrtr_body_buffer_bytes").unwrap_or(0.0) as usize;
+            let held = all.saturating_sub(others);
             peak = peak.max(held);
             if held.is_multiple_of(self.part) && refused + held / self.part == self.streams {
                 return (held, peak);
@@ -217,14 +218,15 @@ impl UnfinishedBodies {
         refused
     }
 
-    /// Closes every connection and waits until the router holds no body bytes.
-    pub async fn close(self, fleet: &super::Fleet) {
+    /// Closes every connection and waits until the router holds no body bytes but the `others`
+    /// that other bodies hold.
+    pub async fn close(self, fleet: &super::Fleet, others: usize) {
         drop((self.sending, self.clients));
         for conn in &self.conns {
             conn.abort();
         }
         let deadline = std::time::Instant::now() + REQUEST_DEADLINE;
-        while super::metric(&fleet.metrics().await, "mrtr_body_buffer_bytes") != Some(0.0) {
+        while super::metric(&fleet.metrics().await, "mrtr_body_buffer_bytes") != Some(others as f64) {
             assert!(std::time::Instant::now() < deadline, "the share was never given back");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
