@@ -431,6 +431,7 @@ fn configs_that_would_not_do_what_they_say_are_refused() {
         Command::new(bin())
             .args(["check", "--config"])
             .arg(&path)
+            .env("MRTR_TEST_REDIS_PASSWORD", "fr0m-env")
             .output()
             .unwrap()
     };
@@ -455,4 +456,10 @@ fn configs_that_would_not_do_what_they_say_are_refused() {
         !stdout.contains("s3cret") && !stderr.contains("s3cret"),
         "{stdout}{stderr}"
     );
+    // Nor one read from the environment.
+    let out = check("[quotas]\nrate = \"10/s\"\nstore = \"redis://:${MRTR_TEST_REDIS_PASSWORD}@127.0.0.1:1/2\"\n");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("store = \"redis://:***@127.0.0.1:1/2\""), "{stdout}");
+    assert!(!stdout.contains("fr0m-env"), "{stdout}");
 }

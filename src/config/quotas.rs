@@ -596,6 +596,10 @@ mod tests {
                 "\"redis://u:***@127.0.0.1:6379/x\": ",
             ),
             (
+                "[quotas]\nrate = \"1/s\"\nstore = \"redis://:${MRTR_TEST_NEVER_SET}@127.0.0.1/0\"\n",
+                "quotas.store: environment variable MRTR_TEST_NEVER_SET is not set",
+            ),
+            (
                 "[quotas]\nrate = \"1/s\"\nstore = \"rediss://127.0.0.1\"\n",
                 "is neither \"local\" nor a redis:// URL",
             ),
