@@ -262,7 +262,7 @@ impl Metrics {
             quota_refusals: counter(
                 &r,
                 "mrtr_quota_refusals_total",
-                "Requests refused by a quota, by quota and scope: 429 for rate, in_flight and open_calls (scope caller, tool, or overflow: the share of callers past max_tracked_callers); 503 for body_bytes (scope connection or caller: quotas.max_body_bytes_per_connection, max_body_bytes_per_caller)",
+                "Requests refused by a quota, by quota and scope: 429 for rate, in_flight and open_calls (scope caller, tool, or overflow: the share of callers past max_tracked_callers); 503 for body_bytes (scope connection or caller: quotas.max_body_bytes_per_connection, max_body_bytes_per_caller; or overflow)",
                 &["quota", "scope"],
             ),
             quota_callers,
