@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod auth;
+pub mod h2_frames;
 pub mod idp;
 pub mod otlp;
 pub mod quotas;

@@ -1662,7 +1662,11 @@ impl proto::Peer for Peer {
     ) -> Result<Self::Poll, Error> {
         use http::{uri, Version};
 
-        let mut b = Request::builder();
+        // mrtr-router patch (vendor/README.md, h2 change 4): the request is filled in place, not
+        // through `Request::builder()`, whose every step moves the whole builder (a request's
+        // head, ~240 bytes): eight such moves a request. The checks and their order are the
+        // builder's, and a URI that does not make one is refused as it refused it.
+        let mut request = Request::new(());
 
         macro_rules! malformed {
             ($($arg:tt)*) => {{
@@ -1671,12 +1675,12 @@ impl proto::Peer for Peer {
             }}
         }
 
-        b = b.version(Version::HTTP_2);
+        *request.version_mut() = Version::HTTP_2;
 
         let is_connect;
         if let Some(method) = pseudo.method {
             is_connect = method == Method::CONNECT;
-            b = b.method(method);
+            *request.method_mut() = method;
         } else {
             malformed!("malformed headers: missing method");
         }
@@ -1685,7 +1689,9 @@ impl proto::Peer for Peer {
         if has_protocol {
             if is_connect {
                 // Assert that we have the right type.
-                b = b.extension::<crate::ext::Protocol>(pseudo.protocol.unwrap());
+                request
+                    .extensions_mut()
+                    .insert::<crate::ext::Protocol>(pseudo.protocol.unwrap());
             } else {
                 malformed!("malformed headers: :protocol on non-CONNECT request");
             }
@@ -1753,10 +1759,8 @@ impl proto::Peer for Peer {
             malformed!("malformed headers: missing path in extended CONNECT");
         }
 
-        b = b.uri(parts);
-
-        let mut request = match b.body(()) {
-            Ok(request) => request,
+        *request.uri_mut() = match uri::Uri::from_parts(parts) {
+            Ok(uri) => uri,
             Err(e) => {
                 // TODO: Should there be more specialized handling for different
                 // kinds of errors

@@ -79,9 +79,13 @@ pub const HEADER_LEN: usize = 9;
 #[derive(Eq, PartialEq)]
 pub enum Frame<T = Bytes> {
     Data(Data<T>),
-    Headers(Headers),
+    // mrtr-router patch (vendor/README.md, h2 change 3): the two frames that carry a header
+    // block are boxed. They are ~10 times the size of any other, and a frame is moved whole
+    // into and out of the stream queues, to the codec and back: a memcpy of the largest
+    // variant at each move, for a DATA frame too.
+    Headers(Box<Headers>),
     Priority(Priority),
-    PushPromise(PushPromise),
+    PushPromise(Box<PushPromise>),
     Settings(Settings),
     Ping(Ping),
     GoAway(GoAway),
@@ -98,9 +102,9 @@ impl<T> Frame<T> {
 
         match self {
             Data(frame) => frame.map(f).into(),
-            Headers(frame) => frame.into(),
+            Headers(frame) => Headers(frame),
             Priority(frame) => frame.into(),
-            PushPromise(frame) => frame.into(),
+            PushPromise(frame) => PushPromise(frame),
             Settings(frame) => frame.into(),
             Ping(frame) => frame.into(),
             GoAway(frame) => frame.into(),
