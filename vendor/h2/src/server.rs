@@ -1664,8 +1664,8 @@ impl proto::Peer for Peer {
 
         // mrtr-router patch (vendor/README.md, h2 change 4): the request is filled in place, not
         // through `Request::builder()`, whose every step moves the whole builder (a request's
-        // head, ~240 bytes): eight such moves a request. The checks and their order are the
-        // builder's, and a URI that does not make one is refused as it refused it.
+        // head, ~240 bytes): eight such moves a request. The checks below and their order are
+        // as they were, and parts that make no URI are refused as the builder refused them.
         let mut request = Request::new(());
 
         macro_rules! malformed {
