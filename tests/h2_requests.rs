@@ -5,6 +5,7 @@
 //! §8.3), each on its own stream of one connection. Sent raw (h2's own client would refuse to
 //! send most of them) to h2's server on a real socket. Passes on stock h2 too
 //! (`scripts/test-stock.sh`), which is what says the patch changes nothing a client sees.
+//! The server push test does the same for the other frame h2 change 3 boxes, PUSH_PROMISE.
 
 mod support;
 
@@ -227,4 +228,56 @@ async fn request_heads_come_out_as_the_builder_made_them_and_bad_ones_are_reset(
 /// The client stream of the `i`th case: odd, in order.
 fn stream_of(i: usize) -> u32 {
     1 + 2 * i as u32
+}
+
+/// A server push carries the other frame the patch boxes (h2 change 3): the PUSH_PROMISE goes
+/// through the server's send queue and the client's receive path. The pushed request's head,
+/// its answer and the answer to the request that drew it arrive as sent.
+#[tokio::test]
+async fn a_pushed_request_arrives_with_its_head_and_its_answer() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut conn = h2::server::handshake(socket).await.unwrap();
+        let (_, mut respond) = conn.accept().await.unwrap().unwrap();
+        let promised = http::Request::get("http://a.test/style.css")
+            .header("x-pushed", "1")
+            .body(())
+            .unwrap();
+        let mut pushed = respond.push_request(promised).unwrap();
+        let answer = http::Response::builder().status(203).body(()).unwrap();
+        pushed.send_response(answer, true).unwrap();
+        respond.send_response(http::Response::new(()), true).unwrap();
+        // Serves the connection until the client is done with it.
+        while conn.accept().await.is_some() {}
+    });
+
+    let run = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::Builder::new()
+            .enable_push(true)
+            .handshake::<_, Bytes>(tcp)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut client = client.ready().await.unwrap();
+        let request = http::Request::get("http://a.test/").body(()).unwrap();
+        let (mut answer, _) = client.send_request(request, true).unwrap();
+        let mut pushes = answer.push_promises();
+        assert_eq!(answer.await.unwrap().status(), 200);
+        let push = pushes.push_promise().await.expect("one push").unwrap();
+        let (head, pushed_answer) = push.into_parts();
+        assert_eq!(
+            (head.method(), head.uri().to_string()),
+            (&http::Method::GET, "http://a.test/style.css".to_string())
+        );
+        assert_eq!(head.headers()["x-pushed"], "1");
+        assert_eq!(pushed_answer.await.unwrap().status(), 203);
+        assert!(pushes.push_promise().await.is_none(), "one push only");
+    };
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("the push within the deadline");
+    server.abort();
 }
