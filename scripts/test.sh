@@ -6,6 +6,9 @@
 # Fails loudly on anything missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# A fresh clone builds everything once: rustc's incremental cache would only cost disk (gigabytes
+# over the test binaries) and time. Set CARGO_INCREMENTAL=1 to keep it for repeated local runs.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
