@@ -27,7 +27,7 @@ die() {
   exit 1
 }
 
-# The tests run against stock hyper, each binary whole but for the tests named in SKIP and SLOW.
+# The tests run against stock hyper, each binary whole but for the tests named in SKIP.
 # - hostile, streaming, connections, upstream_h2, pool, hyper_queue, tls, shutdown: HTTP/1 and
 #   HTTP/2 framing, streams, held and parked connections, the client pool and its queue, TLS,
 #   the shutdown: what the router asks of hyper and h2.
@@ -53,13 +53,6 @@ SKIP=(
   idle_keep_alive_connections_give_their_buffers_back_and_serve_again
   idle_connections_give_back_the_header_map_of_their_last_answer
   held_streams_give_their_buffers_back_and_go_on
-)
-# Left out for time, not for what they test: each waits the 60 s `stream_idle_timeout`, the
-# router's own timer, which no patch touches; both pass on stock (tried). The rest of
-# streaming.rs runs.
-SLOW=(
-  a_stream_silent_for_stream_idle_timeout_is_ended_and_closed_upstream
-  a_client_that_takes_nothing_of_its_answer_is_dropped_after_the_idle_limit
 )
 
 stock_manifest() {
@@ -117,10 +110,9 @@ done
 test_args=()
 for t in "${TESTS[@]}"; do test_args+=(--test "$t"); done
 skip_args=()
-for s in "${SKIP[@]}" "${SLOW[@]}"; do skip_args+=(--skip "$s"); done
+for s in "${SKIP[@]}"; do skip_args+=(--skip "$s"); done
 echo "stock hyper $(vendored_version hyper), h2 $(vendored_version h2) from crates.io; tests: ${TESTS[*]}"
 echo "not run (what only the patches do): ${SKIP[*]}"
-echo "not run (60 s each, the router's own timer): ${SLOW[*]}"
 # The stock build puts its router binary where the patched build's is (target/debug/mrtr-router,
 # which the tests run): the patched one is put back afterwards, pass or fail.
 BIN="$CARGO_TARGET_DIR/debug/mrtr-router"
