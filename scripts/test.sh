@@ -23,8 +23,10 @@ MDBOOK_VERSION=0.5.4
 MDBOOK=.tools/bin/mdbook
 step "docs: mdbook $MDBOOK_VERSION (installed once under .tools/), scripts/check_docs.py's unit tests, mdbook build docs, the link check"
 if [ "$("$MDBOOK" --version 2>/dev/null || true)" != "mdbook v$MDBOOK_VERSION" ]; then
-  echo "installing mdbook $MDBOOK_VERSION into .tools/ (cargo install: about 2 minutes on two idle cores, more on a busy machine; once)"
-  if ! cargo install --locked mdbook --version "$MDBOOK_VERSION" --no-default-features --features search --root .tools; then
+  echo "installing mdbook $MDBOOK_VERSION into .tools/ (cargo install: about a minute on two idle cores, more on a busy machine; once)"
+  # --debug: unoptimised, it builds in half the time (52 s against 106 s) and renders this book
+  # the same, byte for byte, in 1.4 s instead of 0.2.
+  if ! cargo install --locked --debug mdbook --version "$MDBOOK_VERSION" --no-default-features --features search --root .tools; then
     echo >&2 "==> FAILED: cargo install mdbook $MDBOOK_VERSION --root .tools"
     exit 1
   fi
