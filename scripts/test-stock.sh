@@ -31,8 +31,8 @@ die() {
 # - hostile, streaming, connections, upstream_h2, pool, hyper_queue, tls, shutdown: HTTP/1 and
 #   HTTP/2 framing, streams, held and parked connections, the client pool and its queue, TLS,
 #   the shutdown: what the router asks of hyper and h2.
-# - hyper_heads, h2_fields, h2_requests: the patches' behaviour tests, which say the patches change nothing
-#   a peer sees: they must pass on stock too.
+# - hyper_heads, h2_fields, h2_requests: the patches' behaviour tests, which say the patches
+#   change nothing a peer sees: they must pass on stock too.
 # - held_memory: its figures are the patched build's; on stock it asserts stock's own bound
 #   (`cfg(feature = "patched-http")` inside) and skips what only the patches do (below).
 TESTS=(hostile streaming connections upstream_h2 pool hyper_queue tls shutdown hyper_heads h2_fields h2_requests held_memory)
