@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::auth::Resource;
 use crate::body::ProxyBody;
-use crate::dialect::{NotJson, RequestKeys};
+use crate::dialect::{RequestKeys, Unreadable};
 use crate::route;
 use crate::state::Shared;
 use crate::token::PrincipalTag;
@@ -228,12 +228,11 @@ pub fn explain(
     key: Option<&str>,
     token: Option<&str>,
     body: &[u8],
-) -> Result<Value, NotJson> {
+) -> Result<Value, Unreadable> {
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let body = Some(body).filter(|b| !b.is_empty());
-    let mut tool = None;
-    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body, Some(&mut tool))?;
+    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body)?;
     if let Some(k) = key {
         keys.set_header_key(k);
     }
@@ -248,12 +247,12 @@ pub fn explain(
     });
     let (auth, tag) = match &snap.auth {
         Some(resource) => {
-            let (auth, tag) = explain_auth(shared, resource, keys.method.as_deref(), tool.as_deref(), token);
+            let (auth, tag) = explain_auth(shared, resource, &keys, token);
             (Some(auth), tag)
         }
         None => (None, None),
     };
-    let mut explained = match route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), false) {
+    let mut explained = match route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), route::Lookup::Peek) {
         Ok((d, _)) => json!({
             "backend": &*d.backend.name,
             "url": d.backend.url(),
@@ -279,11 +278,10 @@ pub fn explain(
 fn explain_auth(
     shared: &Shared,
     resource: &Resource,
-    method: Option<&str>,
-    tool: Option<&str>,
+    keys: &RequestKeys,
     token: Option<&str>,
 ) -> (Value, Option<PrincipalTag>) {
-    let needed = resource.needed(method, tool);
+    let needed = resource.needed(keys.messages());
     let Some(token) = token else {
         return (json!({"needed_scopes": needed, "result": "missing"}), None);
     };

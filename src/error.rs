@@ -38,6 +38,14 @@ pub enum RouterError {
     PinnedBackendUnavailable { key: String, backend: String },
     #[error("a routing header disagrees with the request body")]
     HeaderMismatch,
+    /// A key the router reads stands twice in the body, or in another spelling: readers would
+    /// disagree on the call it makes.
+    #[error("{}", if *.variant { format!("the body spells `{key}` otherwise (by case); refused so that every reader sees one call") } else { format!("the body has `{key}` twice; refused so that every reader sees one call") })]
+    AmbiguousBody { key: &'static str, variant: bool },
+    #[error("this batch is refused: {why}")]
+    BatchRefused { why: &'static str },
+    #[error("the request path has a dot segment, an empty segment or an encoded separator; send it normalised")]
+    InvalidPath,
     #[error("no healthy backend")]
     NoBackend,
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
@@ -50,7 +58,7 @@ pub enum RouterError {
     #[error("the backend has max_connections_per_backend requests in flight and none ended within queue_timeout; retry later")]
     UpstreamBusy { backend: String },
     #[error("the router does not forward {method} requests")]
-    MethodNotAllowed { method: &'static str },
+    MethodNotAllowed { method: http::Method },
     #[error("the backend is unavailable")]
     UpstreamUnavailable { backend: String },
     #[error("the backend did not answer within upstream_timeout")]
@@ -65,6 +73,9 @@ pub enum RouterError {
     OriginNotAllowed,
     #[error("this handle was issued to another caller")]
     HandlePrincipalMismatch,
+    /// With `[auth]` and `[tokens]` on, a handle of a kind the router seals came in the clear.
+    #[error("this {kind} is not one the router issued: echo it as it was received")]
+    HandleNotSealed { kind: &'static str },
     #[error("the authorization server's keys cannot be loaded; retry later")]
     AuthUnavailable,
     #[error("{}", .0.message())]
@@ -182,6 +193,9 @@ impl RouterError {
             PinCapacity { .. } => (StatusCode::TOO_MANY_REQUESTS, -32000, "pin_capacity"),
             PinnedBackendUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32001, "pinned_backend_unavailable"),
             HeaderMismatch => (StatusCode::BAD_REQUEST, -32020, "header_mismatch"),
+            AmbiguousBody { .. } => (StatusCode::BAD_REQUEST, -32600, "ambiguous_body"),
+            BatchRefused { .. } => (StatusCode::BAD_REQUEST, -32600, "batch_refused"),
+            InvalidPath => (StatusCode::BAD_REQUEST, -32600, "invalid_path"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
             Overloaded | BodyShareFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
@@ -193,6 +207,7 @@ impl RouterError {
             InsufficientScope(_) => (StatusCode::FORBIDDEN, -32011, "insufficient_scope"),
             OriginNotAllowed => (StatusCode::FORBIDDEN, -32012, "origin_not_allowed"),
             HandlePrincipalMismatch => (StatusCode::FORBIDDEN, -32013, "handle_principal_mismatch"),
+            HandleNotSealed { .. } => (StatusCode::FORBIDDEN, -32019, "handle_not_sealed"),
             AuthUnavailable => (StatusCode::SERVICE_UNAVAILABLE, -32014, "auth_unavailable"),
             QuotaExceeded(q) => (StatusCode::TOO_MANY_REQUESTS, q.code(), q.reason),
             QuotaStoreUnavailable => (StatusCode::SERVICE_UNAVAILABLE, -32018, "quota_store_unavailable"),
@@ -215,7 +230,7 @@ impl RouterError {
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
     /// `mrtr_router_errors_total` from the start.
-    pub const REASONS: [&'static str; 25] = [
+    pub const REASONS: [&'static str; 29] = [
         "parse_error",
         "body_too_large",
         "body_timeout",
@@ -225,6 +240,9 @@ impl RouterError {
         "pin_capacity",
         "pinned_backend_unavailable",
         "header_mismatch",
+        "ambiguous_body",
+        "batch_refused",
+        "invalid_path",
         "no_backend",
         "router_overloaded",
         "upstream_busy",
@@ -236,6 +254,7 @@ impl RouterError {
         "insufficient_scope",
         "origin_not_allowed",
         "handle_principal_mismatch",
+        "handle_not_sealed",
         "auth_unavailable",
         "rate_limited",
         "too_many_in_flight",
@@ -249,7 +268,7 @@ impl RouterError {
         match self {
             Unauthorized(c) | InsufficientScope(c) => Some(c.result),
             OriginNotAllowed => Some("origin"),
-            HandlePrincipalMismatch => Some("principal"),
+            HandlePrincipalMismatch | HandleNotSealed { .. } => Some("principal"),
             AuthUnavailable => Some("jwks_unavailable"),
             _ => None,
         }
@@ -415,6 +434,12 @@ mod tests {
             PinCapacity { max: 1 },
             PinnedBackendUnavailable { key: b(), backend: b() },
             HeaderMismatch,
+            AmbiguousBody {
+                key: "method",
+                variant: false,
+            },
+            BatchRefused { why: "x" },
+            InvalidPath,
             NoBackend,
             Overloaded,
             BodyShareFull {
@@ -422,7 +447,9 @@ mod tests {
                 limit: 1,
             },
             UpstreamBusy { backend: b() },
-            MethodNotAllowed { method: "TRACE" },
+            MethodNotAllowed {
+                method: http::Method::TRACE,
+            },
             UpstreamUnavailable { backend: b() },
             UpstreamTimeout { backend: b() },
             UpstreamTls { backend: b() },
@@ -430,6 +457,7 @@ mod tests {
             InsufficientScope(Box::new(challenge())),
             OriginNotAllowed,
             HandlePrincipalMismatch,
+            HandleNotSealed { kind: "session id" },
             AuthUnavailable,
             QuotaExceeded(Box::new(quota("rate_limited"))),
             QuotaExceeded(Box::new(quota("too_many_in_flight"))),
@@ -440,6 +468,7 @@ mod tests {
             match e {
                 Parse | BodyBroken | BodyTooLarge { .. } | BodyTimeout | HeaderTimeout | InvalidToken { .. } => {}
                 TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
+                AmbiguousBody { .. } | BatchRefused { .. } | HandleNotSealed { .. } | InvalidPath => {}
                 NoBackend | Overloaded | BodyShareFull { .. } | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
                 Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}

@@ -87,7 +87,10 @@ pub mod internals {
     };
     pub use crate::balance::HashRing;
     pub use crate::body::split_sse;
-    pub use crate::dialect::{parse_outcome, parse_request, request_state_at, NotJson, Outcome, RequestEnvelope};
+    pub use crate::dialect::{
+        parse_outcome, parse_request, request_state_at, Ambiguity, Envelopes, NotJson, Outcome, RequestEnvelope,
+        Unreadable,
+    };
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
     pub use crate::quotas::{
         rate_limit_headers, Admission, CallerKey, CallerRule, OpenCall, OpenCalls, PerCaller, Quota, Quotas,
@@ -177,7 +180,7 @@ impl Router {
         key: Option<&str>,
         token: Option<&str>,
         body: &[u8],
-    ) -> Result<serde_json::Value, dialect::NotJson> {
+    ) -> Result<serde_json::Value, dialect::Unreadable> {
         admin::explain(&self.shared, &http::HeaderMap::new(), key, token, body)
     }
 

@@ -49,6 +49,34 @@ pub struct Decision {
     /// The rounds the call has had so far, as its local pin or its sealed tokens count them
     /// (whichever counts more: a call may have alternated between replicas).
     pub rounds: u32,
+    /// The request continues a call under way ([`is_follow_up`]).
+    pub follow_up: bool,
+}
+
+/// Whether a request continues a call already under way (docs/src/pins.md, "Follow-ups"), the
+/// one definition routing, quotas and the access log share: it matched the pin of a call (not
+/// a session's alone: a session holds many calls), or carries a sealed `requestState` or task id,
+/// or a routing token without starting a call of its own, or it is a JSON-RPC response posted in
+/// a session (the client's answer to an elicitation or sampling request). A request that only
+/// carries a session is a new call.
+pub fn is_follow_up(keys: &RequestKeys, matched: Option<Matched>, unsealed: Option<&Unsealed>) -> bool {
+    let sealed_call = unsealed.is_some_and(|u| {
+        u.request_state.is_some()
+            || u.task_id.is_some()
+            || u.task_ids.iter().any(Option::is_some)
+            || (u.routing_token && !keys.starts_a_call())
+    });
+    matched.is_some_and(|m| m.pin.kind != PinKind::Session)
+        || sealed_call
+        || (keys.session_id.is_some() && keys.is_response())
+}
+
+/// Whether `resolve` extends the pins it reads (a request being served) or only looks (an
+/// explanation: `mrtr-router route`, `/debug/route`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    Refresh,
+    Peek,
 }
 
 impl fmt::Display for Decision {
@@ -79,20 +107,22 @@ pub fn resolve(
     pins: &PinTable,
     keys: &RequestKeys,
     caller: Option<&PrincipalTag>,
-    refresh: bool,
+    lookup: Lookup,
 ) -> Result<(Decision, Option<Unsealed>), RouterError> {
     let unsealed = match &snap.sealing {
         Some(s) => s
             .unseal(keys, SystemTime::now(), caller)
             .map_err(|refused| match refused {
                 Refused::Principal => RouterError::HandlePrincipalMismatch,
+                Refused::Clear(kind) => RouterError::HandleNotSealed { kind },
                 _ => RouterError::InvalidToken {
                     reason: refused.reason(),
                 },
             })?,
         None => None,
     };
-    let decision = decide(snap, pins, keys, unsealed.as_ref(), refresh)?;
+    let mut decision = decide(snap, pins, keys, unsealed.as_ref(), lookup == Lookup::Refresh)?;
+    decision.follow_up = is_follow_up(keys, decision.matched, unsealed.as_ref());
     Ok((decision, unsealed))
 }
 
@@ -125,14 +155,10 @@ pub fn decide(
     };
     // A full table refuses every request that may start a call (docs/src/pins.md), on every path, a
     // sealed token's included: that request's answer would add pins. Only a follow-up of a call
-    // pinned here passes: its pins are already counted, and refusing it would break the call. A
-    // session pin alone does not make a follow-up: a new call or task inside the session adds
-    // pins of its own.
+    // pinned here passes: its pins are already counted, and refusing it would break the call (a
+    // sealed handle alone does not say its pins are here).
     let full = |call: Option<Matched>| {
-        refresh
-            && call.is_none_or(|m| m.pin.kind == PinKind::Session)
-            && keys.may_create_pin()
-            && pins.len() >= routing.max_pins
+        refresh && !is_follow_up(keys, call, None) && keys.may_create_pin() && pins.len() >= routing.max_pins
     };
     // What a request routed by a pin or a token must pass: its call's rounds, and the table's room.
     let admit = |call: Option<Matched>, token_rounds: Option<u32>| {
@@ -163,6 +189,7 @@ pub fn decide(
                     matched,
                     pin_lost: false,
                     rounds,
+                    follow_up: false,
                 });
             }
             None if routing.on_pin_lost == OnPinLost::Strict => {
@@ -193,6 +220,7 @@ pub fn decide(
                         matched: Some(matched),
                         pin_lost: false,
                         rounds,
+                        follow_up: false,
                     });
                 }
                 None if routing.on_pin_lost == OnPinLost::Strict => {
@@ -226,6 +254,7 @@ pub fn decide(
         matched: lost,
         pin_lost,
         rounds: 0,
+        follow_up: false,
     })
 }
 

@@ -18,6 +18,8 @@ pub struct Sealing {
     calls: Arc<TokenKeys>,
     /// Wrapped session ids (`tokens.session_ttl`): they live as long as the session.
     sessions: Arc<TokenKeys>,
+    /// `tokens.accept_clear_handles`: a verified caller's clear handles are taken too.
+    accept_clear: bool,
 }
 
 /// What the tokens of one request say.
@@ -38,6 +40,10 @@ pub struct Unsealed {
     pub request_state: Option<String>,
     /// The backend's own task id, when the request's (`Mcp-Name` and `params.taskId`) was wrapped.
     pub task_id: Option<String>,
+    /// The backend's own ids of `params.notifications.taskIds`, each where it was wrapped.
+    pub task_ids: Vec<Option<String>>,
+    /// The request carried a routing token (the `Mcp-Routing-Id` of a pinned call).
+    pub routing_token: bool,
 }
 
 /// Why the sealed values of a request are refused.
@@ -49,6 +55,8 @@ pub enum Refused {
     Conflict,
     /// A value issued to another caller than the one presenting it.
     Principal,
+    /// A handle of a kind the router seals, in the clear, from a verified caller (`[auth]` on).
+    Clear(&'static str),
 }
 
 impl From<Rejected> for Refused {
@@ -64,6 +72,7 @@ impl Refused {
             Refused::Token(r) => r.reason(),
             Refused::Conflict => "conflict",
             Refused::Principal => "principal",
+            Refused::Clear(_) => "clear",
         }
     }
 }
@@ -128,6 +137,7 @@ impl Sealing {
         Sealing {
             calls: cfg.calls.clone(),
             sessions: cfg.sessions.clone(),
+            accept_clear: cfg.accept_clear_handles,
         }
     }
 
@@ -136,7 +146,9 @@ impl Sealing {
     /// rejects the request, and so do two that name different backends (docs/src/routing.md:
     /// each handle's state lives on its own instance, so no choice could serve both). A value
     /// bound to a principal is refused unless `caller` is that principal (a value issued while
-    /// `[auth]` was off is bound to no one).
+    /// `[auth]` was off is bound to no one). From a verified `caller`, a handle of a kind the
+    /// router seals must be sealed (unless `tokens.accept_clear_handles`): its clear value is
+    /// the backend's own, which would reach the backend bound to no one.
     pub fn unseal(
         &self,
         keys: &RequestKeys,
@@ -163,27 +175,46 @@ impl Sealing {
             first.get_or_insert(claims);
             Ok(())
         };
-        if let Some(h) = keys.header_key.filter(|h| token::is_token(h)) {
+        let must_be_sealed = caller.is_some() && !self.accept_clear;
+        let sealed = |value: &str, kind: &'static str| match token::is_token(value) {
+            true => Ok(true),
+            false if must_be_sealed => Err(Refused::Clear(kind)),
+            false => Ok(false),
+        };
+        let routing_token = keys.header_key.is_some_and(token::is_token);
+        if let Some(h) = keys.header_key.filter(|_| routing_token) {
             note(self.calls.verify(Kind::RoutingId, h, now)?, true, true)?;
         }
         let mut request_state = None;
-        if let Some(s) = keys.request_state.as_deref().filter(|s| token::is_token(s)) {
-            let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
-            note(claims, true, true)?;
-            request_state = Some(original.into_owned());
+        if let Some(s) = keys.request_state.as_deref() {
+            if sealed(s, "requestState")? {
+                let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
+                note(claims, true, true)?;
+                request_state = Some(original.into_owned());
+            }
         }
         let mut session_id = None;
-        if let Some(s) = keys.session_id.filter(|s| token::is_token(s)) {
-            let (original, claims) = self.sessions.open_value(Kind::Session, s, now)?;
-            note(claims, false, true)?;
-            session_id = Some(original.into_owned());
+        if let Some(s) = keys.session_id {
+            if sealed(s, "session id")? {
+                let (original, claims) = self.sessions.open_value(Kind::Session, s, now)?;
+                note(claims, false, true)?;
+                session_id = Some(original.into_owned());
+            }
         }
-        let mut task_id = None;
-        if let Some(t) = keys.task_id.as_deref().filter(|t| token::is_token(t)) {
+        let mut open_task = |t: &str| -> Result<Option<String>, Refused> {
+            if !sealed(t, "task id")? {
+                return Ok(None);
+            }
             let (original, claims) = self.calls.open_value(Kind::Task, t, now)?;
             note(claims, false, false)?;
-            task_id = Some(original.into_owned());
-        }
+            Ok(Some(original.into_owned()))
+        };
+        let task_id = keys.task_id.as_deref().map(&mut open_task).transpose()?.flatten();
+        let task_ids = keys
+            .task_ids
+            .iter()
+            .map(|t| open_task(t))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(first.map(|claims| Unsealed {
             backend: claims.backend,
             issued_ms,
@@ -191,6 +222,8 @@ impl Sealing {
             session_id,
             request_state,
             task_id,
+            task_ids,
+            routing_token,
         }))
     }
 
@@ -243,19 +276,19 @@ fn splice(body: &[u8], at: Range<usize>, with: &[u8]) -> Bytes {
     out.freeze()
 }
 
-/// The request body with the client's wrapped `requestState` and task id back to the
+/// The request body with the client's wrapped `requestState` and task ids back to the
 /// backend's own values, where the client's echoes stand (found by the same scan that read the
 /// wrapped values, so they are there); the JSON escapes of what is put back are serde_json's.
 pub fn restore_originals(body: &Bytes, body_field: &str, unsealed: &Unsealed) -> Bytes {
-    let state = unsealed
-        .request_state
-        .as_deref()
-        .and_then(|s| Some((dialect::request_state_at(body, body_field)?, s)));
-    let task = unsealed
-        .task_id
-        .as_deref()
-        .and_then(|t| Some((dialect::task_id_at(body, body_field)?, t)));
-    let mut edits: Vec<(Range<usize>, &str)> = state.into_iter().chain(task).collect();
+    let at = dialect::handles_at(body, body_field);
+    let state = at.request_state.zip(unsealed.request_state.as_deref());
+    let task = at.task_id.zip(unsealed.task_id.as_deref());
+    let listed = at
+        .task_ids
+        .into_iter()
+        .zip(&unsealed.task_ids)
+        .filter_map(|(at, original)| Some((at, original.as_deref()?)));
+    let mut edits: Vec<(Range<usize>, &str)> = state.into_iter().chain(task).chain(listed).collect();
     // Last first: an edit leaves the places before it as they were.
     edits.sort_by_key(|e| std::cmp::Reverse(e.0.start));
     let mut out = body.clone();
@@ -264,6 +297,11 @@ pub fn restore_originals(body: &Bytes, body_field: &str, unsealed: &Unsealed) ->
         out = splice(&out, at, &literal);
     }
     out
+}
+
+/// Whether the body holds a wrapped handle to put back ([`restore_originals`]).
+pub fn restores_body(unsealed: &Unsealed) -> bool {
+    unsealed.request_state.is_some() || unsealed.task_id.is_some() || unsealed.task_ids.iter().any(Option::is_some)
 }
 
 #[cfg(test)]
@@ -276,6 +314,7 @@ mod tests {
         Sealing {
             calls: keys(60),
             sessions: keys(600),
+            accept_clear: false,
         }
     }
 

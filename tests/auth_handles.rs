@@ -41,6 +41,22 @@ fn token_of(env: &Env, sub: &str, scope: &str, client: &str) -> String {
     env.issuer.ec.token(&c)
 }
 
+/// A handle of a sealed kind sent in the clear by a verified caller.
+fn not_sealed() -> Want {
+    Want::Refused {
+        status: 403,
+        reason: "handle_not_sealed",
+        code: -32019,
+        challenge: Expect::Absent,
+        result: "principal",
+    }
+}
+
+/// The backend's own value inside a wrapped handle: what follows its last dot.
+fn clear_part(wrapped: &str) -> String {
+    wrapped.rsplit('.').next().unwrap().to_string()
+}
+
 fn sealed(v: &str, what: &str) -> String {
     assert!(v.starts_with("mrt2."), "{what} is sealed: {v}");
     v.to_string()
@@ -84,6 +100,12 @@ async fn routing_tokens_and_task_ids_follow_their_principal_only() {
             .header("mcp-method", "tasks/get")
             .bearer(token)
     };
+    let clear_task = clear_part(&task);
+    let get_clear_task = |token: &str| {
+        post("tasks/get", json!({"taskId": clear_task}))
+            .header("mcp-name", clear_task.clone())
+            .bearer(token)
+    };
     let rows = vec![
         (
             "bob with alice's routing token",
@@ -91,6 +113,16 @@ async fn routing_tokens_and_task_ids_follow_their_principal_only() {
             mismatch(),
         ),
         ("bob with alice's task id", get_task(&bob), mismatch()),
+        (
+            "bob with the clear part of alice's task id",
+            get_clear_task(&bob),
+            not_sealed(),
+        ),
+        (
+            "alice with the clear part of her task id",
+            get_clear_task(&alice),
+            not_sealed(),
+        ),
         (
             "alice's routing token, no access token",
             confirm_round_2(),
@@ -194,8 +226,29 @@ async fn request_states_and_sessions_follow_their_principal_only() {
             ("x-mcp-auth-client-id", vec!["app-2"]),
         ])
     };
+    let clear_state = clear_part(&state);
+    let resume_clear = |token: &str| {
+        let params = json!({"name": "ask", "arguments": {}, "requestState": clear_state});
+        post("tools/call", params).bearer(token)
+    };
+    let clear_session = clear_part(&session);
     let rows = vec![
         ("bob with alice's requestState", resume(&bob), mismatch()),
+        (
+            "bob with the clear part of alice's requestState",
+            resume_clear(&bob),
+            not_sealed(),
+        ),
+        (
+            "bob POSTs with the clear part of alice's session id",
+            ping().header("mcp-session-id", clear_session.clone()).bearer(&bob),
+            not_sealed(),
+        ),
+        (
+            "bob listens with the clear part of alice's session id",
+            get("/mcp").header("mcp-session-id", clear_session.clone()).bearer(&bob),
+            not_sealed(),
+        ),
         ("bob POSTs in alice's session", in_session(ping(), &bob), mismatch()),
         (
             "bob listens on alice's session",
@@ -226,4 +279,33 @@ async fn request_states_and_sessions_follow_their_principal_only() {
         "{:?}",
         seen[3]
     );
+}
+
+/// While a fleet switches `[tokens]` on (`accept_clear_handles = true`), handles issued before
+/// (clear, bound to no one) still reach their backend; sealed ones stay bound to their principal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_handles_pass_only_while_the_fleet_switches_tokens_on() {
+    let recorder = Recorder::start_answering("states", sessions_and_states).await;
+    let switching = |issuer: &Issuer, origin: &str| {
+        auth_and_tokens(issuer, origin).replace("[auth]\n", "accept_clear_handles = true\n[auth]\n")
+    };
+    let env = Env::start_with(Vec::new(), Some(recorder), &["mcp"], switching).await;
+    let alice = format!("Bearer {}", token_of(&env, "alice", "mcp", "app-1"));
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}});
+    let opened = env.fleet.post(&[("authorization", &alice)], &init).await;
+    let session = sealed(opened.headers["mcp-session-id"].to_str().unwrap(), "the session id");
+    let bob = token_of(&env, "bob", "mcp", "app-1");
+    let rows = vec![
+        (
+            "a clear session id issued before [tokens]",
+            ping().header("mcp-session-id", "issued-before").bearer(&bob),
+            ok(),
+        ),
+        (
+            "bob with alice's sealed session id",
+            ping().header("mcp-session-id", session.clone()).bearer(&bob),
+            mismatch(),
+        ),
+    ];
+    check_all(&env, rows).await;
 }

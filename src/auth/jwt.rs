@@ -8,15 +8,16 @@
 //! 2. The form: three base64url parts (a JWE's five are refused, and so is an empty signature).
 //! 3. The header: `alg` is one of the [`Policy`]'s (never `none`, never an HMAC algorithm);
 //!    no `crit` (the router understands no extension) and no `enc`; `typ`, if present, is
-//!    `at+jwt`, `application/at+jwt` or `JWT` (any case); `kid` names a key of the set that may
-//!    verify `alg` (an unknown `kid` is [`AuthFailure::UnknownKey`], on which the router may
-//!    fetch the issuer's keys again).
+//!    `at+jwt`, `application/at+jwt` or `JWT` (any case).
 //! 4. The claims, none needing a signature check: `iss` is the policy's issuer, exactly; `aud`
 //!    (a string or an array) holds one of the policy's audiences, exactly (RFC 8707: a token
 //!    minted for another resource is refused); `exp` is present and `now < exp + leeway`;
 //!    `nbf` and `iat`, when present, are at most `now + leeway`; a subject is named (`sub`, or
-//!    else `client_id`); the scopes (`scope`, or else `scp`) are scope tokens.
-//! 5. Only then the signature, one check with the one key `kid` picks.
+//!    else `client_id`); the scopes (`scope`, or else `scp`) are scope tokens. Before the key:
+//!    a token that could never be valid never makes the router fetch the issuer's keys.
+//! 5. The key: `kid` names a key of the set that may verify `alg` (an unknown `kid` is
+//!    [`AuthFailure::UnknownKey`], on which the router may fetch the issuer's keys again).
+//! 6. Only then the signature, one check with the one key `kid` picks.
 //!
 //! Member names are read as JSON object keys: a header or claim set that repeats one is
 //! malformed, never read one way here and another way by the issuer.
@@ -295,6 +296,10 @@ impl Policy {
         if !header.typ.as_deref().is_none_or(is_access_token_type) {
             return Err(AuthFailure::Type);
         }
+        let claims = URL_SAFE_NO_PAD.decode(payload).map_err(malformed(Part::Claims))?;
+        let claims: Claims = serde_json::from_slice(&claims).map_err(malformed(Part::Claims))?;
+        let verified = self.check_claims(claims, now)?;
+
         let key = match keys.find(header.kid.as_deref(), alg) {
             Lookup::Found(key) => key,
             Lookup::NoKey => {
@@ -304,10 +309,6 @@ impl Policy {
             }
             Lookup::Mismatch => return Err(AuthFailure::KeyMismatch),
         };
-
-        let claims = URL_SAFE_NO_PAD.decode(payload).map_err(malformed(Part::Claims))?;
-        let claims: Claims = serde_json::from_slice(&claims).map_err(malformed(Part::Claims))?;
-        let verified = self.check_claims(claims, now)?;
 
         let mut decoded = [0; MAX_SIGNATURE_BYTES];
         let len = match signature.is_empty() {

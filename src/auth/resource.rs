@@ -63,31 +63,31 @@ impl Resource {
         path == METADATA_PATH || path == self.metadata_suffixed
     }
 
-    /// Every scope a request needs: the required ones, its JSON-RPC method's, and for
-    /// `tools/call` its tool's (`tool`: `params.name` as the verified body gives it). Each once.
-    pub fn needed<'a>(&'a self, method: Option<&str>, tool: Option<&str>) -> Vec<&'a str> {
+    /// Every scope a request needs: the required ones, and for each of its messages (a batch
+    /// has several) its JSON-RPC method's and, for `tools/call`, its tool's (`params.name` as the
+    /// verified body gives it). Each once.
+    pub fn needed<'a, 'm>(
+        &'a self,
+        messages: impl IntoIterator<Item = (Option<&'m str>, Option<&'m str>)>,
+    ) -> Vec<&'a str> {
         let of = |list: &'a [Scoped], name: Option<&str>| {
             name.and_then(|n| list.iter().find(|s| s.name == n))
                 .map_or(&[][..], |s| &s.scopes[..])
         };
-        let tool = tool.filter(|_| method == Some("tools/call"));
         let mut all: Vec<&str> = Vec::new();
-        for scope in self
-            .required
-            .iter()
-            .chain(of(&self.methods, method))
-            .chain(of(&self.tools, tool))
-        {
-            if !all.contains(&scope.as_str()) {
-                all.push(scope);
+        let mut add = |scopes: &'a [String]| {
+            for scope in scopes {
+                if !all.contains(&scope.as_str()) {
+                    all.push(scope);
+                }
             }
+        };
+        add(&self.required);
+        for (method, tool) in messages {
+            add(of(&self.methods, method));
+            add(of(&self.tools, tool.filter(|_| method == Some("tools/call"))));
         }
         all
-    }
-
-    /// Whether any tool needs a scope of its own: only then is a `tools/call`'s tool name read.
-    pub fn scopes_tools(&self) -> bool {
-        !self.tools.is_empty()
     }
 
     /// The scopes a request without a token is told it needs: the required ones.

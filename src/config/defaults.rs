@@ -20,6 +20,13 @@ pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// Request-body bytes held at once across all connections while POST bodies are read: 256
 /// bodies of the default `max_body_bytes`.
 pub const MAX_BODY_BUFFER_BYTES: usize = 256 * 1024 * 1024;
+/// A connection's share of the body budget without `[quotas] max_body_bytes_per_connection`:
+/// a sixteenth of it (16 MiB of the default), and never less than one whole body.
+pub fn connection_body_share(max_body_bytes: usize, max_body_buffer_bytes: usize) -> usize {
+    (max_body_buffer_bytes / 16)
+        .max(max_body_bytes)
+        .min(max_body_buffer_bytes)
+}
 pub const ERRORS_NAME_BACKENDS: bool = false;
 /// The admin listener's own limits: Prometheus, probes and operators need few connections.
 pub const ADMIN_PROTECT_READS: bool = false;
@@ -50,6 +57,8 @@ pub const DISCOVERY_SCHEME: &str = "http";
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// Wrapped session ids live as long as a session may: clients keep them from `initialize` on.
 pub const SESSION_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// `[tokens] accept_clear_handles`: with `[auth]` on, a handle of a sealed kind must come sealed.
+pub const ACCEPT_CLEAR_HANDLES: bool = false;
 pub const UPSTREAM_HTTP2: bool = false;
 /// Opening a TCP connection to a backend (also bounded by `upstream_timeout`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -85,6 +85,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// What one client connection's request bodies may hold at once (docs/src/limits.md, "Body
+    /// budget"): `[quotas] max_body_bytes_per_connection` when set, else a sixteenth of
+    /// `server.max_body_buffer_bytes` (at least one whole body), so that no one connection can
+    /// take the budget every client shares.
+    pub fn connection_body_share(&self) -> usize {
+        let configured = self.quotas.as_ref().and_then(|q| q.max_body_bytes_per_connection);
+        configured.unwrap_or_else(|| {
+            defaults::connection_body_share(self.server.max_body_bytes, self.server.max_body_buffer_bytes)
+        })
+    }
+
     /// Every section and key of the config file, read from the section readers themselves.
     pub fn reference() -> Result<Reference, ConfigError> {
         let mut doc = Doc::reference();

@@ -165,8 +165,9 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     let trusted_proxies = key(
         "trusted_proxies",
         "Peers whose `X-Forwarded-For` is believed: the client IP is the right-most hop that is not \
-         one of them; from any other peer the header is ignored. Set, they are also the only peers \
-         whose `caller = \"header:NAME\"` header is believed.",
+         one of them; from any other peer the header is ignored. They are also the only peers whose \
+         `caller = \"header:NAME\"` header is believed, and that caller needs them (`[\"0.0.0.0/0\", \"::/0\"]` \
+         believes every peer).",
     );
     let rate_key = key(
         "rate",
@@ -232,6 +233,7 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     );
 
     let caller_text = s.text(caller, Kind::String)?;
+    let caller_span = caller_text.as_ref().and_then(|t| t.span.clone());
     let caller = match &caller_text {
         None if auth_on => CallerSource::Principal,
         None => CallerSource::Ip,
@@ -273,6 +275,19 @@ pub(super) fn quotas(mut s: Section, auth_on: bool, server: &ServerConfig) -> Re
     };
     s.print("caller", quoted(&printed));
     let (trusted_proxies, _) = cidrs(&mut s, trusted_proxies)?;
+    if let (CallerSource::Header(h), true) = (&caller, trusted_proxies.is_empty()) {
+        // Believed from anyone, a header is a name each request picks: fresh values would dodge
+        // every per-caller quota and fill `max_tracked_callers`.
+        let span = caller_span.clone();
+        return s.err(
+            span,
+            format!(
+                "quotas.caller = \"header:{h}\" needs trusted_proxies: the peers (gateways) whose {h} \
+                 header is believed; from anyone else a request is counted by its IP. To believe every \
+                 peer (only a gateway can reach the router), say so: trusted_proxies = [\"0.0.0.0/0\", \"::/0\"]"
+            ),
+        );
+    }
     let rate = rate(&mut s, rate_key, burst)?;
     let max_in_flight = s.maybe_int(max_in_flight, 1..=1_000_000)?.map(|n| n as u32);
     let max_open_calls = s.maybe_int(max_open_calls, 1..=u32::MAX.into())?.map(|n| n as u32);

@@ -19,11 +19,20 @@ pub struct TokensConfig {
     pub calls: Arc<TokenKeys>,
     /// The same keys for wrapped session ids (`session_ttl`).
     pub sessions: Arc<TokenKeys>,
+    /// With `[auth]` on too, handles of the kinds the router seals are still taken in the clear
+    /// (while a fleet switches `[tokens]` on; docs/src/authorization.md).
+    pub accept_clear_handles: bool,
 }
 
 impl PartialEq for TokensConfig {
     fn eq(&self, other: &Self) -> bool {
-        (&self.keys, self.token_ttl, self.session_ttl) == (&other.keys, other.token_ttl, other.session_ttl)
+        (&self.keys, self.token_ttl, self.session_ttl, self.accept_clear_handles)
+            == (
+                &other.keys,
+                other.token_ttl,
+                other.session_ttl,
+                other.accept_clear_handles,
+            )
     }
 }
 
@@ -63,12 +72,19 @@ pub(super) fn tokens(mut s: Section) -> Result<Option<TokensConfig>, ConfigError
         "session_ttl",
         "Lifetime of wrapped `Mcp-Session-Id` values (clients keep them for the whole session).",
     );
+    let accept_clear = key(
+        "accept_clear_handles",
+        "With `[auth]` on too: still take a `requestState`, task id or `Mcp-Session-Id` the router did \
+         not seal (issued before `[tokens]` was on), bound to no caller. Only while a fleet switches \
+         `[tokens]` on: a caller could then present another's handle.",
+    );
     let (secrets, list_span) = s.required_secrets(keys)?;
     let keys: Vec<Vec<u8>> = secrets.iter().map(|k| k.value.clone().into_bytes()).collect();
     let hidden = vec![quoted("<redacted>"); keys.len()].join(", ");
     s.print("keys", format!("[{hidden}]   # values hidden"));
     let token_ttl = s.duration(token_ttl, defaults::TOKEN_TTL)?;
     let session_ttl = s.duration(session_ttl, defaults::SESSION_TOKEN_TTL)?;
+    let accept_clear_handles = s.bool(accept_clear, defaults::ACCEPT_CLEAR_HANDLES)?;
     let calls = TokenKeys::build(&keys, token_ttl).or_else(|p| {
         let span = p.index.and_then(|i| secrets[i].span.clone()).or(list_span.clone());
         s.err(span, p.message)
@@ -83,5 +99,6 @@ pub(super) fn tokens(mut s: Section) -> Result<Option<TokensConfig>, ConfigError
         session_ttl,
         calls: Arc::new(calls),
         sessions: Arc::new(sessions),
+        accept_clear_handles,
     }))
 }

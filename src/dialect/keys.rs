@@ -5,10 +5,10 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderName};
 
-use super::{parse_request, NotJson, RequestEnvelope, NAME_HEADER, SESSION_HEADER};
+use super::{parse_request, Envelopes, RequestEnvelope, Unreadable, NAME_HEADER, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
 
-/// Every handle in a request that can choose a backend.
+/// Every handle in a request that can choose a backend, and what its body asks for.
 #[derive(Debug, Default, Clone)]
 pub struct RequestKeys<'a> {
     /// JSON-RPC method (absent for GET/DELETE).
@@ -23,11 +23,23 @@ pub struct RequestKeys<'a> {
     pub request_state: Option<Cow<'a, str>>,
     /// Task id: `Mcp-Name` on `tasks/*`, else `params.taskId` (2b).
     pub task_id: Option<Cow<'a, str>>,
+    /// `params.notifications.taskIds` of `subscriptions/listen`: tasks the request follows.
+    pub task_ids: Vec<Cow<'a, str>>,
     /// `Mcp-Session-Id` (2c).
     pub session_id: Option<&'a str>,
-    /// `Mcp-Name` (decoded) and `params.taskId` name different tasks.
+    /// `params.name`: the tool or prompt called.
+    pub name: Option<Cow<'a, str>>,
+    /// A batch's elements after the first (the first is the fields above).
+    pub rest: Vec<RequestEnvelope<'a>>,
+    /// `Mcp-Name` disagrees with the body.
     names_disagree: bool,
+    /// Why a batch cannot be routed or judged as one request.
+    batch_refused: Option<&'static str>,
 }
+
+/// The first protocol version without JSON-RPC batches (2025-06-18 removed them).
+const NO_BATCHES_SINCE: &[u8] = b"2025-06-18";
+const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 
 /// An `Mcp-Name` value as text: as it is, or decoded from `=?base64?<b64>?=`; `None` when it
 /// is neither text nor a decodable form.
@@ -52,33 +64,38 @@ fn header_text(v: &http::HeaderValue) -> Option<&str> {
 
 impl<'a> RequestKeys<'a> {
     /// The keys of a request with these headers and, when there is one to read, this JSON-RPC
-    /// body (`None`: a GET or DELETE; a body that is not JSON is an error). The one way keys are
-    /// read: by the proxy, `/debug/route` and `mrtr-router route` alike. With `name`, the
-    /// same scan puts the body's `params.name` there (for a request that is logged or traced).
+    /// body (`None`: a GET or DELETE; a body that is not JSON, or reads two ways, is an error).
+    /// The one way keys are read: by the proxy, `/debug/route` and `mrtr-router route` alike.
     pub fn read(
         headers: &'a HeaderMap,
         routing_header: &HeaderName,
         body_field: &str,
         body: Option<&'a [u8]>,
-        name: Option<&mut Option<Cow<'a, str>>>,
-    ) -> Result<Self, NotJson> {
-        let envelope = match (body, name) {
-            (Some(body), None) => parse_request(body, body_field)?,
-            (Some(body), Some(name)) => {
-                let (envelope, found) = super::parse_request_named(body, body_field)?;
-                *name = found;
-                envelope
-            }
-            (None, _) => RequestEnvelope::default(),
+    ) -> Result<Self, Unreadable> {
+        let envelopes = match body {
+            Some(body) => parse_request(body, body_field)?,
+            None => Envelopes::default(),
         };
-        Ok(RequestKeys::new(headers, routing_header, envelope))
+        Ok(RequestKeys::new(headers, routing_header, envelopes))
     }
 
-    pub fn new(headers: &'a HeaderMap, routing_header: &HeaderName, envelope: RequestEnvelope<'a>) -> Self {
-        let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
+    pub fn new(headers: &'a HeaderMap, routing_header: &HeaderName, envelopes: Envelopes<'a>) -> Self {
+        let Envelopes {
+            first: envelope,
+            rest,
+            batch,
+        } = envelopes;
+        // `Mcp-Name` names what the body's method acts on (SEP-2243): the task on `tasks/*`,
+        // the tool or prompt, the resource.
+        let named_field = match envelope.method.as_deref() {
+            Some(m) if m.starts_with("tasks/") => Some(&envelope.task_id),
+            Some("tools/call" | "prompts/get") => Some(&envelope.name),
+            Some("resources/read") => Some(&envelope.uri),
+            _ => None,
+        };
         // One pass over the headers (a handful) instead of a hashed lookup per name; the first
         // value of each counts, as with `HeaderMap::get`.
-        let (mut header_key, mut session_id, mut name) = (None, None, None);
+        let (mut header_key, mut session_id, mut name, mut version) = (None, None, None, None);
         for (n, v) in headers {
             if n == routing_header {
                 header_key.get_or_insert(v);
@@ -86,29 +103,63 @@ impl<'a> RequestKeys<'a> {
             if n == SESSION_HEADER {
                 session_id.get_or_insert(v);
             }
-            if is_task_method && n == NAME_HEADER {
+            if named_field.is_some() && n == NAME_HEADER {
                 name.get_or_insert(v);
             }
+            if batch && n == PROTOCOL_VERSION {
+                version.get_or_insert(v);
+            }
         }
-        // `Mcp-Name` on `tasks/*` is the task id, in the `=?base64?…?=` form when it is not safe
-        // ASCII (SEP-2243); the body stays the source of truth, so a header that disagrees
-        // with `params.taskId` (or cannot be decoded) is refused, and a missing one is fine.
+        // `Mcp-Name` is in the `=?base64?…?=` form when it is not safe ASCII (SEP-2243); the
+        // body stays the source of truth, so a header that disagrees with it (or cannot be
+        // decoded) is refused, and a missing one is fine.
         let named = name.map(|v| decode_name(v.as_bytes()));
-        let names_disagree = match (&named, &envelope.task_id) {
+        let names_disagree = match (&named, named_field) {
             (Some(None), _) => true,
-            (Some(Some(header)), Some(body)) => header != body,
+            (Some(Some(header)), Some(body)) => body.as_deref() != Some(&**header),
             _ => false,
         };
+        let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
+        let header_task = named.flatten().filter(|_| is_task_method);
+        let batch_refused = batch.then(|| batch_refusal(&envelope, &rest, version)).flatten();
+        // A batch's elements share their handles (or it was refused): any element's key field is
+        // the batch's.
+        let message_id = envelope
+            .message_id
+            .or_else(|| rest.iter().find_map(|e| e.message_id.clone()));
         RequestKeys {
             method: envelope.method,
             id: envelope.id,
             header_key: header_key.and_then(header_text),
-            message_id: envelope.message_id,
+            message_id,
             request_state: envelope.request_state,
-            task_id: named.flatten().or(envelope.task_id),
+            task_id: header_task.or(envelope.task_id),
+            task_ids: envelope.task_ids,
             session_id: session_id.and_then(header_text),
+            name: envelope.name,
+            rest,
             names_disagree,
+            batch_refused,
         }
+    }
+
+    /// Why the request, a batch, is refused (docs/src/dialects.md, "Batches"), if it is.
+    pub fn batch_refused(&self) -> Option<&'static str> {
+        self.batch_refused
+    }
+
+    /// Each message of the request: its JSON-RPC method and `params.name`, a batch's every
+    /// element (a request with no body: none).
+    pub fn messages(&self) -> impl Iterator<Item = (Option<&str>, Option<&str>)> + '_ {
+        let first = (self.method.as_deref(), self.name.as_deref());
+        let rest = self.rest.iter().map(|e| (e.method.as_deref(), e.name.as_deref()));
+        std::iter::once(first).chain(rest)
+    }
+
+    /// Whether the body is a JSON-RPC response (a method-less message with an id: the client's
+    /// answer to a server's request, such as an elicitation), or a batch of nothing else.
+    pub fn is_response(&self) -> bool {
+        self.id.is_some() && self.method.is_none() && self.rest.iter().all(|e| e.id.is_some() && e.method.is_none())
     }
 
     /// Whether a routing header the router reads disagrees with the body (SEP-2243): then the
@@ -141,9 +192,11 @@ impl<'a> RequestKeys<'a> {
             self.task_id.as_deref().map(|s| (PinKind::Task, s)),
             self.session_id.map(|s| (PinKind::Session, s)),
         ];
+        let listened = self.task_ids.iter().map(|t| Some((PinKind::Task, &**t)));
         let client = self.client_handles().map(|h| h.map(|s| (PinKind::Client, s)));
         learned
             .into_iter()
+            .chain(listened)
             .chain(client)
             .flatten()
             .map(|(kind, s)| (PinKey::new(kind, s.as_bytes()), s))
@@ -165,12 +218,42 @@ impl<'a> RequestKeys<'a> {
 
     /// Whether this request may start a call that needs a pin (refused when the table is full).
     pub fn may_create_pin(&self) -> bool {
-        self.client_key().is_some()
-            || matches!(
-                self.method.as_deref(),
+        self.client_key().is_some() || self.starts_a_call()
+    }
+
+    /// Whether a message of the request is one that starts a call whose answer may pin (a
+    /// `tools/call`, `prompts/get`, `resources/read` or `initialize`).
+    pub fn starts_a_call(&self) -> bool {
+        self.messages().any(|(method, _)| {
+            matches!(
+                method,
                 Some("tools/call" | "prompts/get" | "resources/read" | "initialize")
             )
+        })
     }
+}
+
+/// Why a batch cannot be taken as one request, if it cannot: a protocol version without
+/// batches, a handle of such a protocol (a `requestState` or task id) in it, or elements with
+/// different keys (no one backend could hold them all).
+fn batch_refusal(
+    first: &RequestEnvelope,
+    rest: &[RequestEnvelope],
+    version: Option<&http::HeaderValue>,
+) -> Option<&'static str> {
+    if version.is_some_and(|v| v.as_bytes() >= NO_BATCHES_SINCE) {
+        return Some("this protocol version has no JSON-RPC batches");
+    }
+    let elements = || std::iter::once(first).chain(rest);
+    if elements().any(|e| e.request_state.is_some() || e.task_id.is_some() || !e.task_ids.is_empty()) {
+        return Some("a batch carries no requestState or task id: the protocols that have them have no batches");
+    }
+    let mut keys = elements().filter_map(|e| e.message_id.as_deref());
+    let first_key = keys.next();
+    if keys.any(|k| Some(k) != first_key) {
+        return Some("the elements of a batch carry different keys");
+    }
+    None
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 
 pub use keys::RequestKeys;
 pub use outcome::{parse_message, Message, Outcome, TaskState};
-pub use scan::NotJson;
+pub use scan::{Ambiguity, Envelopes, HandlesAt, NotJson, Unreadable};
 
 /// Header that carries a legacy session id. (Names, not strings: a lookup by string parses
 /// the name first.)
@@ -36,22 +36,19 @@ pub struct RequestEnvelope<'a> {
     pub request_state: Option<Cow<'a, str>>,
     /// `params.taskId` (tasks extension).
     pub task_id: Option<Cow<'a, str>>,
+    /// `params.notifications.taskIds` (`subscriptions/listen`): the tasks a listener follows.
+    pub task_ids: Vec<Cow<'a, str>>,
+    /// `params.name`: the tool or prompt called.
+    pub name: Option<Cow<'a, str>>,
+    /// `params.uri`: the resource read.
+    pub uri: Option<Cow<'a, str>>,
 }
 
-/// Parses a request body. Returns `Err` when it is not JSON. A batch (array) yields its first
-/// element's envelope. Each field is read by its last occurrence; `params` other than an object
-/// carries none.
-pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, NotJson> {
+/// Parses a request body: `Err` when it is not JSON, or when a key the router reads stands
+/// twice or is spelled otherwise (docs/src/dialects.md, "One reading of the body"). A batch
+/// (array) yields every element's envelope; `params` other than an object carries none.
+pub fn parse_request<'a>(body: &'a [u8], body_field: &str) -> Result<Envelopes<'a>, Unreadable> {
     scan::request(body, body_field)
-}
-
-/// [`parse_request`], and `params.name` (the tool or prompt called) from the same scan: for
-/// the access log and traces.
-pub fn parse_request_named<'a>(
-    body: &'a [u8],
-    body_field: &str,
-) -> Result<(RequestEnvelope<'a>, Option<Cow<'a, str>>), NotJson> {
-    scan::request_named(body, body_field)
 }
 
 /// Where `params.requestState`'s literal (quotes included) sits in a request body, as the
@@ -61,10 +58,10 @@ pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
     scan::request_state_at(body, body_field)
 }
 
-/// Where `params.taskId`'s literal sits, as [`request_state_at`] finds the state's: a wrapped
-/// task id is put back there.
-pub fn task_id_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
-    scan::task_id_at(body, body_field)
+/// Where the handles' literals sit, as [`request_state_at`] finds the state's: wrapped
+/// handles are put back there.
+pub fn handles_at(body: &[u8], body_field: &str) -> HandlesAt {
+    scan::handles_at(body, body_field)
 }
 
 /// Where `part`, a slice borrowed from `whole`, sits in it.
@@ -99,24 +96,36 @@ pub fn parse_outcome(message: &[u8]) -> Outcome {
 mod tests {
     use super::*;
 
+    fn first(body: &[u8]) -> RequestEnvelope<'_> {
+        parse_request(body, "messageId").unwrap().first
+    }
+
+    fn refused(body: &[u8]) -> Option<Ambiguity> {
+        match parse_request(body, "messageId") {
+            Err(Unreadable::Ambiguous(a)) => Some(a),
+            _ => None,
+        }
+    }
+
     #[test]
-    fn params_name_is_read_when_asked_for() {
+    fn params_name_and_uri_are_read() {
         let body = br#"{"id":1,"method":"tools/call","params":{"name":"get-\u0077eather","arguments":{"name":"no"}}}"#;
-        let (e, name) = parse_request_named(body, "messageId").unwrap();
+        let e = first(body);
         assert_eq!(
-            (e.method.as_deref(), name.as_deref()),
+            (e.method.as_deref(), e.name.as_deref()),
             (Some("tools/call"), Some("get-weather"))
         );
-        // A later `params` replaces an earlier one whole; a name that is no string is none.
-        let body = br#"{"params":{"name":"a"},"method":"x","params":{"name":7}}"#;
-        assert_eq!(parse_request_named(body, "messageId").unwrap().1, None);
+        let e = first(br#"{"method":"resources/read","params":{"uri":"file:///a"}}"#);
+        assert_eq!(e.uri.as_deref(), Some("file:///a"));
+        // A name that is no string is none.
+        assert_eq!(first(br#"{"method":"x","params":{"name":7}}"#).name, None);
     }
 
     #[test]
     fn request_envelope_fields() {
         let body = br#"{"jsonrpc":"2.0","id":3,"messageId":"transfer-1","method":"tools/call",
             "params":{"name":"transfer-funds","arguments":{"to":"1","nested":[1,{"messageId":"no"}]},"requestState":"s\u0041"}}"#;
-        let e = parse_request(body, "messageId").unwrap();
+        let e = first(body);
         assert_eq!(e.id, Some("3"));
         assert_eq!(e.method.as_deref(), Some("tools/call"));
         assert_eq!(e.message_id.as_deref(), Some("transfer-1"));
@@ -126,23 +135,103 @@ mod tests {
             (&e.method, &e.message_id),
             (Some(Cow::Borrowed(_)), Some(Cow::Borrowed(_)))
         ));
-        let e = parse_request(br#"{"m\u0065thod":"a\nb","messageId":"x\"y"}"#, "messageId").unwrap();
+        let e = first(br#"{"m\u0065thod":"a\nb","messageId":"x\"y"}"#);
         assert_eq!(
             (e.method.as_deref(), e.message_id.as_deref()),
             (Some("a\nb"), Some("x\"y"))
         );
-        assert!(parse_request(b"{not json", "messageId").is_err());
-        assert!(parse_request(b"{} trailing", "messageId").is_err());
-        assert!(parse_request(b"", "messageId").is_err());
-        let e = parse_request(br#"{"id":"a\"b","callId":42}"#, "callId").unwrap();
+        for bad in [&b"{not json"[..], b"{} trailing", b""] {
+            assert!(matches!(parse_request(bad, "messageId"), Err(Unreadable::NotJson(_))));
+        }
+        let e = parse_request(br#"{"id":"a\"b","callId":42}"#, "callId").unwrap().first;
         assert_eq!((e.id, e.message_id.as_deref()), (Some(r#""a\"b""#), Some("42")));
-        let e = parse_request(br#"[{"id":1,"messageId":"m"},{"id":2}]"#, "messageId").unwrap();
-        assert_eq!(e.message_id.as_deref(), Some("m"));
+        let e = first(br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#);
+        assert_eq!((e.message_id, e.task_id.as_deref()), (None, Some("t-1")));
+        let e = first(br#"{"method":"subscriptions/listen","params":{"notifications":{"taskIds":["a",7,"b"]}}}"#);
+        assert_eq!(e.task_ids, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_batch_yields_every_element() {
         let e = parse_request(
-            br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#,
+            br#"[{"id":1,"messageId":"m","method":"tools/list"},{"id":2,"method":"tools/call","params":{"name":"pay"}},3]"#,
             "messageId",
         )
         .unwrap();
-        assert_eq!((e.message_id, e.task_id.as_deref()), (None, Some("t-1")));
+        assert!(e.batch);
+        assert_eq!(e.first.message_id.as_deref(), Some("m"));
+        let rest: Vec<_> = e
+            .rest
+            .iter()
+            .map(|r| (r.method.as_deref(), r.name.as_deref()))
+            .collect();
+        assert_eq!(rest, [(Some("tools/call"), Some("pay")), (None, None)]);
+        assert!(!parse_request(br#"{"id":1}"#, "messageId").unwrap().batch);
+    }
+
+    #[test]
+    fn keys_read_twice_or_spelled_otherwise_are_refused() {
+        let twice = [
+            (&br#"{"method":"tools/list","method":"tools/call"}"#[..], "method"),
+            (br#"{"id":1,"id":2}"#, "id"),
+            (br#"{"messageId":"a","messageId":"b"}"#, "the key field"),
+            (br#"{"params":{},"params":{}}"#, "params"),
+            (br#"{"params":{"name":"a","name":"b"}}"#, "params.name"),
+            (
+                br#"{"params":{"requestState":"a","requestState":"b"}}"#,
+                "params.requestState",
+            ),
+            (br#"{"params":{"taskId":"a","taskId":"b"}}"#, "params.taskId"),
+            (br#"{"params":{"uri":"a","uri":"b"}}"#, "params.uri"),
+            (br#"{"m\u0065thod":"a","method":"b"}"#, "method"),
+            (br#"[{"id":1},{"method":"a","method":"b"}]"#, "method"),
+        ];
+        for (body, key) in twice {
+            assert_eq!(
+                refused(body),
+                Some(Ambiguity { key, variant: false }),
+                "{}",
+                body.escape_ascii()
+            );
+        }
+        let variants = [
+            (&br#"{"Method":"tools/call"}"#[..], "method"),
+            (br#"{"method":"tools/list","METHOD":"tools/call"}"#, "method"),
+            (br#"{"ID":1}"#, "id"),
+            (br#"{"MessageID":"x"}"#, "the key field"),
+            (br#"{"params":{"Name":"pay"}}"#, "params.name"),
+            (
+                "{\"params\":{\"requeſtState\":\"s\"}}".as_bytes(),
+                "params.requestState",
+            ),
+            ("{\"params\":{\"tas\u{212a}Id\":\"t\"}}".as_bytes(), "params.taskId"),
+            (br#"{"params":{"TaskId":"t"}}"#, "params.taskId"),
+            (
+                br#"{"params":{"notifications":{"taskids":[]}}}"#,
+                "params.notifications.taskIds",
+            ),
+        ];
+        for (body, key) in variants {
+            assert_eq!(
+                refused(body),
+                Some(Ambiguity { key, variant: true }),
+                "{}",
+                body.escape_ascii()
+            );
+        }
+        // Keys the router does not read may repeat; nested ones are not the envelope's.
+        for fine in [
+            &br#"{"jsonrpc":"2.0","jsonrpc":"2.0","method":"a"}"#[..],
+            br#"{"method":"a","params":{"arguments":{"name":1,"name":2,"Name":3}}}"#,
+            br#"{"method":"a","params":{"_meta":{},"_meta":{}}}"#,
+            "{\"méthod\":1,\"method\":\"a\"}".as_bytes(),
+        ] {
+            assert!(parse_request(fine, "messageId").is_ok(), "{}", fine.escape_ascii());
+        }
+        // Not JSON is said first, even when a key stands twice.
+        assert!(matches!(
+            parse_request(br#"{"method":"a","method":"b""#, "messageId"),
+            Err(Unreadable::NotJson(_))
+        ));
     }
 }

@@ -120,51 +120,125 @@ fn plain_tail(bytes: &[u8], mut ascii: bool) -> Option<(usize, bool)> {
     None
 }
 
-/// Reads `body` as a JSON-RPC request (or batch: its first element) and returns its envelope.
-pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<RequestEnvelope<'a>, NotJson> {
-    scan_request(body, body_field, false).map(|scan| scan.envelope)
-}
-
-/// [`request`], and the envelope's `params.name` (a name that is not a string, or will not
-/// decode, is none: it is only logged and traced, no reason to refuse a request).
-pub fn request_named<'a>(
-    body: &'a [u8],
-    body_field: &str,
-) -> Result<(RequestEnvelope<'a>, Option<Cow<'a, str>>), NotJson> {
-    let scan = scan_request(body, body_field, true)?;
-    Ok((scan.envelope, scan.name.and_then(|n| n.value().ok())))
+/// Reads `body` as a JSON-RPC request (or batch: its first element, the others in `rest`) and
+/// returns its envelope.
+pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<Envelopes<'a>, Unreadable> {
+    let scan = scan_request(body, body_field)?;
+    let name = |raw: Option<RawStr<'a>>| raw.and_then(|n| n.value().ok());
+    let mut envelope = scan.envelope;
+    envelope.name = name(scan.name);
+    envelope.uri = name(scan.uri);
+    Ok(Envelopes {
+        first: envelope,
+        rest: scan.rest,
+        batch: scan.batch,
+    })
 }
 
 /// Where the envelope's `params.requestState` literal (quotes included) sits in `body`.
 pub fn request_state_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
-    scan_request(body, body_field, false).ok()?.state_at
+    scan_request(body, body_field).ok()?.state_at
 }
 
-/// Where the envelope's `params.taskId` literal (quotes included) sits in `body`.
-pub fn task_id_at(body: &[u8], body_field: &str) -> Option<Range<usize>> {
-    scan_request(body, body_field, false).ok()?.task_at
+/// Where the envelope's handles' literals sit in `body`.
+pub fn handles_at(body: &[u8], body_field: &str) -> HandlesAt {
+    match scan_request(body, body_field) {
+        Ok(scan) => HandlesAt {
+            request_state: scan.state_at,
+            task_id: scan.task_at,
+            task_ids: scan.task_ids_at,
+        },
+        Err(_) => HandlesAt::default(),
+    }
 }
+
+/// Where a request's handles' literals (quotes included) sit in its body.
+#[derive(Debug, Default)]
+pub struct HandlesAt {
+    /// `params.requestState`.
+    pub request_state: Option<Range<usize>>,
+    /// `params.taskId`.
+    pub task_id: Option<Range<usize>>,
+    /// Each string of `params.notifications.taskIds`, in order.
+    pub task_ids: Vec<Range<usize>>,
+}
+
+/// A request's envelope, and a batch's other elements' (none for a single request).
+#[derive(Debug, Default)]
+pub struct Envelopes<'a> {
+    pub first: RequestEnvelope<'a>,
+    pub rest: Vec<RequestEnvelope<'a>>,
+    /// The body is a batch (a JSON array), even of one element.
+    pub batch: bool,
+}
+
+/// Why a request body is refused before anything reads it further.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// Not JSON.
+    NotJson(NotJson),
+    /// A key the router reads stands twice, or in another spelling (`Method`, `requeſtState`):
+    /// JSON readers disagree on which occurrence counts, so the router and a backend could
+    /// read two different calls from one body (docs/src/dialects.md, "One reading of the body").
+    Ambiguous(Ambiguity),
+}
+
+/// The key of an ambiguous body, for the error's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ambiguity {
+    /// The key as the router reads it (`params.name`; `the key field` for `routing.body_field`).
+    pub key: &'static str,
+    /// Another spelling of it (by case), rather than a second occurrence.
+    pub variant: bool,
+}
+
+impl From<NotJson> for Unreadable {
+    fn from(e: NotJson) -> Unreadable {
+        Unreadable::NotJson(e)
+    }
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Unreadable::NotJson(e) => e.fmt(f),
+            Unreadable::Ambiguous(a) if a.variant => write!(f, "a key spelled like `{}` but not as it", a.key),
+            Unreadable::Ambiguous(a) => write!(f, "`{}` twice", a.key),
+        }
+    }
+}
+
+impl std::error::Error for Unreadable {}
 
 /// What one scan finds: the envelope, and beside it (kept out of the envelope, which every
-/// request moves around) where its `params.requestState` literal sits, for the rare request
-/// that needs it, and `params.name` when asked for.
+/// request moves around) where its handles' literals sit, for the rare request that needs
+/// them, `params.name` and `params.uri` still to decode, and a batch's other elements.
 #[derive(Default)]
 struct Scanned<'a> {
     envelope: RequestEnvelope<'a>,
     state_at: Option<Range<usize>>,
     task_at: Option<Range<usize>>,
+    task_ids_at: Vec<Range<usize>>,
     name: Option<RawStr<'a>>,
+    uri: Option<RawStr<'a>>,
+    rest: Vec<RequestEnvelope<'a>>,
+    batch: bool,
 }
 
-fn scan_request<'a>(body: &'a [u8], body_field: &str, want_name: bool) -> Result<Scanned<'a>, NotJson> {
-    let scan = || {
-        let (end, scanned) = envelope(body, ws(body, 0), body_field.as_bytes(), want_name)?;
+fn scan_request<'a>(body: &'a [u8], body_field: &str) -> Result<Scanned<'a>, Unreadable> {
+    let mut ambiguous = None;
+    let scan = |ambiguous: &mut Option<Ambiguity>| {
+        let (end, scanned) = envelope(body, ws(body, 0), body_field.as_bytes(), ambiguous)?;
         match ws(body, end) {
             end if end == body.len() => Ok(scanned),
             end => Err(end),
         }
     };
-    scan().map_err(|at| NotJson { at })
+    let scanned = scan(&mut ambiguous).map_err(|at| NotJson { at })?;
+    match ambiguous {
+        Some(a) => Err(Unreadable::Ambiguous(a)),
+        None => Ok(scanned),
+    }
 }
 
 /// What a string's literal holds, as far as reading its value goes.
@@ -250,67 +324,183 @@ fn expect(b: &[u8], i: usize, c: u8) -> At<usize> {
     }
 }
 
-/// The top-level value: an object's envelope, a batch's first element's, else none.
-fn envelope<'a>(b: &'a [u8], i: usize, field: &[u8], want_name: bool) -> At<(usize, Scanned<'a>)> {
+/// The top-level value: an object's envelope, a batch's first element's (the others' in
+/// `rest`), else none.
+fn envelope<'a>(b: &'a [u8], i: usize, field: &[u8], ambiguous: &mut Option<Ambiguity>) -> At<(usize, Scanned<'a>)> {
     match b.get(i) {
-        Some(b'{') => envelope_object(b, i, field, want_name),
+        Some(b'{') => envelope_object(b, i, field, ambiguous),
         Some(b'[') => {
-            let mut first = None;
-            let end = array(b, i, |at| match (&first, b.get(at)) {
-                (None, Some(b'{')) => {
-                    let (end, scanned) = envelope_object(b, at, field, want_name)?;
-                    first = Some(scanned);
+            // Rare (2025-03-26 only): every element read, each by the rules of one request.
+            let mut elements: Vec<Scanned<'a>> = Vec::new();
+            let end = array(b, i, |at| match b.get(at) {
+                Some(b'{') => {
+                    let (end, scanned) = envelope_object(b, at, field, ambiguous)?;
+                    elements.push(scanned);
                     Ok(end)
                 }
-                (None, _) => {
-                    first = Some(Scanned::default());
+                _ => {
+                    elements.push(Scanned::default());
                     skip(b, at)
                 }
-                _ => skip(b, at),
             })?;
-            Ok((end, first.unwrap_or_default()))
+            let mut elements = elements.into_iter();
+            let mut first = elements.next().unwrap_or_default();
+            first.batch = true;
+            first.rest = elements
+                .map(|e| RequestEnvelope {
+                    name: e.name.and_then(|n| n.value().ok()),
+                    uri: e.uri.and_then(|n| n.value().ok()),
+                    ..e.envelope
+                })
+                .collect();
+            Ok((end, first))
         }
         _ => skip(b, i).map(|end| (end, Scanned::default())),
     }
 }
 
-/// A request object, from its `{` at `i`. Fields are decoded once, at the end: the last
-/// occurrence of a key is the one that counts, so an earlier one that would not decode does
-/// not matter.
-fn envelope_object<'a>(b: &'a [u8], i: usize, field: &[u8], want_name: bool) -> At<(usize, Scanned<'a>)> {
+/// The keys of a request object the router reads, and of its `params`: each may stand once,
+/// and only in this spelling.
+const TOP_KEYS: [(&[u8], &str); 3] = [(b"id", "id"), (b"method", "method"), (b"params", "params")];
+const PARAMS_KEYS: [(&[u8], &str); 5] = [
+    (b"requestState", "params.requestState"),
+    (b"taskId", "params.taskId"),
+    (b"name", "params.name"),
+    (b"uri", "params.uri"),
+    (b"notifications", "params.notifications"),
+];
+
+/// Notes `key` (one of `names`, by its index `which`) as seen in `seen`: a second time makes
+/// the body ambiguous.
+fn once(seen: &mut u8, which: usize, key: &'static str, ambiguous: &mut Option<Ambiguity>) {
+    if *seen & (1 << which) != 0 {
+        ambiguous.get_or_insert(Ambiguity { key, variant: false });
+    }
+    *seen |= 1 << which;
+}
+
+/// Whether `key` is another spelling of `name` for a reader that matches keys without regard
+/// to case: ASCII case, and the two non-ASCII letters whose simple case folding is an ASCII one
+/// (`ſ` U+017F folds to `s`, the Kelvin sign U+212A to `k`), as Go's `encoding/json` matches.
+fn spelled_like(key: &[u8], name: &[u8]) -> bool {
+    if key.is_ascii() {
+        return key.len() == name.len() && key.eq_ignore_ascii_case(name) && key != name;
+    }
+    let Ok(key) = std::str::from_utf8(key) else {
+        return false;
+    };
+    let mut folded = key.chars().map(|c| match c {
+        '\u{17f}' => Some(b's'),
+        '\u{212a}' => Some(b'k'),
+        c if c.is_ascii() => Some(c.to_ascii_lowercase() as u8),
+        _ => None,
+    });
+    let mut name = name.iter().map(u8::to_ascii_lowercase);
+    loop {
+        match (folded.next(), name.next()) {
+            (None, None) => return true,
+            (Some(Some(k)), Some(n)) if k == n => {}
+            _ => return false,
+        }
+    }
+}
+
+/// Which of `names` `key` is another spelling of, if any: its label.
+fn variant_of(key: &[u8], names: &[(&[u8], &'static str)]) -> Option<&'static str> {
+    names
+        .iter()
+        .find(|(n, _)| spelled_like(key, n))
+        .map(|(_, label)| *label)
+}
+
+/// A request object, from its `{` at `i`. Fields are decoded once, at the end. A key the
+/// router reads that stands twice, or is spelled otherwise, makes the body ambiguous
+/// (`ambiguous`); the scan goes on, so that a body that is not JSON is still said to be so.
+fn envelope_object<'a>(
+    b: &'a [u8],
+    i: usize,
+    field: &[u8],
+    ambiguous: &mut Option<Ambiguity>,
+) -> At<(usize, Scanned<'a>)> {
     let mut id = None;
     let (mut method, mut message_id, mut request_state, mut task_id) = (None, None, None, None);
-    let mut name = None;
+    let (mut name, mut uri, mut task_ids) = (None, None, Vec::new());
+    let mut seen = 0u8;
     let end = object(b, i, |key, at| {
-        Ok(match &*key.key().map_err(|Invalid| at)? {
+        let key = key.key().map_err(|Invalid| at)?;
+        Ok(match &*key {
             b"id" => {
+                once(&mut seen, 0, "id", ambiguous);
                 let (end, raw) = raw_text(b, at)?;
                 id = Some(raw);
                 end
             }
-            b"method" => string_field(b, at, &mut method)?,
+            b"method" => {
+                once(&mut seen, 1, "method", ambiguous);
+                string_field(b, at, &mut method)?
+            }
             b"params" => {
-                // A later `params` replaces an earlier one whole.
-                (request_state, task_id, name) = (None, None, None);
+                once(&mut seen, 2, "params", ambiguous);
+                // A later `params` replaces an earlier one whole (such a body is refused as
+                // ambiguous, but is first read to its end as JSON, as serde_json reads it).
+                (request_state, task_id, name, uri) = (None, None, None, None);
+                task_ids.clear();
                 match b.get(at) {
-                    Some(b'{') => object(b, at, |key, at| match &*key.key().map_err(|Invalid| at)? {
-                        b"requestState" => string_field(b, at, &mut request_state),
-                        b"taskId" => string_field(b, at, &mut task_id),
-                        b"name" if want_name => string_field(b, at, &mut name),
-                        _ => skip(b, at),
-                    })?,
+                    Some(b'{') => {
+                        let mut seen = 0u8;
+                        object(b, at, |key, at| {
+                            let key = key.key().map_err(|Invalid| at)?;
+                            match &*key {
+                                b"requestState" => {
+                                    once(&mut seen, 0, "params.requestState", ambiguous);
+                                    string_field(b, at, &mut request_state)
+                                }
+                                b"taskId" => {
+                                    once(&mut seen, 1, "params.taskId", ambiguous);
+                                    string_field(b, at, &mut task_id)
+                                }
+                                b"name" => {
+                                    once(&mut seen, 2, "params.name", ambiguous);
+                                    string_field(b, at, &mut name)
+                                }
+                                b"uri" => {
+                                    once(&mut seen, 3, "params.uri", ambiguous);
+                                    string_field(b, at, &mut uri)
+                                }
+                                b"notifications" => {
+                                    once(&mut seen, 4, "params.notifications", ambiguous);
+                                    notified_task_ids(b, at, &mut task_ids, ambiguous)
+                                }
+                                other => {
+                                    if let Some(key) = variant_of(other, &PARAMS_KEYS) {
+                                        ambiguous.get_or_insert(Ambiguity { key, variant: true });
+                                    }
+                                    skip(b, at)
+                                }
+                            }
+                        })?
+                    }
                     _ => skip(b, at)?,
                 }
             }
             k if k == field => {
+                once(&mut seen, 3, "the key field", ambiguous);
                 let (end, key) = key_field(b, at)?;
                 message_id = key;
                 end
             }
-            _ => skip(b, at)?,
+            other => {
+                let variant =
+                    variant_of(other, &TOP_KEYS).or_else(|| spelled_like(other, field).then_some("the key field"));
+                if let Some(key) = variant {
+                    ambiguous.get_or_insert(Ambiguity { key, variant: true });
+                }
+                skip(b, at)?
+            }
         })
     })?;
     let decode = |raw: Option<RawStr<'a>>| raw.map(RawStr::value).transpose().map_err(|Invalid| end);
+    let listed: Vec<RawStr<'a>> = task_ids;
     let envelope = RequestEnvelope {
         id,
         method: decode(method)?,
@@ -321,6 +511,13 @@ fn envelope_object<'a>(b: &'a [u8], i: usize, field: &[u8], want_name: bool) -> 
         },
         request_state: decode(request_state)?,
         task_id: decode(task_id)?,
+        task_ids: listed
+            .iter()
+            .map(|r| r.value())
+            .collect::<Result<_, _>>()
+            .map_err(|Invalid| end)?,
+        name: None,
+        uri: None,
     };
     Ok((
         end,
@@ -328,9 +525,49 @@ fn envelope_object<'a>(b: &'a [u8], i: usize, field: &[u8], want_name: bool) -> 
             envelope,
             state_at: request_state.map(|r| super::span_in(b, r.quoted)),
             task_at: task_id.map(|r| super::span_in(b, r.quoted)),
+            task_ids_at: listed.iter().map(|r| super::span_in(b, r.quoted)).collect(),
             name,
+            uri,
+            rest: Vec::new(),
+            batch: false,
         },
     ))
+}
+
+/// `params.notifications` of a `subscriptions/listen` request, from `i`: the strings of its
+/// `taskIds` go to `into` (a value that is no string is skipped, as the backend will refuse it).
+fn notified_task_ids<'a>(
+    b: &'a [u8],
+    i: usize,
+    into: &mut Vec<RawStr<'a>>,
+    ambiguous: &mut Option<Ambiguity>,
+) -> At<usize> {
+    if b.get(i) != Some(&b'{') {
+        return skip(b, i);
+    }
+    let mut seen = 0u8;
+    object(b, i, |key, at| {
+        let key = key.key().map_err(|Invalid| at)?;
+        if &*key != b"taskIds" {
+            if spelled_like(&key, b"taskIds") {
+                ambiguous.get_or_insert(Ambiguity {
+                    key: "params.notifications.taskIds",
+                    variant: true,
+                });
+            }
+            return skip(b, at);
+        }
+        once(&mut seen, 0, "params.notifications.taskIds", ambiguous);
+        if b.get(at) != Some(&b'[') {
+            return skip(b, at);
+        }
+        array(b, at, |at| {
+            let mut found = None;
+            let end = string_field(b, at, &mut found)?;
+            into.extend(found);
+            Ok(end)
+        })
+    })
 }
 
 /// Walks an object from its `{` at `i`; `member` gets each key and the index of its value,

@@ -17,28 +17,47 @@ use crate::token::PrincipalTag;
 /// What the request asks of its caller's quotas.
 pub struct Ask<'a> {
     pub keys: &'a RequestKeys<'a>,
-    /// The request continues a call the router knows (a verified handle, or a pin).
+    /// The request continues a call under way (`route::is_follow_up`).
     pub follow_up: bool,
-    /// `params.name` of a `tools/call`, when a tool has quotas of its own.
-    pub tool: Option<&'a str>,
 }
 
 /// The request's caller: `peer` is the connection's client address (the PROXY header's source
 /// when there was one), `principal` the tag of the principal `[auth]` verified.
 pub fn caller(quotas: &Quotas, headers: &HeaderMap, peer: &HeaderValue, principal: Option<&PrincipalTag>) -> CallerKey {
-    let peer = peer
-        .to_str()
+    quotas.caller(principal, headers, peer_ip(peer))
+}
+
+/// The client IP the quotas see (for the access log): the peer, or the `X-Forwarded-For` hop a
+/// trusted proxy added.
+pub fn client_ip(quotas: &Quotas, headers: &HeaderMap, peer: &HeaderValue) -> IpAddr {
+    quotas.client_ip(headers, peer_ip(peer))
+}
+
+fn peer_ip(peer: &HeaderValue) -> IpAddr {
+    peer.to_str()
         .ok()
         .and_then(|p| p.parse::<IpAddr>().ok())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    quotas.caller(principal, headers, peer)
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
 /// Admits the request, or refuses it 429 with when to retry.
 pub async fn admit(quotas: &Quotas, caller: CallerKey, ask: Ask<'_>) -> Result<Admission, RouterError> {
+    // Each `tools/call`'s tool, when a tool has quotas of its own (a batch may call several).
+    let tools: Vec<&str> = match quotas.names_tools() {
+        true => ask
+            .keys
+            .messages()
+            .filter(|(method, _)| *method == Some("tools/call"))
+            .filter_map(|(_, tool)| tool)
+            .collect(),
+        false => Vec::new(),
+    };
     let request = Request {
-        tool: ask.tool.filter(|_| ask.keys.method.as_deref() == Some("tools/call")),
-        new_call: !ask.follow_up,
+        tools: &tools,
+        new_calls: match ask.follow_up {
+            true => 0,
+            false => ask.keys.messages().count() as u32,
+        },
         may_open_call: ask.keys.may_create_pin(),
     };
     quotas

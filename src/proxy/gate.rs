@@ -12,6 +12,7 @@ use http::request::Parts;
 
 use crate::auth::{AuthFailure, Caller, Resource};
 use crate::config::{AuthConfig, Forward};
+use crate::dialect::RequestKeys;
 use crate::error::{Challenge, RouterError};
 use crate::state::Shared;
 
@@ -86,15 +87,12 @@ pub async fn authenticate(
     Ok(Some(caller))
 }
 
-/// Checks that `caller`'s scopes cover what the request needs: its JSON-RPC `method`'s and, for
-/// `tools/call`, its `tool`'s (read from the verified body, never from `Mcp-Name` alone).
-pub fn authorize(
-    resource: &Resource,
-    caller: &Caller,
-    method: Option<&str>,
-    tool: Option<&str>,
-) -> Result<(), RouterError> {
-    let needed = resource.needed(method, tool);
+/// Checks that `caller`'s scopes cover what the request needs: for each of its messages (a
+/// batch's every element), the JSON-RPC method's and, for `tools/call`, the tool's (read from
+/// the verified body, never from `Mcp-Name` alone). A refusal names every scope the whole
+/// request needs, so one re-authorization is enough.
+pub fn authorize(resource: &Resource, caller: &Caller, keys: &RequestKeys) -> Result<(), RouterError> {
+    let needed = resource.needed(keys.messages());
     if needed.iter().all(|s| caller.verified.scopes.satisfies(s)) {
         return Ok(());
     }
@@ -109,24 +107,35 @@ pub fn authorize(
 
 /// What goes to the backend instead of the client's credentials: the `Authorization` header
 /// removed (unless `forward = "passthrough"`), identity headers only as the router sets them.
-pub fn forward_identity(cfg: &AuthConfig, caller: Option<&Caller>, headers: &mut HeaderMap) {
-    if cfg.forward == Forward::Strip {
-        headers.remove(header::AUTHORIZATION);
-    }
-    let claimed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| n.as_str().starts_with(IDENTITY_PREFIX))
-        .cloned()
-        .collect();
-    for name in claimed {
-        headers.remove(name);
-    }
-    let Some(caller) = caller.filter(|_| cfg.identity_headers) else {
-        return;
-    };
-    for (name, value) in &caller.identity {
-        if let Some(value) = value {
-            headers.insert(HeaderName::from_static(name), value.clone());
+/// Written by the phase that builds the upstream request, after the hop-by-hop removal.
+#[derive(Clone, Copy)]
+pub struct Identity<'a> {
+    pub cfg: &'a AuthConfig,
+    /// `None` on a public path.
+    pub caller: Option<&'a Caller>,
+}
+
+impl Identity<'_> {
+    pub fn write(self, headers: &mut HeaderMap) {
+        let Identity { cfg, caller } = self;
+        if cfg.forward == Forward::Strip {
+            headers.remove(header::AUTHORIZATION);
+        }
+        let claimed: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().starts_with(IDENTITY_PREFIX))
+            .cloned()
+            .collect();
+        for name in claimed {
+            headers.remove(name);
+        }
+        let Some(caller) = caller.filter(|_| cfg.identity_headers) else {
+            return;
+        };
+        for (name, value) in &caller.identity {
+            if let Some(value) = value {
+                headers.insert(HeaderName::from_static(name), value.clone());
+            }
         }
     }
 }

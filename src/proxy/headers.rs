@@ -184,8 +184,9 @@ fn name_header(value: &str) -> HeaderValue {
 }
 
 /// The request for `backend`, made of the client's (its head changed in place rather than
-/// copied into a new one): its headers less hop-by-hop ones, plus `Host` and the
-/// `X-Forwarded-*` set.
+/// copied into a new one): its headers less hop-by-hop ones, then what the router owns set:
+/// `Host`, the `X-Forwarded-*`, the backend's own handles and, with `[auth]`, the identity
+/// headers. Set after the hop-by-hop removal, so a client's `Connection` can never name one away.
 pub(super) fn build_upstream_request(
     mut parts: http::request::Parts,
     body: Either<Bytes, ClientBody>,
@@ -193,11 +194,15 @@ pub(super) fn build_upstream_request(
     peer: &HeaderValue,
     tls: bool,
     originals: Originals,
+    identity: Option<super::gate::Identity>,
 ) -> Result<Request<UpstreamBody>, http::Error> {
     let target = backend.target_for(parts.uri.path_and_query())?;
     let headers = &mut parts.headers;
     let scan = scan_head(headers, |_, _| {});
     let length = strip_found(headers, scan).length;
+    if let Some(identity) = identity {
+        identity.write(headers);
+    }
     if let Some(session) = originals.session {
         headers.insert(SESSION_HEADER, HeaderValue::from_str(session)?);
     }

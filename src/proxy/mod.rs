@@ -12,6 +12,7 @@ mod deadline;
 mod forward;
 mod gate;
 mod headers;
+mod path;
 mod read;
 
 pub use deadline::ConnectionTimer;
@@ -126,11 +127,13 @@ async fn handle_inner(
 ) -> Result<Response<ProxyBody>, RouterError> {
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     if snap.config.log.access || snap.tracing.is_some() {
         let access = snap.config.log.access.then_some(snap.config.log.format);
         record.obs = Some(Observation::begin(&parts, peer, started, access, snap.tracing.as_ref()));
     }
+    // Every decision below that reads the path reads the one the backend will see.
+    path::check(parts.uri.path())?;
 
     // Who calls, from the head alone: a stranger's body is never read.
     let caller = match (&snap.config.auth, &snap.auth) {
@@ -139,7 +142,6 @@ async fn handle_inner(
                 return Ok(gate::metadata(resource).map(ProxyBody::from));
             }
             let caller = gate::authenticate(shared, cfg, resource, &parts).await?;
-            gate::forward_identity(cfg, caller.as_deref(), &mut parts.headers);
             if let (Some(obs), Some(c)) = (&mut record.obs, &caller) {
                 obs.caller(&c.verified.subject, c.verified.client_id.as_deref());
             }
@@ -154,7 +156,7 @@ async fn handle_inner(
     let quota_caller = snap.quotas.as_ref().map(|quotas| {
         let key = admit::caller(quotas, &parts.headers, peer, tag.as_ref());
         if let Some(obs) = &mut record.obs {
-            obs.quota_caller(key.log_text());
+            obs.quota_caller(key.log_text(), admit::client_ip(quotas, &parts.headers, peer));
         }
         key
     });
@@ -173,53 +175,34 @@ async fn handle_inner(
             let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share, body_share).await?;
             (bytes, None, held)
         }
-        false if parts.method == Method::CONNECT || parts.method == Method::TRACE => {
-            let method = if parts.method == Method::CONNECT {
-                "CONNECT"
-            } else {
-                "TRACE"
-            };
-            return Err(RouterError::MethodNotAllowed { method });
+        false if !forwards_method(&parts.method, &snap) => {
+            return Err(RouterError::MethodNotAllowed {
+                method: parts.method.clone(),
+            })
         }
         false => (Bytes::new(), Some(body), read::Held::nothing()),
     };
 
     // Keys: every handle the headers and the body carry.
-    let mut tool: Option<String> = None;
     let body_to_scan = stream.is_none().then_some(&bytes[..]);
-    let keys = {
-        // `params.name` only for a request that is logged or traced, or whose tool may need
-        // scopes of its own.
-        let mut name = None;
-        let scoped = caller.is_some() && snap.auth.as_ref().is_some_and(|r| r.scopes_tools());
-        let limited = snap.quotas.as_ref().is_some_and(|q| q.names_tools());
-        let want_name = (record.obs.is_some() || scoped || limited).then_some(&mut name);
-        let keys = RequestKeys::read(
-            &parts.headers,
-            &routing.header,
-            &routing.body_field,
-            body_to_scan,
-            want_name,
-        )
-        .map_err(|_| RouterError::Parse)?;
-        if let Some(obs) = &mut record.obs {
-            obs.keys(keys.method.as_deref(), name.as_deref());
-        }
-        record.id = keys.id.map(RpcId::new);
-        if let (Some(resource), Some(caller)) = (&snap.auth, &caller) {
-            gate::authorize(resource, caller, keys.method.as_deref(), name.as_deref())?;
-        }
-        if limited {
-            tool = name.map(|n| n.into_owned());
-        }
-        keys
-    };
+    let keys =
+        RequestKeys::read(&parts.headers, &routing.header, &routing.body_field, body_to_scan).map_err(unreadable)?;
+    if let Some(obs) = &mut record.obs {
+        obs.keys(keys.method.as_deref(), keys.name.as_deref());
+    }
+    record.id = keys.id.map(RpcId::new);
+    if let Some(why) = keys.batch_refused() {
+        return Err(RouterError::BatchRefused { why });
+    }
+    if let (Some(resource), Some(caller)) = (&snap.auth, &caller) {
+        gate::authorize(resource, caller, &keys)?;
+    }
     if keys.names_disagree() {
         return Err(RouterError::HeaderMismatch);
     }
 
     // Decide: sealed tokens first, then pins, then the ring.
-    let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), true)?;
+    let (decision, unsealed) = route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), route::Lookup::Refresh)?;
     if caller.is_some() {
         // Accepted: its token, its scopes, and every handle it presents are its own.
         shared.metrics.auth_by_result[0].inc();
@@ -229,8 +212,7 @@ async fn handle_inner(
     if let (Some(quotas), Some(caller)) = (&snap.quotas, quota_caller) {
         let ask = admit::Ask {
             keys: &keys,
-            follow_up: unsealed.is_some() || decision.matched.is_some(),
-            tool: tool.as_deref(),
+            follow_up: decision.follow_up,
         };
         let mut admitted = admit::admit(quotas, caller, ask).await?;
         open_call = admitted.take_open_call();
@@ -287,9 +269,7 @@ async fn handle_inner(
         }
         // The backend gets back the state and the task id it issued.
         None => Either::Left(match &unsealed {
-            Some(u) if u.request_state.is_some() || u.task_id.is_some() => {
-                sealing::restore_originals(&bytes, &routing.body_field, u)
-            }
+            Some(u) if sealing::restores_body(u) => sealing::restore_originals(&bytes, &routing.body_field, u),
             _ => bytes.clone(),
         }),
     };
@@ -297,7 +277,11 @@ async fn handle_inner(
         session: unsealed.as_ref().and_then(|u| u.session_id.as_deref()),
         task: unsealed.as_ref().and_then(|u| u.task_id.as_deref()),
     };
-    let mut request = headers::build_upstream_request(parts, body, &backend, peer, tls, originals)
+    let identity = snap.config.auth.as_ref().map(|cfg| gate::Identity {
+        cfg,
+        caller: caller.as_deref(),
+    });
+    let mut request = headers::build_upstream_request(parts, body, &backend, peer, tls, originals, identity)
         .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
     if let Some(trace) = record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
         trace.inject(request.headers_mut());
@@ -373,6 +357,29 @@ async fn join_the_write_burst() {
     // Deferred, not rewoken at once: the scheduler runs every other ready task and polls the
     // I/O driver before it resumes the deferred ones.
     tokio::task::yield_now().await;
+}
+
+/// Whether a request of `method` other than POST is forwarded. CONNECT and TRACE are no MCP
+/// methods. With `[auth]` or `[quotas]` on, neither is any method but the Streamable HTTP ones
+/// (GET, DELETE) and HEAD and OPTIONS: a PUT or PATCH body would stream to a backend unread,
+/// past the scopes and the tool quotas that a POST's body is judged by.
+fn forwards_method(method: &Method, snap: &crate::state::Snapshot) -> bool {
+    match *method {
+        Method::CONNECT | Method::TRACE => false,
+        Method::GET | Method::DELETE | Method::HEAD | Method::OPTIONS => true,
+        _ => snap.config.auth.is_none() && snap.config.quotas.is_none(),
+    }
+}
+
+/// A body the router cannot read as one request: not JSON, or readable two ways.
+fn unreadable(e: crate::dialect::Unreadable) -> RouterError {
+    match e {
+        crate::dialect::Unreadable::NotJson(_) => RouterError::Parse,
+        crate::dialect::Unreadable::Ambiguous(a) => RouterError::AmbiguousBody {
+            key: a.key,
+            variant: a.variant,
+        },
+    }
 }
 
 /// Answers a request with a router error, counted by reason.

@@ -177,11 +177,13 @@ pub fn rate_limit_headers(policy: &str, rate: Rate, retry: &RetryAfter) -> (Stri
 /// What the request path knows of a request when it asks for admission.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
-    /// The tool of a `tools/call`, read from the verified body.
-    pub tool: Option<&'a str>,
-    /// The request starts something (no handle of a call already admitted: routing id,
-    /// `requestState`, task id, session): the rate quotas apply.
-    pub new_call: bool,
+    /// The tool of each `tools/call` in the request (a batch may call several), read from the
+    /// verified body.
+    pub tools: &'a [&'a str],
+    /// The new calls the request starts: none for a follow-up of a call already admitted
+    /// (`route::is_follow_up`), else one for each of its messages (a batch's elements each).
+    /// The rate quotas count them.
+    pub new_calls: u32,
     /// The request may start a multi-round call (its answer may pin): an open-call slot is
     /// reserved for it. Only for new calls: a follow-up's call holds its slot already.
     pub may_open_call: bool,
@@ -192,7 +194,7 @@ pub struct Request<'a> {
 #[must_use = "the request is counted only while its admission is held"]
 pub struct Admission {
     _in_flight: Option<Permit>,
-    _tool_in_flight: Option<SharedPermit>,
+    _tool_in_flight: Vec<SharedPermit>,
     open_call: Option<OpenCall>,
 }
 
@@ -301,27 +303,32 @@ impl Quotas {
             ),
             None => None,
         };
-        let tool = request.tool.and_then(|name| self.tools.get(name));
-        let tool_in_flight = match tool.and_then(|t| t.in_flight.as_ref()) {
-            Some(shared) => Some(shared.try_acquire().ok_or(Refusal::busy(
-                Quota::InFlight,
-                Scope::Tool,
-                Refused { overflow: false },
-            ))?),
-            None => None,
-        };
+        let tools: Vec<&ToolQuotas> = request.tools.iter().filter_map(|name| self.tools.get(*name)).collect();
+        let mut tool_in_flight = Vec::new();
+        for shared in tools.iter().filter_map(|t| t.in_flight.as_ref()) {
+            let refused = Refusal::busy(Quota::InFlight, Scope::Tool, Refused { overflow: false });
+            tool_in_flight.push(shared.try_acquire().ok_or(refused)?);
+        }
+        let new_call = request.new_calls > 0;
         let open_call = match &self.open_calls {
-            Some(q) if request.new_call && request.may_open_call => Some(
+            Some(q) if new_call && request.may_open_call => Some(
                 q.try_open(caller)
                     .map_err(|r| Refusal::busy(Quota::OpenCalls, Scope::Caller, r))?,
             ),
             _ => None,
         };
-        if request.new_call {
-            let tool_rate = tool.and_then(|t| Some((t.name.as_str(), t.rate.as_ref()?)));
+        if new_call {
+            // One unit of each tool's rate per call of it, then one of the caller's per new call.
+            let mut rates: Vec<(Scope, &str, &RateLimiter)> = tools
+                .iter()
+                .filter_map(|t| Some((Scope::Tool, t.name.as_str(), t.rate.as_ref()?)))
+                .collect();
+            if let Some(limiter) = &self.rate {
+                rates.extend((0..request.new_calls).map(|_| (Scope::Caller, "", limiter)));
+            }
             match &self.shared {
-                None => self.check_rates(tool_rate.map(|(_, r)| r), caller, now)?,
-                Some(store) => self.check_shared(store, tool_rate, caller, now).await?,
+                None => Self::check_rates(&rates, caller, now)?,
+                Some(store) => Self::check_shared(store, &rates, caller, now).await?,
             }
         }
         Ok(Admission {
@@ -331,45 +338,41 @@ impl Quotas {
         })
     }
 
-    /// The rates of a new call, the tool's first, in this replica's tables.
-    fn check_rates(&self, tool_rate: Option<&RateLimiter>, caller: CallerKey, now: Instant) -> Result<(), Refusal> {
-        if let Some(limiter) = tool_rate {
+    /// A request's units of rates, the tools' first, in this replica's tables: refused at the
+    /// first that has none left (the units before it stay spent).
+    fn check_rates(rates: &[(Scope, &str, &RateLimiter)], caller: CallerKey, now: Instant) -> Result<(), Refusal> {
+        for (scope, _, limiter) in rates {
             limiter
                 .check(&caller, now)
-                .map_err(|r| Refusal::rate(Scope::Tool, limiter.rate(), r))?;
-        }
-        if let Some(limiter) = &self.rate {
-            limiter
-                .check(&caller, now)
-                .map_err(|r| Refusal::rate(Scope::Caller, limiter.rate(), r))?;
+                .map_err(|r| Refusal::rate(*scope, limiter.rate(), r))?;
         }
         Ok(())
     }
 
-    /// The rates of a new call, the tool's first, in the shared store: one round trip.
+    /// A request's units of rates, the tools' first, in the shared store: one round trip.
     async fn check_shared(
-        &self,
         store: &RedisStore,
-        tool_rate: Option<(&str, &RateLimiter)>,
+        rates: &[(Scope, &str, &RateLimiter)],
         caller: CallerKey,
         now: Instant,
     ) -> Result<(), NotAdmitted> {
-        let (mut limits, mut keys) = (Vec::with_capacity(2), Vec::with_capacity(2));
-        if let Some((name, limiter)) = tool_rate {
-            limits.push((Scope::Tool, limiter));
-            keys.push(SharedRate::of(limiter, format!("mrtr:rate:tool:{name}:{caller}")));
-        }
-        if let Some(limiter) = &self.rate {
-            limits.push((Scope::Caller, limiter));
-            keys.push(SharedRate::of(limiter, format!("mrtr:rate:caller:{caller}")));
-        }
-        if keys.is_empty() {
+        if rates.is_empty() {
             return Ok(());
         }
+        let keys: Vec<SharedRate> = rates
+            .iter()
+            .map(|(scope, name, limiter)| {
+                let key = match scope {
+                    Scope::Tool => format!("mrtr:rate:tool:{name}:{caller}"),
+                    _ => format!("mrtr:rate:caller:{caller}"),
+                };
+                SharedRate::of(limiter, key)
+            })
+            .collect();
         match store.check(&keys, now).await {
             Verdict::Admitted => Ok(()),
             Verdict::Refused(i, retry) => {
-                let (scope, limiter) = limits[i];
+                let (scope, _, limiter) = rates[i];
                 Err(Refusal::rate(scope, limiter.rate(), retry).into())
             }
             Verdict::Unavailable => Err(NotAdmitted::StoreUnavailable),

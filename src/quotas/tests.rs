@@ -30,8 +30,8 @@ fn admit(q: &Quotas, caller: CallerKey, request: &Request<'_>, now: Instant) -> 
 }
 
 const NEW: Request<'static> = Request {
-    tool: None,
-    new_call: true,
+    tools: &[],
+    new_calls: 1,
     may_open_call: false,
 };
 
@@ -149,7 +149,7 @@ fn follow_ups_are_never_refused_by_the_rate_but_count_in_flight() {
     assert_eq!((refused.quota, refused.scope), (Quota::Rate, Scope::Caller));
     assert_eq!(refused.quota.reason(), "rate_limited");
     assert_eq!(refused.retry_after_secs(), 1);
-    let follow_up = Request { new_call: false, ..NEW };
+    let follow_up = Request { new_calls: 0, ..NEW };
     let second = admit(&q, a, &follow_up, t0).unwrap();
     // Two in flight: the next follow-up waits for one to end.
     let busy = admit(&q, a, &follow_up, t0).err().unwrap();
@@ -191,7 +191,7 @@ fn open_calls_are_reserved_for_new_calls_that_may_pin() {
     );
     // ...but not its follow-ups, nor requests that cannot pin, nor other callers.
     let follow_up = Request {
-        new_call: false,
+        new_calls: 0,
         ..may_pin
     };
     assert!(admit(&q, key(1), &follow_up, t0).unwrap().take_open_call().is_none());
@@ -227,7 +227,7 @@ fn tool_quotas_rate_per_caller_and_in_flight_across_callers() {
         StoreMetrics::unregistered(),
     );
     let search = Request {
-        tool: Some("search"),
+        tools: &["search"],
         ..NEW
     };
     drop(admit(&q, key(1), &search, t0).unwrap());
@@ -244,14 +244,14 @@ fn tool_quotas_rate_per_caller_and_in_flight_across_callers() {
         &q,
         key(1),
         &Request {
-            tool: Some("other"),
+            tools: &["other"],
             ..NEW
         },
         t0
     )
     .is_ok());
     let slow = Request {
-        tool: Some("slow"),
+        tools: &["slow"],
         ..NEW
     };
     let held = admit(&q, key(1), &slow, t0).unwrap();

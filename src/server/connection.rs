@@ -304,12 +304,9 @@ impl Connection {
         let peer_ip = HeaderValue::from_str(&self.peer.ip().to_string()).expect("an IP is a valid header value");
         // The connection's share of the body budget, as the config says when it opened; its
         // activity holds (HTTP/1.1) the one timer its requests' upstream deadlines share.
-        let share = shared
-            .snapshot()
-            .quotas
-            .as_ref()
-            .and_then(|q| q.max_body_bytes_per_connection())
-            .map(|limit| Arc::new(proxy::ConnectionShare::new(limit)));
+        let share = Some(Arc::new(proxy::ConnectionShare::new(
+            shared.snapshot().config.connection_body_share(),
+        )));
         service_fn(move |req| {
             let done = activity.start();
             let timer = (!h2).then(|| activity.clone());
@@ -367,16 +364,18 @@ impl Builders {
             .timer(TokioTimer::new())
             .max_concurrent_streams(cfg.h2_max_concurrent_streams)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
-        if let Some(share) = shared
-            .snapshot()
+        // A client cannot make the router buffer what it has not agreed to: what it may send
+        // unread on the connection is within the connection's share of the body budget
+        // (`Config::connection_body_share`), each stream a quarter of hyper's 1 MiB at most when
+        // `[quotas]` sets the share (Envoy's edge guidance: small windows, a buffer limit).
+        let config = &shared.snapshot().config;
+        let tightened = config
             .quotas
             .as_ref()
-            .and_then(|q| q.max_body_bytes_per_connection())
-        {
-            // A client cannot make the router buffer what it has not agreed to: what it may send
-            // unread on the connection is within the connection's share, each stream a quarter
-            // of hyper's 1 MiB at most (Envoy's edge guidance: small windows, a buffer limit).
-            let window = u32::try_from(share).unwrap_or(u32::MAX).min(1 << 20);
+            .is_some_and(|q| q.max_body_bytes_per_connection.is_some());
+        let window = u32::try_from(config.connection_body_share()).unwrap_or(u32::MAX);
+        if tightened || window < 1 << 20 {
+            let window = window.min(1 << 20);
             http2
                 .initial_connection_window_size(window)
                 .initial_stream_window_size(window.min(256 << 10));

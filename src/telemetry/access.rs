@@ -18,8 +18,11 @@ pub const MAX_SUBJECT: usize = 128;
 /// One request's line.
 pub struct AccessLine<'a> {
     pub ts: SystemTime,
-    /// The client's IP (the TCP peer).
+    /// The client's IP (the TCP peer, or the PROXY header's source).
     pub client: &'a str,
+    /// The client IP `[quotas]` counted, when a trusted proxy's `X-Forwarded-For` named
+    /// another than `client`.
+    pub client_ip: Option<&'a str>,
     pub http_method: &'a str,
     /// The request path, without its query (which may hold credentials).
     pub path: &'a str,
@@ -52,9 +55,10 @@ impl AccessLine<'_> {
         let mut out = String::with_capacity(320);
         let ts = humantime::format_rfc3339_millis(self.ts).to_string();
         let ms = format!("{:.3}", self.duration.as_secs_f64() * 1000.0);
-        let fields: [(&str, Value); 18] = [
+        let fields: [(&str, Value); 19] = [
             ("ts", Value::Str(Some(&ts))),
             ("client", Value::Str(Some(self.client))),
+            ("client_ip", Value::Str(self.client_ip)),
             ("http_method", Value::Str(Some(self.http_method))),
             ("path", Value::Str(Some(self.path))),
             ("mcp_method", Value::Str(self.mcp_method)),
@@ -180,6 +184,7 @@ mod tests {
         AccessLine {
             ts: SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_123),
             client: "127.0.0.1",
+            client_ip: None,
             http_method: "POST",
             path: "/mcp",
             mcp_method: Some("tools/call"),

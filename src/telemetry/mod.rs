@@ -59,6 +59,8 @@ pub struct Observation {
     client_id: Option<String>,
     /// The caller `[quotas]` counted the request against, as the log shows it.
     quota_caller: Option<String>,
+    /// The client IP `[quotas]` counted (through trusted proxies), when it is not the peer.
+    client_ip: Option<String>,
     /// The `quota` and `scope` of the quota that refused the request.
     pub quota: Option<(&'static str, &'static str)>,
 }
@@ -115,13 +117,17 @@ impl Observation {
             subject: None,
             client_id: None,
             quota_caller: None,
+            client_ip: None,
             quota: None,
         })
     }
 
-    /// The caller `[quotas]` counts the request against.
-    pub fn quota_caller(&mut self, caller: String) {
+    /// The caller `[quotas]` counts the request against, and the client IP it sees (the
+    /// `X-Forwarded-For` hop a trusted proxy added, or the peer).
+    pub fn quota_caller(&mut self, caller: String, client_ip: std::net::IpAddr) {
         self.quota_caller = Some(caller);
+        let ip = client_ip.to_string();
+        self.client_ip = (self.client.as_bytes() != ip.as_bytes()).then_some(ip);
     }
 
     /// The caller `[auth]` verified.
@@ -216,6 +222,7 @@ impl Observation {
             subject: self.subject.as_deref(),
             client_id: self.client_id.as_deref(),
             caller: self.quota_caller.as_deref(),
+            client_ip: self.client_ip.as_deref(),
             quota: quota.as_deref(),
         };
         writer::stdout().write_line(line.render(format));
