@@ -67,9 +67,14 @@ fn key() -> impl Strategy<Value = String> {
         "requestState",
         "taskId",
         "name",
+        "uri",
+        "notifications",
+        "taskIds",
         "jsonrpc",
         r"m\u0065thod",
         r"task\u0049d",
+        "Method",
+        "requeſtState",
         "x",
     ])
     .prop_map(|k| format!("\"{k}\""))
@@ -99,34 +104,179 @@ fn json_value() -> impl Strategy<Value = String> {
     })
 }
 
-/// A request object: envelope keys, often repeated, `params` mostly an object.
-fn request_object() -> impl Strategy<Value = String> {
-    let param = prop_oneof![
-        2 => (key(), json_value()),
-        1 => (select(vec!["\"requestState\"", "\"taskId\""]).prop_map(str::to_owned), string_literal()),
-    ];
-    let envelope_key = select(vec!["\"id\"", "\"method\"", "\"messageId\""]).prop_map(str::to_owned);
-    let member = prop_oneof![
-        2 => (key(), json_value()),
-        2 => (envelope_key, prop_oneof![string_literal(), number_literal()]),
-        2 => vec(param, 0..5).prop_map(|members| {
-            let members: Vec<String> = members.into_iter().map(|(k, v)| format!("{k}:{v}")).collect();
-            ("\"params\"".to_owned(), format!("{{{}}}", members.join(",")))
+/// A key's literal as written: mostly plain, now and then with one character escaped
+/// (`m\u0065thod` is `method`).
+fn spelled(key: &'static str) -> impl Strategy<Value = String> {
+    let chars = key.chars().count();
+    prop_oneof![
+        5 => Just(format!("\"{key}\"")),
+        1 => (0..chars).prop_map(move |at| {
+            let escaped: String = key
+                .chars()
+                .enumerate()
+                .map(|(n, c)| match n == at {
+                    true => format!("\\u{:04x}", c as u32),
+                    false => c.to_string(),
+                })
+                .collect();
+            format!("\"{escaped}\"")
         }),
+    ]
+}
+
+/// Keys the router does not read, near misses of those it does among them (none another
+/// spelling of one).
+fn unread_key() -> impl Strategy<Value = String> {
+    select(vec![
+        "jsonrpc",
+        "x",
+        "arguments",
+        "_meta",
+        "méthod",
+        "param",
+        "task_id",
+        "nåme",
+        "task_ids",
+    ])
+    .prop_flat_map(spelled)
+}
+
+/// Other spellings of keys the router reads (by ASCII case, `ſ`, the Kelvin sign): of a
+/// request's, of its `params`' and of `params.notifications`'.
+const REQUEST_VARIANTS: &[&str] = &["Method", "ID", "PARAMS", "Params", "MessageID", "meſſageId"];
+const PARAMS_VARIANTS: &[&str] = &[
+    "RequestState",
+    "requeſtState",
+    "ta\u{212a}Id",
+    "TaskId",
+    "Name",
+    "URI",
+    "Notifications",
+    "notificationſ",
+];
+const NOTIFICATIONS_VARIANTS: &[&str] = &["taskids", "taſkIds", "TaskIds", "tas\u{212a}Ids"];
+
+/// A value where a string is read: mostly a string.
+fn string_value() -> impl Strategy<Value = String> {
+    prop_oneof![6 => string_literal(), 1 => number_literal(), 1 => json_value()]
+}
+
+/// What makes an object ambiguous, now and then.
+#[derive(Debug, Clone)]
+enum Trouble {
+    None,
+    /// One of the keys read that stand, again (with this value).
+    Again(proptest::sample::Index, String),
+    /// This member: a key read (again, if it stands), or another spelling of one.
+    Add(String, String),
+}
+
+/// Members of an object, at most one of each `read` key, with members no reader reads and,
+/// now and then, trouble: a key read standing again, or another spelling of one.
+fn members(
+    read: Vec<BoxedStrategy<Option<(String, String)>>>,
+    keys: &'static [&'static str],
+    variants: &'static [&'static str],
+) -> BoxedStrategy<Vec<(String, String)>> {
+    let trouble = prop_oneof![
+        20 => Just(Trouble::None),
+        2 => (any::<proptest::sample::Index>(), string_value()).prop_map(|(at, v)| Trouble::Again(at, v)),
+        1 => (select(keys).prop_flat_map(spelled), string_value()).prop_map(|(k, v)| Trouble::Add(k, v)),
+        2 => (select(variants).prop_flat_map(spelled), json_value()).prop_map(|(k, v)| Trouble::Add(k, v)),
     ];
-    (vec((member, space()), 0..7), space()).prop_map(|(members, end)| {
-        let members: Vec<String> = members
-            .into_iter()
-            .map(|((k, v), s)| format!("{s}{k}:{v}{s}"))
-            .collect();
-        format!("{{{}{end}}}", members.join(","))
-    })
+    (read, vec((unread_key(), json_value()), 0..3), trouble)
+        .prop_map(|(read, mut unread, trouble)| {
+            let mut all: Vec<(String, String)> = read.into_iter().flatten().collect();
+            match trouble {
+                Trouble::Again(at, value) if !all.is_empty() => all.push((at.get(&all).0.clone(), value)),
+                Trouble::Add(key, value) => all.push((key, value)),
+                _ => {}
+            }
+            all.append(&mut unread);
+            all
+        })
+        .prop_shuffle()
+        .boxed()
+}
+
+/// `{`members`}` with white space about them.
+fn object_text(members: impl Strategy<Value = Vec<(String, String)>> + 'static) -> BoxedStrategy<String> {
+    (members, vec(space(), 12))
+        .prop_map(|(members, spaces)| {
+            let members: Vec<String> = members
+                .into_iter()
+                .zip(spaces.iter().cycle())
+                .map(|((k, v), s)| format!("{s}{k}{s}:{s}{v}"))
+                .collect();
+            format!("{{{}{}}}", members.join(","), spaces[0])
+        })
+        .boxed()
+}
+
+/// `key` in an object, its value drawn from `value`, `p` of the time.
+fn slot(
+    p: f64,
+    key: &'static str,
+    value: impl Strategy<Value = String> + 'static,
+) -> BoxedStrategy<Option<(String, String)>> {
+    proptest::option::weighted(p, (spelled(key), value)).boxed()
+}
+
+/// `params.notifications` of `subscriptions/listen`: `taskIds` mostly an array of strings.
+fn notifications() -> impl Strategy<Value = String> {
+    let task_ids = prop_oneof![
+        8 => vec(prop_oneof![4 => string_literal(), 1 => json_value()], 0..4)
+            .prop_map(|ids| format!("[{}]", ids.join(","))),
+        1 => json_value(),
+    ];
+    object_text(members(
+        vec![slot(0.9, "taskIds", task_ids)],
+        &["taskIds"],
+        NOTIFICATIONS_VARIANTS,
+    ))
+}
+
+/// A request's `params`: the fields the router reads, each now and then.
+fn params() -> impl Strategy<Value = String> {
+    let read = vec![
+        slot(0.5, "requestState", string_value()),
+        slot(0.5, "taskId", string_value()),
+        slot(0.5, "name", string_value()),
+        slot(0.4, "uri", string_value()),
+        slot(
+            0.5,
+            "notifications",
+            prop_oneof![4 => notifications(), 1 => json_value()],
+        ),
+    ];
+    let keys = &["requestState", "taskId", "name", "uri", "notifications"];
+    object_text(members(read, keys, PARAMS_VARIANTS))
+}
+
+/// A request object: envelope keys, `params` mostly an object.
+fn request_object() -> impl Strategy<Value = String> {
+    let key_value = prop_oneof![3 => string_literal(), 2 => number_literal(), 1 => json_value()];
+    let read = vec![
+        slot(0.7, "id", prop_oneof![number_literal(), string_literal(), json_value()]),
+        slot(0.7, "method", string_value()),
+        slot(0.6, "messageId", key_value),
+        slot(0.8, "params", prop_oneof![6 => params(), 1 => json_value()]),
+    ];
+    object_text(members(
+        read,
+        &["id", "method", "params", "messageId"],
+        REQUEST_VARIANTS,
+    ))
 }
 
 fn request_body() -> impl Strategy<Value = String> {
+    let element = prop_oneof![5 => request_object(), 1 => json_value()];
     prop_oneof![
-        8 => request_object(),
-        1 => (request_object(), json_value()).prop_map(|(first, second)| format!("[{first},{second}]")),
+        12 => request_object(),
+        6 => vec((space(), element), 0..5).prop_map(|elements| {
+            let elements: Vec<String> = elements.into_iter().map(|(s, e)| format!("{s}{e}{s}")).collect();
+            format!("[{}]", elements.join(","))
+        }),
         1 => json_value(),
     ]
 }
@@ -195,28 +345,50 @@ fn run<S: Strategy, const N: usize>(cases: u32, strategy: S, test: impl Fn(S::Va
 
 #[test]
 fn envelope_scan_agrees_with_serde_json() {
-    let [json, not_json, method, key, state, task] = run(
+    use checks::Verdict;
+    let counts = run(
         1024,
         (request_body(), prop_oneof![Just(vec![]), vec(damage(), 1..3)]),
         |(body, harm)| {
-            let fields = checks::check_envelope(&damaged(&body, &harm));
-            let f = fields.as_ref();
-            let has = |field: fn(&checks::Fields) -> &Option<String>| f.is_some_and(|f| field(f).is_some());
+            let verdict = checks::check_envelope(&damaged(&body, &harm));
+            let read = |field: fn(&checks::Fields) -> bool| verdict.requests().any(field);
+            let ambiguous = |variant: bool, level: fn(&str) -> bool| matches!(&verdict, Verdict::Ambiguous(key, v) if *v == variant && level(key));
+            let in_notifications = |key: &str| key.starts_with("params.notifications.");
+            let in_params = |key: &str| key.starts_with("params.") && !key.starts_with("params.notifications.");
             [
-                fields.is_some(),
-                fields.is_none(),
-                has(|f| &f.method),
-                has(|f| &f.message_id),
-                has(|f| &f.request_state),
-                has(|f| &f.task_id),
+                matches!(verdict, Verdict::Read { .. }),
+                verdict == Verdict::NotJson,
+                ambiguous(false, |_| true),
+                ambiguous(true, |_| true),
+                ambiguous(false, |k| !k.starts_with("params.")) || ambiguous(true, |k| !k.starts_with("params.")),
+                ambiguous(false, in_params) || ambiguous(true, in_params),
+                ambiguous(false, in_notifications) || ambiguous(true, in_notifications),
+                matches!(&verdict, Verdict::Read { rest, .. } if !rest.is_empty()),
+                read(|f| f.method.is_some()),
+                read(|f| f.message_id.is_some()),
+                read(|f| f.request_state.is_some()),
+                read(|f| f.task_id.is_some()),
+                read(|f| f.name.is_some()),
+                read(|f| f.uri.is_some()),
+                read(|f| !f.task_ids.is_empty()),
             ]
         },
     );
+    let [json, not_json, twice, spelled, request, params, notifications, batch, fields @ ..] = counts;
     assert!(json > 200 && not_json > 200, "{json} JSON, {not_json} not");
     assert!(
-        [method, key, state, task].iter().all(|&n| n > 20),
-        "method, key, requestState, taskId read: {:?}",
-        [method, key, state, task]
+        twice > 40 && spelled > 40,
+        "{twice} bodies with a key twice, {spelled} with one spelled otherwise"
+    );
+    let levels = [request, params, notifications];
+    assert!(
+        levels.iter().all(|&n| n > 10),
+        "ambiguous in a request, its params, params.notifications: {levels:?}"
+    );
+    assert!(batch > 20, "{batch} batches of several read");
+    assert!(
+        fields.iter().all(|&n| n > 20),
+        "method, key, requestState, taskId, name, uri, taskIds read: {fields:?}"
     );
 }
 

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mrtr_router::internals::{
     parse_outcome, parse_request, request_state_at, split_sse, AlgorithmSet, AuthFailure, AuthPolicy, KeySet,
-    LegacyTokenKeys, Outcome, TokenKeys, TokenKind, AUTH_RESULTS, MAX_KEYS, MAX_TOKEN_BYTES,
+    LegacyTokenKeys, Outcome, RequestEnvelope, TokenKeys, TokenKind, Unreadable, AUTH_RESULTS, MAX_KEYS,
+    MAX_TOKEN_BYTES,
 };
 use mrtr_router::Config;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -21,7 +22,7 @@ use serde_json::value::RawValue;
 /// The key field the envelope checks read (the default `routing.body_field`).
 pub const BODY_FIELD: &str = "messageId";
 
-/// The envelope fields as the router reads them, owned for comparison.
+/// One request's envelope fields as the router reads them, owned for comparison.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Fields {
     pub id: Option<String>,
@@ -29,12 +30,43 @@ pub struct Fields {
     pub message_id: Option<String>,
     pub request_state: Option<String>,
     pub task_id: Option<String>,
+    pub task_ids: Vec<String>,
+    pub name: Option<String>,
+    pub uri: Option<String>,
 }
 
-/// `parse_request` accepts exactly the bodies the serde_json reading below accepts, and reads
-/// the same fields from them; where it says `params.requestState` stands, the literal there
-/// decodes to that state. Returns the fields read (`None`: not JSON).
-pub fn check_envelope(body: &[u8]) -> Option<Fields> {
+/// What a request body reads as.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not JSON (where it stops being JSON is not compared).
+    NotJson,
+    /// JSON, but a key the router reads stands twice (`false`) or in another spelling (`true`):
+    /// the first such key in the body, named as the router names it (`params.name`, `the key
+    /// field`).
+    Ambiguous(String, bool),
+    /// Read: the request's fields, or a batch's (its first element's, then the others').
+    Read {
+        batch: bool,
+        first: Fields,
+        rest: Vec<Fields>,
+    },
+}
+
+impl Verdict {
+    /// Every request read (a batch's elements, a request alone; none unless read).
+    pub fn requests(&self) -> impl Iterator<Item = &Fields> {
+        let (first, rest) = match self {
+            Verdict::Read { first, rest, .. } => (Some(first), &rest[..]),
+            _ => (None, &[][..]),
+        };
+        first.into_iter().chain(rest)
+    }
+}
+
+/// `parse_request` gives the verdict the serde_json reading below gives: not JSON, ambiguous
+/// (by the same key), or every request's fields the same; where it says the first request's
+/// `params.requestState` stands, the literal there decodes to that state. Returns the verdict.
+pub fn check_envelope(body: &[u8]) -> Verdict {
     let scanned = scanned(body);
     let expected = reference(body);
     assert_eq!(scanned, expected, "body: b\"{}\"", body.escape_ascii());
@@ -42,42 +74,72 @@ pub fn check_envelope(body: &[u8]) -> Option<Fields> {
 }
 
 /// What the router's scan reads.
-pub fn scanned(body: &[u8]) -> Option<Fields> {
-    let e = parse_request(body, BODY_FIELD).ok()?;
+pub fn scanned(body: &[u8]) -> Verdict {
     let at = request_state_at(body, BODY_FIELD);
+    let e = match parse_request(body, BODY_FIELD) {
+        Ok(e) => e,
+        Err(unreadable) => {
+            assert_eq!(at, None, "requestState of a body refused: b\"{}\"", body.escape_ascii());
+            return match unreadable {
+                Unreadable::NotJson(e) => {
+                    assert!(e.at <= body.len(), "not JSON at {} of {} bytes", e.at, body.len());
+                    Verdict::NotJson
+                }
+                Unreadable::Ambiguous(a) => Verdict::Ambiguous(a.key.to_owned(), a.variant),
+            };
+        }
+    };
     let literal = at.map(|at| {
         assert!(at.start < at.end && at.end <= body.len(), "requestState at {at:?}");
         serde_json::from_slice::<String>(&body[at]).expect("the requestState literal decodes")
     });
     assert_eq!(
         literal.as_deref(),
-        e.request_state.as_deref(),
+        e.first.request_state.as_deref(),
         "requestState's place, body: b\"{}\"",
         body.escape_ascii()
     );
-    Some(Fields {
+    let owned = |e: RequestEnvelope| Fields {
         id: e.id.map(str::to_owned),
         method: e.method.map(|m| m.into_owned()),
         message_id: e.message_id.map(|m| m.into_owned()),
         request_state: e.request_state.map(|s| s.into_owned()),
         task_id: e.task_id.map(|t| t.into_owned()),
-    })
+        task_ids: e.task_ids.into_iter().map(|t| t.into_owned()).collect(),
+        name: e.name.map(|n| n.into_owned()),
+        uri: e.uri.map(|u| u.into_owned()),
+    };
+    Verdict::Read {
+        batch: e.batch,
+        first: owned(e.first),
+        rest: e.rest.into_iter().map(owned).collect(),
+    }
 }
 
-/// The same reading done by serde_json, by the rules of docs/src/dialects.md, "What the router reads of a request":
+/// The same reading done by serde_json, by the rules of docs/src/dialects.md, "What the router
+/// reads of a request" and "One reading of the body":
 /// - the grammar is serde_json's when it skips a value (`IgnoredAny`): strings that are only
 ///   skipped are not checked for UTF-8, escapes only for their syntax;
-/// - the request object (or a batch's first element, if an object) and its `params` (if an
-///   object) are read as maps: every key is decoded and must be UTF-8 (serde_json's `String`);
-///   the last occurrence of a key counts;
+/// - a request object (the body, or each object element of a batch: other elements read as
+///   nothing), each of its `params` (if an object) and each `notifications` of those (if an
+///   object) are read as lists of members: every key is decoded and must be UTF-8 (serde_json's
+///   `String`); the last occurrence of a key counts, and a later `params` replaces an earlier one
+///   whole;
 /// - `id` is every time taken raw (serde_json's `RawValue`: UTF-8); `method`, the key field,
-///   `params.requestState` and `params.taskId` count only as strings (a numeric key field by its
-///   text), the occurrence that counts decoded as serde_json decodes a `String`; an occurrence
-///   that is not a string is taken raw (UTF-8), one that is a string but does not count is
-///   skipped like any string (the scanner's documented choice, see docs/src/design/testing.md,
-///   "Fuzzing and properties": a plain `RawValue` per occurrence would also check it for UTF-8).
-pub fn reference(body: &[u8]) -> Option<Fields> {
-    serde_json::from_slice::<IgnoredAny>(body).ok()?;
+///   `params.requestState`, `params.taskId`, `params.name`, `params.uri` and the elements of
+///   `params.notifications.taskIds` (if an array) count only as strings (a numeric key field by
+///   its text), the occurrence that counts decoded as serde_json decodes a `String` (`name` and
+///   `uri` leniently: one that does not decode is none); an occurrence that is not a string is
+///   taken raw (UTF-8), one that is a string but does not count is skipped like any string (the
+///   scanner's documented choice, see docs/src/design/testing.md, "Fuzzing and properties": a
+///   plain `RawValue` per occurrence would also check it for UTF-8);
+/// - a body read so far, but where a key read stands twice in one of those objects or another
+///   spelling of one stands there (equal ignoring ASCII case, `ſ` taken for `s` and the Kelvin
+///   sign for `k`), is ambiguous: the first such key in the body is the one said.
+pub fn reference(body: &[u8]) -> Verdict {
+    if serde_json::from_slice::<IgnoredAny>(body).is_err() {
+        return Verdict::NotJson;
+    }
     // In grammatical JSON, bytes that are not UTF-8 can only be inside strings: each becomes
     // `?` (same length, so every place stays put) and is remembered, for the places read.
     let mut text = String::with_capacity(body.len());
@@ -91,20 +153,99 @@ pub fn reference(body: &[u8]) -> Option<Fields> {
     }
     let r = Reference { text: &text, bad: &bad };
     let top = text.trim_start_matches(WS);
-    match top.as_bytes().first() {
-        Some(b'{') => r.object(top),
-        Some(b'[') => {
-            let batch: Vec<&RawValue> = serde_json::from_str(top).expect("a grammatical UTF-8 array");
-            match batch.first().map(|v| v.get()) {
-                Some(first) if first.starts_with('{') => r.object(first),
-                _ => Some(Fields::default()),
-            }
+    let batch = top.starts_with('[');
+    // The request objects, in order (`None`: an element of a batch, or a body, that is none).
+    let objects: Vec<Option<&str>> = match top.as_bytes().first() {
+        Some(b'{') => vec![Some(top)],
+        Some(b'[') => serde_json::from_str::<Vec<&RawValue>>(top)
+            .expect("a grammatical UTF-8 array")
+            .into_iter()
+            .map(|v| Some(v.get()).filter(|v| v.starts_with('{')))
+            .collect(),
+        _ => vec![None],
+    };
+    // Every request is read first: a body that is not JSON is said so even when ambiguous.
+    let mut read = Vec::with_capacity(objects.len());
+    for object in &objects {
+        match object.map_or(Some(Fields::default()), |o| r.object(o)) {
+            Some(fields) => read.push(fields),
+            None => return Verdict::NotJson,
         }
-        _ => Some(Fields::default()),
+    }
+    if let Some((key, variant)) = objects.iter().flatten().find_map(|o| r.ambiguity(o, Level::Request)) {
+        return Verdict::Ambiguous(key.to_owned(), variant);
+    }
+    let mut read = read.into_iter();
+    Verdict::Read {
+        batch,
+        first: read.next().unwrap_or_default(),
+        rest: read.collect(),
     }
 }
 
 const WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// Whether the scanner decodes the strings of every `taskIds` array in the `params` that counts,
+/// not only those of the one that counts (the last `taskIds` of the last `notifications`): then
+/// a body where `notifications` or `taskIds` stands twice and an earlier one holds a string that
+/// does not decode is said not JSON, where the rule (the last occurrence decides, as for
+/// `requestState`) says ambiguous. It does (tests/envelope.rs, `the_last_task_ids_decide`);
+/// `false` checks the rule.
+const SCANNER_DECODES_EVERY_TASK_IDS: bool = true;
+
+/// Whether `key` is another spelling of `name` (an ASCII key the router reads): not it, but it
+/// once ASCII letters are taken without case, `ſ` for `s` and the Kelvin sign for `k`.
+pub fn spelled_like(key: &str, name: &str) -> bool {
+    let folded: String = key
+        .chars()
+        .map(|c| match c {
+            '\u{17f}' => 's',
+            '\u{212a}' => 'k',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    key != name && folded == name.to_ascii_lowercase()
+}
+
+/// The objects whose keys the router reads.
+#[derive(Debug, Clone, Copy)]
+enum Level {
+    Request,
+    Params,
+    Notifications,
+}
+
+impl Level {
+    /// The keys read there, each as written and as an ambiguity names it, in the order a key is
+    /// tried against them.
+    fn keys(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Level::Request => &[
+                ("id", "id"),
+                ("method", "method"),
+                ("params", "params"),
+                (BODY_FIELD, "the key field"),
+            ],
+            Level::Params => &[
+                ("requestState", "params.requestState"),
+                ("taskId", "params.taskId"),
+                ("name", "params.name"),
+                ("uri", "params.uri"),
+                ("notifications", "params.notifications"),
+            ],
+            Level::Notifications => &[("taskIds", "params.notifications.taskIds")],
+        }
+    }
+
+    /// The level read inside `key`'s value, when that is an object.
+    fn inner(self, key: &str) -> Option<Level> {
+        match (self, key) {
+            (Level::Request, "params") => Some(Level::Params),
+            (Level::Params, "notifications") => Some(Level::Notifications),
+            _ => None,
+        }
+    }
+}
 
 struct Reference<'t> {
     text: &'t str,
@@ -135,6 +276,15 @@ impl<'de> Deserialize<'de> for Members<'de> {
     }
 }
 
+/// The values of `members` under `name`, in order.
+fn named<'t>(members: &[(String, &'t RawValue)], name: &str) -> Vec<&'t RawValue> {
+    members.iter().filter(|(k, _)| k == name).map(|(_, v)| *v).collect()
+}
+
+fn is_string(v: &RawValue) -> bool {
+    v.get().starts_with('"')
+}
+
 impl<'t> Reference<'t> {
     fn at(&self, part: &str) -> usize {
         part.as_ptr() as usize - self.text.as_ptr() as usize
@@ -163,16 +313,19 @@ impl<'t> Reference<'t> {
         Some(members)
     }
 
-    /// A string field: the occurrence that counts, decoded if a string; every occurrence not
-    /// a string must be UTF-8 (its text is taken raw).
+    /// Every occurrence that is not a string must be UTF-8 (its text is taken raw).
+    fn raw_unless_strings(&self, occurrences: &[&RawValue]) -> Option<()> {
+        occurrences
+            .iter()
+            .filter(|v| !is_string(v))
+            .try_for_each(|v| self.raw(v))
+    }
+
+    /// A string field: the occurrence that counts (the last, when `counts`), decoded if a string.
     fn string_field(&self, occurrences: &[&RawValue], counts: bool) -> Option<Option<String>> {
-        for v in occurrences {
-            if !v.get().starts_with('"') {
-                self.raw(v)?;
-            }
-        }
+        self.raw_unless_strings(occurrences)?;
         match occurrences.last() {
-            Some(v) if counts && v.get().starts_with('"') => {
+            Some(v) if counts && is_string(v) => {
                 self.raw(v)?;
                 serde_json::from_str::<String>(v.get()).ok().map(Some)
             }
@@ -180,18 +333,60 @@ impl<'t> Reference<'t> {
         }
     }
 
+    /// `params.name`, `params.uri`: a string field, but only logged, so one that does not decode
+    /// is none rather than a refusal.
+    fn lenient_field(&self, occurrences: &[&RawValue], counts: bool) -> Option<Option<String>> {
+        self.raw_unless_strings(occurrences)?;
+        Some(match occurrences.last() {
+            Some(v) if counts && is_string(v) => self.raw(v).and_then(|()| serde_json::from_str(v.get()).ok()),
+            _ => None,
+        })
+    }
+
+    /// `params.notifications.taskIds` from a `params`' occurrences of `notifications`: each
+    /// object's keys decoded, the elements of each `taskIds` array that are no strings taken raw;
+    /// the strings of the one that counts (the last `taskIds` of the last `notifications`, when
+    /// `counts`, if an object and an array) decoded. Others are skipped unread.
+    fn task_ids(&self, notifications: &[&'t RawValue], counts: bool) -> Option<Vec<String>> {
+        let mut ids = Vec::new();
+        for (n, object) in notifications.iter().enumerate() {
+            if !object.get().starts_with('{') {
+                continue;
+            }
+            let lists = named(&self.members(object.get())?, "taskIds");
+            for (m, list) in lists.iter().enumerate() {
+                if !list.get().starts_with('[') {
+                    continue;
+                }
+                let elements: Vec<&RawValue> = serde_json::from_str(list.get()).expect("a grammatical UTF-8 array");
+                self.raw_unless_strings(&elements)?;
+                let counted = counts && n + 1 == notifications.len() && m + 1 == lists.len();
+                if counted || (counts && SCANNER_DECODES_EVERY_TASK_IDS) {
+                    let decoded = elements
+                        .iter()
+                        .filter(|v| is_string(v))
+                        .map(|v| self.raw(v).and_then(|()| serde_json::from_str(v.get()).ok()))
+                        .collect::<Option<_>>()?;
+                    if counted {
+                        ids = decoded;
+                    }
+                }
+            }
+        }
+        Some(ids)
+    }
+
+    /// A request object's fields (`None`: not JSON).
     fn object(&self, object: &'t str) -> Option<Fields> {
         let members = self.members(object)?;
-        let named =
-            |name: &str| -> Vec<&'t RawValue> { members.iter().filter(|(k, _)| k == name).map(|(_, v)| *v).collect() };
         let mut fields = Fields::default();
-        let ids = named("id");
+        let ids = named(&members, "id");
         for id in &ids {
             self.raw(id)?;
         }
         fields.id = ids.last().map(|v| v.get().to_owned());
-        fields.method = self.string_field(&named("method"), true)?;
-        let keys = named(BODY_FIELD);
+        fields.method = self.string_field(&named(&members, "method"), true)?;
+        let keys = named(&members, BODY_FIELD);
         fields.message_id = match keys.last() {
             Some(v)
                 if v.get()
@@ -203,23 +398,52 @@ impl<'t> Reference<'t> {
             }
             _ => self.string_field(&keys, true)?,
         };
-        let params = named("params");
+        let params = named(&members, "params");
         for (n, p) in params.iter().enumerate() {
             if !p.get().starts_with('{') {
                 continue;
             }
             let last = n + 1 == params.len();
             let inner = self.members(p.get())?;
-            let named = |name: &str| -> Vec<&'t RawValue> {
-                inner.iter().filter(|(k, _)| k == name).map(|(_, v)| *v).collect()
-            };
-            let request_state = self.string_field(&named("requestState"), last)?;
-            let task_id = self.string_field(&named("taskId"), last)?;
+            let request_state = self.string_field(&named(&inner, "requestState"), last)?;
+            let task_id = self.string_field(&named(&inner, "taskId"), last)?;
+            let name = self.lenient_field(&named(&inner, "name"), last)?;
+            let uri = self.lenient_field(&named(&inner, "uri"), last)?;
+            let task_ids = self.task_ids(&named(&inner, "notifications"), last)?;
             if last {
-                (fields.request_state, fields.task_id) = (request_state, task_id);
+                (fields.request_state, fields.task_id, fields.name, fields.uri) = (request_state, task_id, name, uri);
+                fields.task_ids = task_ids;
             }
         }
         Some(fields)
+    }
+
+    /// The first key in `object` (read at `level`) that stands twice there or is another
+    /// spelling of one read there, or in the objects read inside it, in the body's order: the
+    /// key as an ambiguity names it, and whether it was another spelling.
+    fn ambiguity(&self, object: &'t str, level: Level) -> Option<(&'static str, bool)> {
+        let keys = level.keys();
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, value) in self.members(object).expect("read before") {
+            match keys.iter().find(|(name, _)| *name == key) {
+                Some(&(name, said)) => {
+                    if seen.contains(&name) {
+                        return Some((said, false));
+                    }
+                    seen.push(name);
+                    let inner = level.inner(name).filter(|_| value.get().starts_with('{'));
+                    if let Some(found) = inner.and_then(|inner| self.ambiguity(value.get(), inner)) {
+                        return Some(found);
+                    }
+                }
+                None => {
+                    if let Some(&(_, said)) = keys.iter().find(|(name, _)| spelled_like(&key, name)) {
+                        return Some((said, true));
+                    }
+                }
+            }
+        }
+        None
     }
 }
 
