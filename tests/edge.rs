@@ -76,6 +76,10 @@ async fn a_new_call_inside_a_session_is_rate_limited_while_its_answers_to_the_se
         assert_eq!(passed.status, 202, "{passed:?}");
     }
     assert_eq!(backend.count(), reached + 3);
+    // Ending the session starts nothing: no rate counts it.
+    let url = fleet.url();
+    let ended = send(&fleet.client, Method::DELETE, &url, &in_session, Bytes::new()).await;
+    assert_eq!(ended.status, 200, "{ended:?}");
     fleet.shutdown().await;
 }
 

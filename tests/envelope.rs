@@ -168,14 +168,6 @@ fn reference(body: &[u8], field: &str) -> Verdict {
     }
 }
 
-/// Whether the scanner decodes the strings of every `taskIds` array in the `params` that counts,
-/// not only those of the one that counts (the last `taskIds` of the last `notifications`): then
-/// a body where `notifications` or `taskIds` stands twice and an earlier one holds a string that
-/// does not decode is said not JSON, where the rule (the last occurrence decides, as for
-/// `requestState`) says ambiguous. It does (`the_last_task_ids_decide`, ignored until it does
-/// not); `false` checks the rule.
-const SCANNER_DECODES_EVERY_TASK_IDS: bool = true;
-
 /// One request object's fields, or `None` when it is not JSON: a key of it, of any of its
 /// `params` or of their `notifications` that does not decode, or a field read that does not.
 fn request_fields(request: &str, field: &str) -> Option<Fields> {
@@ -205,15 +197,6 @@ fn request_fields(request: &str, field: &str) -> Option<Fields> {
         f.task_id = strict(last(&params, "taskId"))?;
         f.name = lenient(last(&params, "name"));
         f.uri = lenient(last(&params, "uri"));
-        if SCANNER_DECODES_EVERY_TASK_IDS {
-            for n in all(&params, "notifications").into_iter().filter(|n| object(n)) {
-                let n = members(n.get()).expect("read above");
-                for listed in all(&n, "taskIds").into_iter().filter(|l| l.get().starts_with('[')) {
-                    let elements: Vec<&RawValue> = serde_json::from_str(listed.get()).unwrap();
-                    elements.into_iter().try_for_each(|e| strict(Some(e)).map(drop))?;
-                }
-            }
-        }
         let notifications = last(&params, "notifications").filter(|n| object(n));
         let listed = notifications.and_then(|n| last(&members(n.get()).expect("read above"), "taskIds"));
         if let Some(listed) = listed.filter(|l| l.get().starts_with('[')) {
@@ -737,10 +720,8 @@ fn the_error_says_where_the_body_stops_being_json() {
 
 /// The rule for a body where a key read stands twice: whether it is JSON is decided by the
 /// occurrence of each field that counts, the last, so an earlier one that does not decode
-/// leaves it ambiguous, as for `requestState`. The scanner decodes every `taskIds` of the
-/// `params` that counts instead (`SCANNER_DECODES_EVERY_TASK_IDS`).
+/// leaves it ambiguous, as for `requestState` and `taskIds`.
 #[test]
-#[ignore = "the scanner decodes every taskIds occurrence, not only the last (reported)"]
 fn the_last_task_ids_decide() {
     for (body, key) in [
         (

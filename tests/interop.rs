@@ -405,3 +405,32 @@ async fn requests_spaced_around_uvicorns_keep_alive_never_fail() {
         );
     }
 }
+
+/// The SDK's client in a legacy session under `[quotas]`: a new call inside the session meets the
+/// rate (a session alone makes no follow-up), while the answers to a call's elicitations, posted
+/// in the same session after the rate is spent, pass and the call completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_session_calls_meet_the_rate_while_their_elicitation_answers_pass() {
+    let servers = start_sdk_servers(2);
+    let quotas = "[quotas]\ncaller = \"ip\"\nrate = \"1/m\"\nburst = 12\n";
+    let fleet = Fleet::start_backends(Vec::new(), &servers.specs(), quotas).await;
+    let summary = scenario(&fleet.url(), &["session_quota", "--calls", "40"]).await;
+    assert_eq!(
+        summary["refused"], true,
+        "a call in the session was refused by the rate: {summary}"
+    );
+    assert!(
+        summary["refusal"]
+            .as_str()
+            .is_some_and(|r| r.contains("429") || r.contains("rate")),
+        "{summary}"
+    );
+    let ok = summary["whoami_ok"].as_u64().unwrap();
+    assert!(ok > 0 && ok < 12, "the burst bounds the session's new calls: {summary}");
+    // Only the one whoami was refused: never an elicitation answer, nor the session's DELETE.
+    assert_eq!(summary["http_429"], 1, "{summary}");
+    assert_eq!(summary["http"]["POST POST 202 application/json"], 3, "{summary}");
+    let m = fleet.metrics().await;
+    let refused = metric_sum(&m, "mrtr_quota_refusals_total", &["quota=\"rate\""]);
+    assert_eq!(refused, 1.0, "{m}");
+}

@@ -185,14 +185,6 @@ pub fn reference(body: &[u8]) -> Verdict {
 
 const WS: [char; 4] = [' ', '\t', '\n', '\r'];
 
-/// Whether the scanner decodes the strings of every `taskIds` array in the `params` that counts,
-/// not only those of the one that counts (the last `taskIds` of the last `notifications`): then
-/// a body where `notifications` or `taskIds` stands twice and an earlier one holds a string that
-/// does not decode is said not JSON, where the rule (the last occurrence decides, as for
-/// `requestState`) says ambiguous. It does (tests/envelope.rs, `the_last_task_ids_decide`);
-/// `false` checks the rule.
-const SCANNER_DECODES_EVERY_TASK_IDS: bool = true;
-
 /// Whether `key` is another spelling of `name` (an ASCII key the router reads): not it, but it
 /// once ASCII letters are taken without case, `ſ` for `s` and the Kelvin sign for `k`.
 pub fn spelled_like(key: &str, name: &str) -> bool {
@@ -361,15 +353,12 @@ impl<'t> Reference<'t> {
                 let elements: Vec<&RawValue> = serde_json::from_str(list.get()).expect("a grammatical UTF-8 array");
                 self.raw_unless_strings(&elements)?;
                 let counted = counts && n + 1 == notifications.len() && m + 1 == lists.len();
-                if counted || (counts && SCANNER_DECODES_EVERY_TASK_IDS) {
-                    let decoded = elements
+                if counted {
+                    ids = elements
                         .iter()
                         .filter(|v| is_string(v))
                         .map(|v| self.raw(v).and_then(|()| serde_json::from_str(v.get()).ok()))
                         .collect::<Option<_>>()?;
-                    if counted {
-                        ids = decoded;
-                    }
                 }
             }
         }

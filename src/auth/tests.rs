@@ -499,6 +499,25 @@ fn claims_are_checked_before_the_signature() {
     // And the header before the claims.
     let bad_alg = compact(r#"{"alg":"HS256"}"#, "not even JSON", b"");
     assert_eq!(verify(&bad_alg), Err(AuthFailure::Algorithm));
+    // The claims before the key: a token that can never be valid, whatever its `kid`, never
+    // says "unknown key" (on which the router would fetch the issuer's keys again).
+    let unknown_kid = |changes: Value| {
+        let header = json!({"alg": "ES256", "kid": "never-published"}).to_string();
+        compact(&header, &claims_with(changes).to_string(), &[0x55; 64])
+    };
+    assert_eq!(
+        verify(&unknown_kid(json!({}))),
+        Err(AuthFailure::UnknownKey {
+            kid: Some("never-published".into())
+        })
+    );
+    for (changes, failure) in [
+        (json!({"exp": 1}), AuthFailure::Expired),
+        (json!({"aud": "https://api.example"}), AuthFailure::Audience),
+        (json!({"iss": "https://evil.example"}), AuthFailure::Issuer),
+    ] {
+        assert_eq!(verify(&unknown_kid(changes)), Err(failure));
+    }
 }
 
 #[test]

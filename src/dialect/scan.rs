@@ -469,6 +469,8 @@ fn envelope_object<'a>(
                                 }
                                 b"notifications" => {
                                     once(&mut seen, 4, "params.notifications", ambiguous);
+                                    // The last occurrence counts, as for every field.
+                                    task_ids.clear();
                                     notified_task_ids(b, at, &mut task_ids, ambiguous)
                                 }
                                 other => {
@@ -558,6 +560,7 @@ fn notified_task_ids<'a>(
             return skip(b, at);
         }
         once(&mut seen, 0, "params.notifications.taskIds", ambiguous);
+        into.clear();
         if b.get(at) != Some(&b'[') {
             return skip(b, at);
         }

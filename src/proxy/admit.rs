@@ -19,6 +19,8 @@ pub struct Ask<'a> {
     pub keys: &'a RequestKeys<'a>,
     /// The request continues a call under way (`route::is_follow_up`).
     pub follow_up: bool,
+    /// A `DELETE` that ends a session: it starts nothing, and frees what the quotas guard.
+    pub ends_a_session: bool,
 }
 
 /// The request's caller: `peer` is the connection's client address (the PROXY header's source
@@ -54,7 +56,7 @@ pub async fn admit(quotas: &Quotas, caller: CallerKey, ask: Ask<'_>) -> Result<A
     };
     let request = Request {
         tools: &tools,
-        new_calls: match ask.follow_up {
+        new_calls: match ask.follow_up || ask.ends_a_session {
             true => 0,
             false => ask.keys.messages().count() as u32,
         },

@@ -213,6 +213,7 @@ async fn handle_inner(
         let ask = admit::Ask {
             keys: &keys,
             follow_up: decision.follow_up,
+            ends_a_session: parts.method == Method::DELETE && keys.session_id.is_some(),
         };
         let mut admitted = admit::admit(quotas, caller, ask).await?;
         open_call = admitted.take_open_call();

@@ -13,6 +13,10 @@ URL is the router's (or one server.py's) Streamable HTTP endpoint. Scenarios:
                                    elicitation/create requests on the POST's SSE stream
   progress    --calls N [--legacy] progress_steps: every progress notification must arrive
                                    (over SSE) before the final result
+  session_quota --calls N          one legacy session under a router rate quota: confirm_transfer,
+                                   and while its first elicitation is open, whoami until the rate
+                                   refuses one (at most N); then the elicitations are answered and
+                                   the transfer must complete
   task        --calls N            slow_task as an io.modelcontextprotocol/tasks task (2026-07-28):
                                    resultType "task", poll tasks/get until "completed"; plus one
                                    task cancelled with tasks/cancel
@@ -169,6 +173,39 @@ async def scenario_elicitation(args: argparse.Namespace, wire: Wire) -> tuple[in
     return len(insts), failures, {"instances": dict(Counter(insts))}
 
 
+async def scenario_session_quota(args: argparse.Namespace, wire: Wire) -> tuple[int, list[str], dict[str, Any]]:
+    """A new call inside a session meets the rate; the answers to a call's elicitations do not."""
+    asked: Counter[int] = Counter()
+    spent = {"whoami_ok": 0, "refused": False, "refusal": ""}
+    client: Client | None = None
+
+    async def spend_the_rate() -> None:
+        assert client is not None
+        for _ in range(args.calls):
+            try:
+                text_of(await client.call_tool("whoami"))
+                spent["whoami_ok"] += 1
+            except Exception as exc:
+                spent["refused"], spent["refusal"] = True, describe(exc)[:200]
+                return
+
+    async def on_elicit(params: types.ElicitRequestParams) -> types.ElicitResult:
+        if not asked:
+            await spend_the_rate()
+        return await answer_elicitation(asked, params)
+
+    client, http = connect(args, wire, "legacy", elicitation_callback=lambda ctx, params: on_elicit(params))
+    amount = 3000
+    async with http, client:
+        text = text_of(await client.call_tool("confirm_transfer", {"amount": amount}))
+    rest = text.partition(":")[2]
+    failures = []
+    if rest != f"transferred {amount} code=otp-{amount}" or asked[amount] != 2:
+        failures.append(f"unexpected {text!r} after {asked[amount]} elicitations")
+    refused_429 = sum(n for k, n in wire.seen.items() if " 429 " in k)
+    return 1 - len(failures), failures, {**spent, "http_429": refused_429}
+
+
 async def scenario_progress(args: argparse.Namespace, wire: Wire) -> tuple[int, list[str], dict[str, Any]]:
     steps = 4
     client, http = connect(args, wire, "legacy" if args.legacy else MODERN)
@@ -276,6 +313,7 @@ SCENARIOS = {
     "multiround": scenario_multiround,
     "sessions": scenario_sessions,
     "elicitation": scenario_elicitation,
+    "session_quota": scenario_session_quota,
     "progress": scenario_progress,
     "task": scenario_task,
 }
