@@ -23,6 +23,7 @@ fn string_literal() -> impl Strategy<Value = String> {
         select(vec![
             "",
             "tools/call",
+            "resources/read",
             "transfer-1",
             r#"a\"b"#,
             r"line\nbreak\t\\",
@@ -258,7 +259,11 @@ fn request_object() -> impl Strategy<Value = String> {
     let key_value = prop_oneof![3 => string_literal(), 2 => number_literal(), 1 => json_value()];
     let read = vec![
         slot(0.7, "id", prop_oneof![number_literal(), string_literal(), json_value()]),
-        slot(0.7, "method", string_value()),
+        slot(
+            0.7,
+            "method",
+            prop_oneof![3 => string_value(), 1 => Just("\"resources/read\"".to_owned())],
+        ),
         slot(0.6, "messageId", key_value),
         slot(0.8, "params", prop_oneof![6 => params(), 1 => json_value()]),
     ];
@@ -386,8 +391,12 @@ fn envelope_scan_agrees_with_serde_json() {
         "ambiguous in a request, its params, params.notifications: {levels:?}"
     );
     assert!(batch > 20, "{batch} batches of several read");
+    // `uri` is read only for a `resources/read` whose params carry one.
     assert!(
-        fields.iter().all(|&n| n > 20),
+        fields
+            .iter()
+            .zip([20, 20, 20, 20, 20, 5, 20])
+            .all(|(&n, least)| n > least),
         "method, key, requestState, taskId, name, uri, taskIds read: {fields:?}"
     );
 }

@@ -35,6 +35,17 @@ pub struct Fields {
     pub uri: Option<String>,
 }
 
+impl Fields {
+    /// The scanner reads one `name`: what the method acts on, `params.uri` of a
+    /// `resources/read`, else `params.name`. These checks count it as `uri` or `name` by the
+    /// method, so that each is seen.
+    pub fn acting_on(mut self, target: Option<String>) -> Fields {
+        let reads = self.method.as_deref() == Some("resources/read");
+        (self.name, self.uri) = if reads { (None, target) } else { (target, None) };
+        self
+    }
+}
+
 /// What a request body reads as.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -99,20 +110,23 @@ pub fn scanned(body: &[u8]) -> Verdict {
         "requestState's place, body: b\"{}\"",
         body.escape_ascii()
     );
-    let owned = |e: RequestEnvelope| Fields {
-        id: e.id.map(str::to_owned),
-        method: e.method.map(|m| m.into_owned()),
-        message_id: e.message_id.map(|m| m.into_owned()),
-        request_state: e.request_state.map(|s| s.into_owned()),
-        task_id: e.task_id.map(|t| t.into_owned()),
-        task_ids: e.task_ids.into_iter().map(|t| t.into_owned()).collect(),
-        name: e.name.map(|n| n.into_owned()),
-        uri: e.uri.map(|u| u.into_owned()),
+    let owned = |e: RequestEnvelope| {
+        Fields {
+            id: e.id.map(str::to_owned),
+            method: e.method.map(|m| m.into_owned()),
+            message_id: e.message_id.map(|m| m.into_owned()),
+            request_state: e.request_state.map(|s| s.into_owned()),
+            task_id: e.task_id.map(|t| t.into_owned()),
+            task_ids: e.task_ids.iter().map(|t| t.clone().into_owned()).collect(),
+            name: None,
+            uri: None,
+        }
+        .acting_on(e.name.map(|n| n.into_owned()))
     };
     Verdict::Read {
         batch: e.batch,
         first: owned(e.first),
-        rest: e.rest.into_iter().map(owned).collect(),
+        rest: e.rest.into_vec().into_iter().map(owned).collect(),
     }
 }
 
@@ -404,7 +418,11 @@ impl<'t> Reference<'t> {
                 fields.task_ids = task_ids;
             }
         }
-        Some(fields)
+        let target = match fields.method.as_deref() {
+            Some("resources/read") => fields.uri.take(),
+            _ => fields.name.take(),
+        };
+        Some(fields.acting_on(target))
     }
 
     /// The first key in `object` (read at `level`) that stands twice there or is another

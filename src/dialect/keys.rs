@@ -24,13 +24,14 @@ pub struct RequestKeys<'a> {
     /// Task id: `Mcp-Name` on `tasks/*`, else `params.taskId` (2b).
     pub task_id: Option<Cow<'a, str>>,
     /// `params.notifications.taskIds` of `subscriptions/listen`: tasks the request follows.
-    pub task_ids: Vec<Cow<'a, str>>,
+    pub task_ids: Box<[Cow<'a, str>]>,
     /// `Mcp-Session-Id` (2c).
     pub session_id: Option<&'a str>,
-    /// `params.name`: the tool or prompt called.
+    /// What the method acts on: `params.uri` of a `resources/read`, else `params.name` (the
+    /// tool or prompt called).
     pub name: Option<Cow<'a, str>>,
     /// A batch's elements after the first (the first is the fields above).
-    pub rest: Vec<RequestEnvelope<'a>>,
+    pub rest: Box<[RequestEnvelope<'a>]>,
     /// `Mcp-Name` disagrees with the body.
     names_disagree: bool,
     /// Why a batch cannot be routed or judged as one request.
@@ -89,8 +90,7 @@ impl<'a> RequestKeys<'a> {
         // the tool or prompt, the resource.
         let named_field = match envelope.method.as_deref() {
             Some(m) if m.starts_with("tasks/") => Some(&envelope.task_id),
-            Some("tools/call" | "prompts/get") => Some(&envelope.name),
-            Some("resources/read") => Some(&envelope.uri),
+            Some("tools/call" | "prompts/get" | "resources/read") => Some(&envelope.name),
             _ => None,
         };
         // One pass over the headers (a handful) instead of a hashed lookup per name; the first

@@ -37,11 +37,10 @@ pub struct RequestEnvelope<'a> {
     /// `params.taskId` (tasks extension).
     pub task_id: Option<Cow<'a, str>>,
     /// `params.notifications.taskIds` (`subscriptions/listen`): the tasks a listener follows.
-    pub task_ids: Vec<Cow<'a, str>>,
-    /// `params.name`: the tool or prompt called.
+    pub task_ids: Box<[Cow<'a, str>]>,
+    /// What the method acts on: `params.uri` of a `resources/read`, else `params.name` (the
+    /// tool or prompt called).
     pub name: Option<Cow<'a, str>>,
-    /// `params.uri`: the resource read.
-    pub uri: Option<Cow<'a, str>>,
 }
 
 /// Parses a request body: `Err` when it is not JSON, or when a key the router reads stands
@@ -115,8 +114,8 @@ mod tests {
             (e.method.as_deref(), e.name.as_deref()),
             (Some("tools/call"), Some("get-weather"))
         );
-        let e = first(br#"{"method":"resources/read","params":{"uri":"file:///a"}}"#);
-        assert_eq!(e.uri.as_deref(), Some("file:///a"));
+        let e = first(br#"{"method":"resources/read","params":{"uri":"file:///a","name":"x"}}"#);
+        assert_eq!(e.name.as_deref(), Some("file:///a"));
         // A name that is no string is none.
         assert_eq!(first(br#"{"method":"x","params":{"name":7}}"#).name, None);
     }
@@ -148,7 +147,7 @@ mod tests {
         let e = first(br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#);
         assert_eq!((e.message_id, e.task_id.as_deref()), (None, Some("t-1")));
         let e = first(br#"{"method":"subscriptions/listen","params":{"notifications":{"taskIds":["a",7,"b"]}}}"#);
-        assert_eq!(e.task_ids, ["a", "b"]);
+        assert_eq!(&*e.task_ids, ["a", "b"]);
     }
 
     #[test]

@@ -124,12 +124,8 @@ fn plain_tail(bytes: &[u8], mut ascii: bool) -> Option<(usize, bool)> {
 /// returns its envelope.
 pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<Envelopes<'a>, Unreadable> {
     let scan = scan_request(body, body_field)?;
-    let name = |raw: Option<RawStr<'a>>| raw.and_then(|n| n.value().ok());
-    let mut envelope = scan.envelope;
-    envelope.name = name(scan.name);
-    envelope.uri = name(scan.uri);
     Ok(Envelopes {
-        first: envelope,
+        first: scan.envelope,
         rest: scan.rest,
         batch: scan.batch,
     })
@@ -167,7 +163,7 @@ pub struct HandlesAt {
 #[derive(Debug, Default)]
 pub struct Envelopes<'a> {
     pub first: RequestEnvelope<'a>,
-    pub rest: Vec<RequestEnvelope<'a>>,
+    pub rest: Box<[RequestEnvelope<'a>]>,
     /// The body is a batch (a JSON array), even of one element.
     pub batch: bool,
 }
@@ -212,16 +208,14 @@ impl std::error::Error for Unreadable {}
 
 /// What one scan finds: the envelope, and beside it (kept out of the envelope, which every
 /// request moves around) where its handles' literals sit, for the rare request that needs
-/// them, `params.name` and `params.uri` still to decode, and a batch's other elements.
+/// them, and a batch's other elements.
 #[derive(Default)]
 struct Scanned<'a> {
     envelope: RequestEnvelope<'a>,
     state_at: Option<Range<usize>>,
     task_at: Option<Range<usize>>,
     task_ids_at: Vec<Range<usize>>,
-    name: Option<RawStr<'a>>,
-    uri: Option<RawStr<'a>>,
-    rest: Vec<RequestEnvelope<'a>>,
+    rest: Box<[RequestEnvelope<'a>]>,
     batch: bool,
 }
 
@@ -346,13 +340,7 @@ fn envelope<'a>(b: &'a [u8], i: usize, field: &[u8], ambiguous: &mut Option<Ambi
             let mut elements = elements.into_iter();
             let mut first = elements.next().unwrap_or_default();
             first.batch = true;
-            first.rest = elements
-                .map(|e| RequestEnvelope {
-                    name: e.name.and_then(|n| n.value().ok()),
-                    uri: e.uri.and_then(|n| n.value().ok()),
-                    ..e.envelope
-                })
-                .collect();
+            first.rest = elements.map(|e| e.envelope).collect();
             Ok((end, first))
         }
         _ => skip(b, i).map(|end| (end, Scanned::default())),
@@ -383,8 +371,14 @@ fn once(seen: &mut u8, which: usize, key: &'static str, ambiguous: &mut Option<A
 /// to case: ASCII case, and the two non-ASCII letters whose simple case folding is an ASCII one
 /// (`ſ` U+017F folds to `s`, the Kelvin sign U+212A to `k`), as Go's `encoding/json` matches.
 fn spelled_like(key: &[u8], name: &[u8]) -> bool {
-    if key.is_ascii() {
-        return key.len() == name.len() && key.eq_ignore_ascii_case(name) && key != name;
+    // Of the same length, only ASCII case can make them alike (a non-ASCII byte equals no byte
+    // of an ASCII name); the two letters fold from two and three bytes, so a key spelled with
+    // them is longer than the name, and has their lead bytes. Most keys stop at the lengths.
+    if key.len() == name.len() {
+        return key != name && key.eq_ignore_ascii_case(name);
+    }
+    if key.len() < name.len() || key.len() > 3 * name.len() || !key.iter().any(|&b| b == 0xc5 || b == 0xe2) {
+        return false;
     }
     let Ok(key) = std::str::from_utf8(key) else {
         return false;
@@ -503,9 +497,16 @@ fn envelope_object<'a>(
     })?;
     let decode = |raw: Option<RawStr<'a>>| raw.map(RawStr::value).transpose().map_err(|Invalid| end);
     let listed: Vec<RawStr<'a>> = task_ids;
+    let method = decode(method)?;
+    // What the method acts on: the resource a `resources/read` reads, else the tool or prompt
+    // called. Only logged, traced and matched against `Mcp-Name`: one that will not decode is none.
+    let target = match method.as_deref() {
+        Some("resources/read") => uri,
+        _ => name,
+    };
     let envelope = RequestEnvelope {
         id,
-        method: decode(method)?,
+        method,
         message_id: match message_id {
             Some(KeyText::Number(n)) => Some(Cow::Borrowed(n)),
             Some(KeyText::String(s)) => Some(s.value().map_err(|Invalid| end)?),
@@ -518,8 +519,7 @@ fn envelope_object<'a>(
             .map(|r| r.value())
             .collect::<Result<_, _>>()
             .map_err(|Invalid| end)?,
-        name: None,
-        uri: None,
+        name: target.and_then(|n| n.value().ok()),
     };
     Ok((
         end,
@@ -528,9 +528,7 @@ fn envelope_object<'a>(
             state_at: request_state.map(|r| super::span_in(b, r.quoted)),
             task_at: task_id.map(|r| super::span_in(b, r.quoted)),
             task_ids_at: listed.iter().map(|r| super::span_in(b, r.quoted)).collect(),
-            name,
-            uri,
-            rest: Vec::new(),
+            rest: Box::default(),
             batch: false,
         },
     ))
