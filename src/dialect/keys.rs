@@ -86,13 +86,6 @@ impl<'a> RequestKeys<'a> {
             rest,
             batch,
         } = envelopes;
-        // `Mcp-Name` names what the body's method acts on (SEP-2243): the task on `tasks/*`,
-        // the tool or prompt, the resource.
-        let named_field = match envelope.method.as_deref() {
-            Some(m) if m.starts_with("tasks/") => Some(&envelope.task_id),
-            Some("tools/call" | "prompts/get" | "resources/read") => Some(&envelope.name),
-            _ => None,
-        };
         // One pass over the headers (a handful) instead of a hashed lookup per name; the first
         // value of each counts, as with `HeaderMap::get`.
         let (mut header_key, mut session_id, mut name, mut version) = (None, None, None, None);
@@ -103,23 +96,30 @@ impl<'a> RequestKeys<'a> {
             if n == SESSION_HEADER {
                 session_id.get_or_insert(v);
             }
-            if named_field.is_some() && n == NAME_HEADER {
+            if n == NAME_HEADER {
                 name.get_or_insert(v);
             }
             if batch && n == PROTOCOL_VERSION {
                 version.get_or_insert(v);
             }
         }
-        // `Mcp-Name` is in the `=?base64?…?=` form when it is not safe ASCII (SEP-2243); the
-        // body stays the source of truth, so a header that disagrees with it (or cannot be
-        // decoded) is refused, and a missing one is fine.
-        let named = name.map(|v| decode_name(v.as_bytes()));
-        let names_disagree = match (&named, named_field) {
-            (Some(None), _) => true,
-            (Some(Some(header)), Some(body)) => body.as_deref() != Some(&**header),
-            _ => false,
-        };
+        // `Mcp-Name` names what the body's method acts on (SEP-2243): the task on `tasks/*`,
+        // the tool or prompt, the resource; it is in the `=?base64?…?=` form when it is not safe
+        // ASCII. The body stays the source of truth, so a header that disagrees with it (or
+        // cannot be decoded) is refused, and a missing one is fine.
         let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
+        let named = name.map(|v| decode_name(v.as_bytes()));
+        let names_disagree = match (&named, envelope.method.as_deref()) {
+            (None, _) => false,
+            (Some(header), _) if is_task_method => header
+                .as_ref()
+                .is_none_or(|h| envelope.task_id.as_deref().is_some_and(|t| t != h)),
+            (Some(header), Some("tools/call" | "prompts/get" | "resources/read")) => {
+                header.is_none() || envelope.name.as_deref() != header.as_deref()
+            }
+            // On any other method it names nothing the router reads.
+            (Some(_), _) => false,
+        };
         let header_task = named.flatten().filter(|_| is_task_method);
         let batch_refused = batch.then(|| batch_refusal(&envelope, &rest, version)).flatten();
         // A batch's elements share their handles (or it was refused): any element's key field is

@@ -370,14 +370,16 @@ fn once(seen: &mut u8, which: usize, key: &'static str, ambiguous: &mut Option<A
 /// Whether `key` is another spelling of `name` for a reader that matches keys without regard
 /// to case: ASCII case, and the two non-ASCII letters whose simple case folding is an ASCII one
 /// (`ſ` U+017F folds to `s`, the Kelvin sign U+212A to `k`), as Go's `encoding/json` matches.
-fn spelled_like(key: &[u8], name: &[u8]) -> bool {
+/// `ascii`: the key's literal is plain ASCII (no escapes), as almost every key is.
+fn spelled_like(key: &[u8], name: &[u8], ascii: bool) -> bool {
     // Of the same length, only ASCII case can make them alike (a non-ASCII byte equals no byte
     // of an ASCII name); the two letters fold from two and three bytes, so a key spelled with
-    // them is longer than the name, and has their lead bytes. Most keys stop at the lengths.
+    // them is longer than the name, and has their lead bytes. A plain ASCII key stops at the
+    // lengths.
     if key.len() == name.len() {
         return key != name && key.eq_ignore_ascii_case(name);
     }
-    if key.len() < name.len() || key.len() > 3 * name.len() || !key.iter().any(|&b| b == 0xc5 || b == 0xe2) {
+    if ascii || key.len() < name.len() || key.len() > 3 * name.len() || !key.iter().any(|&b| b == 0xc5 || b == 0xe2) {
         return false;
     }
     let Ok(key) = std::str::from_utf8(key) else {
@@ -399,12 +401,15 @@ fn spelled_like(key: &[u8], name: &[u8]) -> bool {
     }
 }
 
-/// Which of `names` `key` is another spelling of, if any: its label.
-fn variant_of(key: &[u8], names: &[(&[u8], &'static str)]) -> Option<&'static str> {
-    names
-        .iter()
-        .find(|(n, _)| spelled_like(key, n))
-        .map(|(_, label)| *label)
+/// Which of `names` `key` is another spelling of, if any: its label. A plain ASCII key (almost
+/// every key) is compared only with the names of its length.
+#[inline]
+fn variant_of(key: &[u8], ascii: bool, names: &[(&[u8], &'static str)]) -> Option<&'static str> {
+    let alike = |n: &[u8]| match ascii {
+        true => n.len() == key.len() && key != n && key.eq_ignore_ascii_case(n),
+        false => spelled_like(key, n, false),
+    };
+    names.iter().find(|(n, _)| alike(n)).map(|(_, label)| *label)
 }
 
 /// A request object, from its `{` at `i`. Fields are decoded once, at the end. A key the
@@ -421,6 +426,7 @@ fn envelope_object<'a>(
     let (mut name, mut uri, mut task_ids) = (None, None, Vec::new());
     let mut seen = 0u8;
     let end = object(b, i, |key, at| {
+        let ascii = key.text == Text::Ascii;
         let key = key.key().map_err(|Invalid| at)?;
         Ok(match &*key {
             b"id" => {
@@ -443,6 +449,7 @@ fn envelope_object<'a>(
                     Some(b'{') => {
                         let mut seen = 0u8;
                         object(b, at, |key, at| {
+                            let ascii = key.text == Text::Ascii;
                             let key = key.key().map_err(|Invalid| at)?;
                             match &*key {
                                 b"requestState" => {
@@ -468,7 +475,7 @@ fn envelope_object<'a>(
                                     notified_task_ids(b, at, &mut task_ids, ambiguous)
                                 }
                                 other => {
-                                    if let Some(key) = variant_of(other, &PARAMS_KEYS) {
+                                    if let Some(key) = variant_of(other, ascii, &PARAMS_KEYS) {
                                         ambiguous.get_or_insert(Ambiguity { key, variant: true });
                                     }
                                     skip(b, at)
@@ -486,8 +493,8 @@ fn envelope_object<'a>(
                 end
             }
             other => {
-                let variant =
-                    variant_of(other, &TOP_KEYS).or_else(|| spelled_like(other, field).then_some("the key field"));
+                let variant = variant_of(other, ascii, &TOP_KEYS)
+                    .or_else(|| variant_of(other, ascii, &[(field, "the key field")]));
                 if let Some(key) = variant {
                     ambiguous.get_or_insert(Ambiguity { key, variant: true });
                 }
@@ -547,9 +554,10 @@ fn notified_task_ids<'a>(
     }
     let mut seen = 0u8;
     object(b, i, |key, at| {
+        let ascii = key.text == Text::Ascii;
         let key = key.key().map_err(|Invalid| at)?;
         if &*key != b"taskIds" {
-            if spelled_like(&key, b"taskIds") {
+            if variant_of(&key, ascii, &[(b"taskIds", "")]).is_some() {
                 ambiguous.get_or_insert(Ambiguity {
                     key: "params.notifications.taskIds",
                     variant: true,

@@ -327,6 +327,7 @@ enum RpcId {
 }
 
 impl RpcId {
+    #[inline]
     fn new(raw: &str) -> RpcId {
         let mut inline = [0u8; 23];
         match inline.get_mut(..raw.len()) {

@@ -13,7 +13,16 @@ use crate::error::RouterError;
 pub(super) fn check(path: &str) -> Result<(), RouterError> {
     let bytes = path.as_bytes();
     // The usual path (`/mcp`) has none of `.`, `%`, `\` or a second `/` in a row: one pass
-    // over a few bytes.
+    // over a few bytes decides it.
+    let mut previous = 0;
+    let plain = bytes.iter().all(|&b| {
+        let doubled = b == b'/' && previous == b'/';
+        previous = b;
+        !doubled && !matches!(b, b'.' | b'%' | b'\\')
+    });
+    if plain {
+        return Ok(());
+    }
     let mut segments = bytes.split(|&b| b == b'/').skip(1).peekable();
     while let Some(segment) = segments.next() {
         let last = segments.peek().is_none();
