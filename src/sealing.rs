@@ -211,7 +211,7 @@ impl Sealing {
         };
         let task_id = keys.task_id.as_deref().map(&mut open_task).transpose()?.flatten();
         let task_ids = keys
-            .task_ids
+            .task_ids()
             .iter()
             .map(|t| open_task(t))
             .collect::<Result<Vec<_>, _>>()?;

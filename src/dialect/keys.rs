@@ -23,17 +23,27 @@ pub struct RequestKeys<'a> {
     pub request_state: Option<Cow<'a, str>>,
     /// Task id: `Mcp-Name` on `tasks/*`, else `params.taskId` (2b).
     pub task_id: Option<Cow<'a, str>>,
-    /// `params.notifications.taskIds` of `subscriptions/listen`: tasks the request follows.
-    pub task_ids: Box<[Cow<'a, str>]>,
+
     /// `Mcp-Session-Id` (2c).
     pub session_id: Option<&'a str>,
     /// What the method acts on: `params.uri` of a `resources/read`, else `params.name` (the
     /// tool or prompt called).
     pub name: Option<Cow<'a, str>>,
-    /// A batch's elements after the first (the first is the fields above).
-    pub rest: Box<[RequestEnvelope<'a>]>,
+
     /// `Mcp-Name` disagrees with the body.
     names_disagree: bool,
+    /// What few requests carry (a listener's task ids, a batch): boxed, so that the keys every
+    /// request moves around stay small.
+    rare: Option<Box<Rare<'a>>>,
+}
+
+/// The keys of the few requests that carry more than one message or handle of a kind.
+#[derive(Debug, Default, Clone)]
+struct Rare<'a> {
+    /// `params.notifications.taskIds` of `subscriptions/listen`: tasks the request follows.
+    task_ids: Box<[Cow<'a, str>]>,
+    /// A batch's elements after the first (the first is the fields of [`RequestKeys`]).
+    rest: Box<[RequestEnvelope<'a>]>,
     /// Why a batch cannot be routed or judged as one request.
     batch_refused: Option<&'static str>,
 }
@@ -134,32 +144,47 @@ impl<'a> RequestKeys<'a> {
             message_id,
             request_state: envelope.request_state,
             task_id: header_task.or(envelope.task_id),
-            task_ids: envelope.task_ids,
+
             session_id: session_id.and_then(header_text),
             name: envelope.name,
-            rest,
             names_disagree,
-            batch_refused,
+            rare: (batch || !envelope.task_ids.is_empty()).then(|| {
+                Box::new(Rare {
+                    task_ids: envelope.task_ids,
+                    rest,
+                    batch_refused,
+                })
+            }),
         }
     }
 
     /// Why the request, a batch, is refused (docs/src/dialects.md, "Batches"), if it is.
     pub fn batch_refused(&self) -> Option<&'static str> {
-        self.batch_refused
+        self.rare.as_ref().and_then(|r| r.batch_refused)
+    }
+
+    /// `params.notifications.taskIds` of `subscriptions/listen`: the tasks the request follows.
+    pub fn task_ids(&self) -> &[Cow<'a, str>] {
+        self.rare.as_ref().map_or(&[], |r| &r.task_ids)
+    }
+
+    /// A batch's elements after the first (the first is the fields above).
+    fn rest(&self) -> &[RequestEnvelope<'a>] {
+        self.rare.as_ref().map_or(&[], |r| &r.rest)
     }
 
     /// Each message of the request: its JSON-RPC method and `params.name`, a batch's every
     /// element (a request with no body: none).
     pub fn messages(&self) -> impl Iterator<Item = (Option<&str>, Option<&str>)> + '_ {
         let first = (self.method.as_deref(), self.name.as_deref());
-        let rest = self.rest.iter().map(|e| (e.method.as_deref(), e.name.as_deref()));
+        let rest = self.rest().iter().map(|e| (e.method.as_deref(), e.name.as_deref()));
         std::iter::once(first).chain(rest)
     }
 
     /// Whether the body is a JSON-RPC response (a method-less message with an id: the client's
     /// answer to a server's request, such as an elicitation), or a batch of nothing else.
     pub fn is_response(&self) -> bool {
-        self.id.is_some() && self.method.is_none() && self.rest.iter().all(|e| e.id.is_some() && e.method.is_none())
+        self.id.is_some() && self.method.is_none() && self.rest().iter().all(|e| e.id.is_some() && e.method.is_none())
     }
 
     /// Whether a routing header the router reads disagrees with the body (SEP-2243): then the
@@ -192,7 +217,7 @@ impl<'a> RequestKeys<'a> {
             self.task_id.as_deref().map(|s| (PinKind::Task, s)),
             self.session_id.map(|s| (PinKind::Session, s)),
         ];
-        let listened = self.task_ids.iter().map(|t| Some((PinKind::Task, &**t)));
+        let listened = self.task_ids().iter().map(|t| Some((PinKind::Task, &**t)));
         let client = self.client_handles().map(|h| h.map(|s| (PinKind::Client, s)));
         learned
             .into_iter()

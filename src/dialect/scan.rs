@@ -402,15 +402,37 @@ fn spelled_like(key: &[u8], name: &[u8], ascii: bool) -> bool {
 }
 
 /// Which of `names` `key` is another spelling of, if any: its label. A plain ASCII key (almost
-/// every key) is compared only with the names of its length.
-#[inline]
-fn variant_of(key: &[u8], ascii: bool, names: &[(&[u8], &'static str)]) -> Option<&'static str> {
-    let alike = |n: &[u8]| match ascii {
-        true => n.len() == key.len() && key != n && key.eq_ignore_ascii_case(n),
-        false => spelled_like(key, n, false),
-    };
-    names.iter().find(|(n, _)| alike(n)).map(|(_, label)| *label)
+/// every key) is compared only with the names of its length (`lengths` has bit `n` set for
+/// each name of `n` bytes), most by that bit alone.
+#[inline(always)]
+fn variant_of(key: &[u8], ascii: bool, lengths: u64, names: &[(&[u8], &'static str)]) -> Option<&'static str> {
+    if ascii && key.len() < 64 && lengths & (1 << key.len()) == 0 {
+        return None;
+    }
+    variant_among(key, ascii, names)
 }
+
+#[cold]
+fn variant_among(key: &[u8], ascii: bool, names: &[(&[u8], &'static str)]) -> Option<&'static str> {
+    names
+        .iter()
+        .find(|(n, _)| spelled_like(key, n, ascii))
+        .map(|(_, label)| *label)
+}
+
+/// The lengths of `names`, as [`variant_of`] takes them.
+const fn lengths(names: &[(&[u8], &str)]) -> u64 {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < names.len() {
+        bits |= 1 << names[i].0.len();
+        i += 1;
+    }
+    bits
+}
+
+const TOP_LENGTHS: u64 = lengths(&TOP_KEYS);
+const PARAMS_LENGTHS: u64 = lengths(&PARAMS_KEYS);
 
 /// A request object, from its `{` at `i`. Fields are decoded once, at the end. A key the
 /// router reads that stands twice, or is spelled otherwise, makes the body ambiguous
@@ -475,7 +497,7 @@ fn envelope_object<'a>(
                                     notified_task_ids(b, at, &mut task_ids, ambiguous)
                                 }
                                 other => {
-                                    if let Some(key) = variant_of(other, ascii, &PARAMS_KEYS) {
+                                    if let Some(key) = variant_of(other, ascii, PARAMS_LENGTHS, &PARAMS_KEYS) {
                                         ambiguous.get_or_insert(Ambiguity { key, variant: true });
                                     }
                                     skip(b, at)
@@ -493,8 +515,9 @@ fn envelope_object<'a>(
                 end
             }
             other => {
-                let variant = variant_of(other, ascii, &TOP_KEYS)
-                    .or_else(|| variant_of(other, ascii, &[(field, "the key field")]));
+                let field_length = if field.len() < 64 { 1 << field.len() } else { 0 };
+                let variant = variant_of(other, ascii, TOP_LENGTHS, &TOP_KEYS)
+                    .or_else(|| variant_of(other, ascii, field_length, &[(field, "the key field")]));
                 if let Some(key) = variant {
                     ambiguous.get_or_insert(Ambiguity { key, variant: true });
                 }
@@ -557,7 +580,7 @@ fn notified_task_ids<'a>(
         let ascii = key.text == Text::Ascii;
         let key = key.key().map_err(|Invalid| at)?;
         if &*key != b"taskIds" {
-            if variant_of(&key, ascii, &[(b"taskIds", "")]).is_some() {
+            if variant_of(&key, ascii, 1 << 7, &[(b"taskIds", "")]).is_some() {
                 ambiguous.get_or_insert(Ambiguity {
                     key: "params.notifications.taskIds",
                     variant: true,
