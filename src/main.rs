@@ -171,7 +171,7 @@ async fn serve(router: Router) -> anyhow::Result<()> {
 /// memory freed in 64 KiB pages stays resident inside a 2 MiB one: with 9,500 idle keep-alive
 /// connections, 6-29 MiB of the resident set were huge pages, and what each connection left
 /// resident moved between 2.9 and 7.1 KiB from run to run on a ~2 KiB heap (2.2 without them;
-/// the memory measurements in docs/src/benchmarks.md). The router's request path touches far
+/// the memory measurements in bench/FINDINGS.md). The router's request path touches far
 /// less than one huge page covers, so the TLB gains nothing to pay that for. Not fatal: a
 /// kernel without the call keeps its default.
 fn no_transparent_huge_pages() {

@@ -4,7 +4,7 @@
 //! **One timer per HTTP/1.1 connection.** A tokio timer registered and removed for every
 //! request cost a wheel re-registration (~97 instructions) and a removal (~44) a request, and
 //! their hot code, for a deadline that almost never fires: 39,809 instructions per
-//! header-keyed request with it, 39,523 without (callgrind, docs/src/benchmarks.md). An HTTP/1.1 connection serves one
+//! header-keyed request with it, 39,523 without (callgrind, bench/FINDINGS.md). An HTTP/1.1 connection serves one
 //! request at a time, all polled by its own task, so its requests share one timer
 //! ([`ConnectionTimer`]) that is re-armed only lazily: a new request's deadline is later than
 //! the one the timer is set for (the same timeout, started later), so the timer is left alone;

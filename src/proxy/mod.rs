@@ -353,7 +353,7 @@ impl RpcId {
 /// burst, not once per request. Waking an idle peer costs the writer a cross-CPU interrupt, and
 /// the peer a sleep and a wake-up; without this, nginx behind the router slept ~440 times per
 /// 1000 requests (~80 behind HAProxy, which batches its sends the same way) and the router
-/// spent ~5 µs a request in those wake-ups (docs/src/benchmarks.md, be-sleep in `bench/README.md`).
+/// spent ~5 µs a request in those wake-ups (bench/FINDINGS.md, be-sleep in `bench/README.md`).
 /// The cost is one more poll of the request's task.
 async fn join_the_write_burst() {
     // Deferred, not rewoken at once: the scheduler runs every other ready task and polls the
