@@ -10,7 +10,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 pub const ROUTER_ERROR_HEADER: &str = "mcp-router-error";
 
 /// The methods MCP's Streamable HTTP uses, named by the `Allow` of a 405.
-pub const ALLOWED_METHODS: &str = "GET, POST, DELETE";
+pub const ALLOWED_METHODS: &str = "GET, HEAD, POST, DELETE, OPTIONS";
 
 /// A request the router answers itself instead of forwarding. Its message (`Display`) is what
 /// the client reads, so it never names a backend: the backend a variant carries goes to the
@@ -40,8 +40,15 @@ pub enum RouterError {
     HeaderMismatch,
     /// A key the router reads stands twice in the body, or in another spelling: readers would
     /// disagree on the call it makes.
-    #[error("{}", if *.variant { format!("the body spells `{key}` otherwise (by case); refused so that every reader sees one call") } else { format!("the body has `{key}` twice; refused so that every reader sees one call") })]
-    AmbiguousBody { key: &'static str, variant: bool },
+    #[error("{}; refused so that every reader sees one call", match .how {
+        crate::dialect::Reading::Twice => format!("the body has `{key}` twice"),
+        crate::dialect::Reading::Spelled => format!("the body spells `{key}` otherwise (by case)"),
+        crate::dialect::Reading::Shape => format!("the body's `{key}` is not of its shape (a string, an object)"),
+    })]
+    AmbiguousBody {
+        key: &'static str,
+        how: crate::dialect::Reading,
+    },
     #[error("this batch is refused: {why}")]
     BatchRefused { why: &'static str },
     #[error("the request path has a dot segment, an empty segment or an encoded separator; send it normalised")]
@@ -59,6 +66,9 @@ pub enum RouterError {
     UpstreamBusy { backend: String },
     #[error("the router does not forward {method} requests")]
     MethodNotAllowed { method: http::Method },
+    /// With `[auth]` or `[quotas]` on, a GET, DELETE, HEAD or OPTIONS with a body.
+    #[error("a {method} request carries no body here: only a POST's body is read and judged")]
+    BodyNotAllowed { method: http::Method },
     #[error("the backend is unavailable")]
     UpstreamUnavailable { backend: String },
     #[error("the backend did not answer within upstream_timeout")]
@@ -200,6 +210,7 @@ impl RouterError {
             Overloaded | BodyShareFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
             MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, -32600, "method_not_allowed"),
+            BodyNotAllowed { .. } => (StatusCode::BAD_REQUEST, -32600, "body_not_allowed"),
             UpstreamUnavailable { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_unavailable"),
             UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, -32004, "upstream_timeout"),
             UpstreamTls { .. } => (StatusCode::BAD_GATEWAY, -32003, "upstream_tls"),
@@ -230,7 +241,7 @@ impl RouterError {
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
     /// `mrtr_router_errors_total` from the start.
-    pub const REASONS: [&'static str; 29] = [
+    pub const REASONS: [&'static str; 30] = [
         "parse_error",
         "body_too_large",
         "body_timeout",
@@ -247,6 +258,7 @@ impl RouterError {
         "router_overloaded",
         "upstream_busy",
         "method_not_allowed",
+        "body_not_allowed",
         "upstream_unavailable",
         "upstream_timeout",
         "upstream_tls",
@@ -436,7 +448,7 @@ mod tests {
             HeaderMismatch,
             AmbiguousBody {
                 key: "method",
-                variant: false,
+                how: crate::dialect::Reading::Twice,
             },
             BatchRefused { why: "x" },
             InvalidPath,
@@ -449,6 +461,9 @@ mod tests {
             UpstreamBusy { backend: b() },
             MethodNotAllowed {
                 method: http::Method::TRACE,
+            },
+            BodyNotAllowed {
+                method: http::Method::GET,
             },
             UpstreamUnavailable { backend: b() },
             UpstreamTimeout { backend: b() },
@@ -469,6 +484,7 @@ mod tests {
                 Parse | BodyBroken | BodyTooLarge { .. } | BodyTimeout | HeaderTimeout | InvalidToken { .. } => {}
                 TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
                 AmbiguousBody { .. } | BatchRefused { .. } | HandleNotSealed { .. } | InvalidPath => {}
+                BodyNotAllowed { .. } => {}
                 NoBackend | Overloaded | BodyShareFull { .. } | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
                 Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}

@@ -51,6 +51,8 @@ struct Rare<'a> {
 /// The first protocol version without JSON-RPC batches (2025-06-18 removed them).
 const NO_BATCHES_SINCE: &[u8] = b"2025-06-18";
 const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+/// The JSON-RPC method of the body, as SEP-2243 repeats it in a header.
+const METHOD_HEADER: HeaderName = HeaderName::from_static("mcp-method");
 
 /// An `Mcp-Name` value as text: as it is, or decoded from `=?base64?<b64>?=`; `None` when it
 /// is neither text nor a decodable form.
@@ -95,41 +97,53 @@ impl<'a> RequestKeys<'a> {
             first: envelope,
             rest,
             batch,
+            read,
         } = envelopes;
-        // One pass over the headers (a handful) instead of a hashed lookup per name; the first
-        // value of each counts, as with `HeaderMap::get`.
-        let (mut header_key, mut session_id, mut name, mut version) = (None, None, None, None);
+        // One pass over the headers (a handful) instead of a hashed lookup per name. A header
+        // the router reads must stand once: readers that take the first value and those that
+        // take the last (or the first that is not empty) would otherwise route, or run, two
+        // different things.
+        let (mut header_key, mut session_id, mut name, mut method, mut version) = (None, None, None, None, None);
+        let mut twice = false;
+        let mut once = |slot: &mut Option<&'a http::HeaderValue>, v: &'a http::HeaderValue| {
+            twice |= slot.replace(v).is_some();
+        };
         for (n, v) in headers {
             if n == routing_header {
-                header_key.get_or_insert(v);
-            }
-            if n == SESSION_HEADER {
-                session_id.get_or_insert(v);
-            }
-            if n == NAME_HEADER {
-                name.get_or_insert(v);
-            }
-            if batch && n == PROTOCOL_VERSION {
+                once(&mut header_key, v);
+            } else if n == SESSION_HEADER {
+                once(&mut session_id, v);
+            } else if n == NAME_HEADER {
+                once(&mut name, v);
+            } else if n == METHOD_HEADER {
+                once(&mut method, v);
+            } else if batch && n == PROTOCOL_VERSION {
                 version.get_or_insert(v);
             }
         }
-        // `Mcp-Name` names what the body's method acts on (SEP-2243): the task on `tasks/*`,
-        // the tool or prompt, the resource; it is in the `=?base64?…?=` form when it is not safe
-        // ASCII. The body stays the source of truth, so a header that disagrees with it (or
-        // cannot be decoded) is refused, and a missing one is fine.
-        let is_task_method = envelope.method.as_deref().is_some_and(|m| m.starts_with("tasks/"));
+        // `Mcp-Method` and `Mcp-Name` describe the body (SEP-2243): `Mcp-Method` its method,
+        // `Mcp-Name` what the method acts on (the task on `tasks/*`, the tool or prompt, the
+        // resource), in the `=?base64?…?=` form when it is not safe ASCII. The body stays the
+        // source of truth: a header that disagrees with it (or cannot be decoded, or names
+        // what the body's method does not act on) is refused, and a missing one is fine. A
+        // request without a body (a GET) has nothing for them to disagree with.
+        let body_method = envelope.method.as_deref();
+        let is_task_method = body_method.is_some_and(|m| m.starts_with("tasks/"));
         let named = name.map(|v| decode_name(v.as_bytes()));
-        let names_disagree = match (&named, envelope.method.as_deref()) {
+        let name_disagrees = match (&named, body_method) {
             (None, _) => false,
+            (Some(_), _) if !read => false,
             (Some(header), _) if is_task_method => header
                 .as_ref()
                 .is_none_or(|h| envelope.task_id.as_deref().is_some_and(|t| t != h)),
             (Some(header), Some("tools/call" | "prompts/get" | "resources/read")) => {
                 header.is_none() || envelope.name.as_deref() != header.as_deref()
             }
-            // On any other method it names nothing the router reads.
-            (Some(_), _) => false,
+            (Some(_), _) => true,
         };
+        let method_disagrees =
+            method.is_some_and(|m| read && (batch || Some(m.as_bytes()) != body_method.map(str::as_bytes)));
+        let names_disagree = twice || name_disagrees || method_disagrees;
         let header_task = named.flatten().filter(|_| is_task_method);
         let batch_refused = batch.then(|| batch_refusal(&envelope, &rest, version)).flatten();
         // A batch's elements share their handles (or it was refused): any element's key field is
@@ -305,21 +319,52 @@ mod tests {
     }
 
     #[test]
-    fn headers_are_read_by_their_first_value_and_mcp_name_only_on_tasks() {
+    fn headers_read_stand_once_and_describe_the_body() {
         let routing = HeaderName::from_static("mcp-routing-id");
-        let mut headers = HeaderMap::new();
-        headers.append(SESSION_HEADER, HeaderValue::from_static("s-1"));
-        headers.append(SESSION_HEADER, HeaderValue::from_static("s-2"));
-        headers.append(NAME_HEADER, HeaderValue::from_static("t-header"));
-        headers.append(routing.clone(), HeaderValue::from_static(""));
-        let keys_of = |body: &'static [u8]| {
+        let keys_of = |headers: &[(&'static str, &'static str)], body: &'static [u8]| {
+            let mut map = HeaderMap::new();
+            for (n, v) in headers {
+                map.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+            }
             let env = parse_request(body, "messageId").unwrap();
-            let k = RequestKeys::new(&headers, &routing, env);
-            (k.session_id, k.header_key, k.task_id.map(|t| t.into_owned()))
+            let k = RequestKeys::new(&map, &routing, env);
+            (
+                k.names_disagree(),
+                k.session_id.map(str::to_owned),
+                k.task_id.map(|t| t.into_owned()),
+            )
         };
-        let call = keys_of(br#"{"id":1,"method":"tools/call","params":{"taskId":"t-body"}}"#);
-        assert_eq!(call, (Some("s-1"), None, Some("t-body".to_string())));
-        let task = keys_of(br#"{"id":1,"method":"tasks/get","params":{"taskId":"t-body"}}"#);
-        assert_eq!(task, (Some("s-1"), None, Some("t-header".to_string())));
+        let call = br#"{"id":1,"method":"tools/call","params":{"name":"pay","taskId":"t-body"}}"#;
+        let task = br#"{"id":1,"method":"tasks/get","params":{"taskId":"t-body"}}"#;
+        // `Mcp-Name` is the task id on `tasks/*` only.
+        assert_eq!(
+            keys_of(&[("mcp-name", "pay"), ("mcp-session-id", "s-1")], call),
+            (false, Some("s-1".into()), Some("t-body".into()))
+        );
+        assert_eq!(
+            keys_of(&[("mcp-name", "t-body")], task),
+            (false, None, Some("t-body".into()))
+        );
+        assert_eq!(keys_of(&[("mcp-name", "t-other")], task).0, true);
+        // A header read twice (an empty value too), or one that says another method or names
+        // what the method does not act on, disagrees.
+        for headers in [
+            &[("mcp-session-id", ""), ("mcp-session-id", "s-2")][..],
+            &[("mcp-routing-id", "r-1"), ("mcp-routing-id", "r-2")],
+            &[("mcp-name", "pay"), ("mcp-name", "pay")],
+            &[("mcp-method", "tools/call"), ("mcp-method", "tools/call")],
+            &[("mcp-method", "tools/list")],
+            &[("mcp-name", "other")],
+        ] {
+            assert!(keys_of(headers, call).0, "{headers:?}");
+        }
+        assert!(keys_of(&[("mcp-method", "tools/call"), ("mcp-name", "pay")], call).0 == false);
+        let ping = br#"{"id":1,"method":"ping"}"#;
+        assert!(keys_of(&[("mcp-name", "pay")], ping).0, "ping names nothing");
+        // Without a body (a GET), there is nothing for them to disagree with.
+        let mut get = HeaderMap::new();
+        get.insert(METHOD_HEADER, HeaderValue::from_static("GET"));
+        get.insert(NAME_HEADER, HeaderValue::from_static("x"));
+        assert!(!RequestKeys::new(&get, &routing, Envelopes::default()).names_disagree());
     }
 }

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 
 pub use keys::RequestKeys;
 pub use outcome::{parse_message, Message, Outcome, TaskState};
-pub use scan::{Ambiguity, Envelopes, HandlesAt, NotJson, Unreadable};
+pub use scan::{Ambiguity, Envelopes, HandlesAt, NotJson, Reading, Unreadable};
 
 /// Header that carries a legacy session id. (Names, not strings: a lookup by string parses
 /// the name first.)
@@ -116,8 +116,8 @@ mod tests {
         );
         let e = first(br#"{"method":"resources/read","params":{"uri":"file:///a","name":"x"}}"#);
         assert_eq!(e.name.as_deref(), Some("file:///a"));
-        // A name that is no string is none.
-        assert_eq!(first(br#"{"method":"x","params":{"name":7}}"#).name, None);
+        // A name that does not decode is none; `null` is no name.
+        assert_eq!(first(br#"{"method":"x","params":{"name":null}}"#).name, None);
     }
 
     #[test]
@@ -144,16 +144,16 @@ mod tests {
         }
         let e = parse_request(br#"{"id":"a\"b","callId":42}"#, "callId").unwrap().first;
         assert_eq!((e.id, e.message_id.as_deref()), (Some(r#""a\"b""#), Some("42")));
-        let e = first(br#"{"id":1,"messageId":{"x":1},"params":{"taskId":"t-1"}}"#);
+        let e = first(br#"{"id":1,"messageId":null,"params":{"taskId":"t-1"}}"#);
         assert_eq!((e.message_id, e.task_id.as_deref()), (None, Some("t-1")));
-        let e = first(br#"{"method":"subscriptions/listen","params":{"notifications":{"taskIds":["a",7,"b"]}}}"#);
+        let e = first(br#"{"method":"subscriptions/listen","params":{"notifications":{"taskIds":["a",null,"b"]}}}"#);
         assert_eq!(&*e.task_ids, ["a", "b"]);
     }
 
     #[test]
     fn a_batch_yields_every_element() {
         let e = parse_request(
-            br#"[{"id":1,"messageId":"m","method":"tools/list"},{"id":2,"method":"tools/call","params":{"name":"pay"}},3]"#,
+            br#"[{"id":1,"messageId":"m","method":"tools/list"},{"id":2,"method":"tools/call","params":{"name":"pay"}},null]"#,
             "messageId",
         )
         .unwrap();
@@ -188,7 +188,10 @@ mod tests {
         for (body, key) in twice {
             assert_eq!(
                 refused(body),
-                Some(Ambiguity { key, variant: false }),
+                Some(Ambiguity {
+                    key,
+                    how: Reading::Twice
+                }),
                 "{}",
                 body.escape_ascii()
             );
@@ -213,7 +216,43 @@ mod tests {
         for (body, key) in variants {
             assert_eq!(
                 refused(body),
-                Some(Ambiguity { key, variant: true }),
+                Some(Ambiguity {
+                    key,
+                    how: Reading::Spelled
+                }),
+                "{}",
+                body.escape_ascii()
+            );
+        }
+        let shapes = [
+            (&br#"{"method":["tools/call"]}"#[..], "method"),
+            (br#"{"method":"tools/call","params":["transfer"]}"#, "params"),
+            (br#"{"params":{"name":["transfer"]}}"#, "params.name"),
+            (br#"{"params":{"requestState":["rs-1"]}}"#, "params.requestState"),
+            (br#"{"params":{"taskId":7}}"#, "params.taskId"),
+            (br#"{"params":{"uri":{"u":1}}}"#, "params.uri"),
+            (br#"{"messageId":{"x":1}}"#, "the key field"),
+            (br#"{"params":{"notifications":["t"]}}"#, "params.notifications"),
+            (
+                br#"{"params":{"notifications":{"taskIds":"t"}}}"#,
+                "params.notifications.taskIds",
+            ),
+            (
+                br#"{"params":{"notifications":{"taskIds":[["t"]]}}}"#,
+                "params.notifications.taskIds",
+            ),
+            (
+                br#"[[{"method":"tools/call","params":{"name":"transfer"}}]]"#,
+                "a batch element",
+            ),
+        ];
+        for (body, key) in shapes {
+            assert_eq!(
+                refused(body),
+                Some(Ambiguity {
+                    key,
+                    how: Reading::Shape
+                }),
                 "{}",
                 body.escape_ascii()
             );

@@ -128,6 +128,7 @@ pub fn request<'a>(body: &'a [u8], body_field: &str) -> Result<Envelopes<'a>, Un
         first: scan.envelope,
         rest: scan.rest,
         batch: scan.batch,
+        read: true,
     })
 }
 
@@ -166,6 +167,8 @@ pub struct Envelopes<'a> {
     pub rest: Box<[RequestEnvelope<'a>]>,
     /// The body is a batch (a JSON array), even of one element.
     pub batch: bool,
+    /// There was a body to read (else every field is none).
+    pub read: bool,
 }
 
 /// Why a request body is refused before anything reads it further.
@@ -179,13 +182,24 @@ pub enum Unreadable {
     Ambiguous(Ambiguity),
 }
 
-/// The key of an ambiguous body, for the error's message.
+/// The key of an ambiguous body, and how it reads two ways, for the error's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ambiguity {
     /// The key as the router reads it (`params.name`; `the key field` for `routing.body_field`).
     pub key: &'static str,
-    /// Another spelling of it (by case), rather than a second occurrence.
-    pub variant: bool,
+    pub how: Reading,
+}
+
+/// How a key the router reads makes a body read two ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// It stands twice in its object.
+    Twice,
+    /// It stands in another spelling (by case).
+    Spelled,
+    /// Its value is not of its shape (a string, an object; `null` is absence): a reader that
+    /// coerces (an array's first element, a number's text) could find what the router did not.
+    Shape,
 }
 
 impl From<NotJson> for Unreadable {
@@ -198,8 +212,11 @@ impl std::fmt::Display for Unreadable {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         match self {
             Unreadable::NotJson(e) => e.fmt(f),
-            Unreadable::Ambiguous(a) if a.variant => write!(f, "a key spelled like `{}` but not as it", a.key),
-            Unreadable::Ambiguous(a) => write!(f, "`{}` twice", a.key),
+            Unreadable::Ambiguous(a) => match a.how {
+                Reading::Twice => write!(f, "`{}` twice", a.key),
+                Reading::Spelled => write!(f, "a key spelled like `{}` but not as it", a.key),
+                Reading::Shape => write!(f, "`{}` not of its shape", a.key),
+            },
         }
     }
 }
@@ -333,6 +350,9 @@ fn envelope<'a>(b: &'a [u8], i: usize, field: &[u8], ambiguous: &mut Option<Ambi
                     Ok(end)
                 }
                 _ => {
+                    // An element that is no request: a reader that unwraps it (a nested batch)
+                    // would find what the router did not judge.
+                    shaped(b, at, b"{", "a batch element", ambiguous);
                     elements.push(Scanned::default());
                     skip(b, at)
                 }
@@ -362,9 +382,24 @@ const PARAMS_KEYS: [(&[u8], &str); 5] = [
 /// the body ambiguous.
 fn once(seen: &mut u8, which: usize, key: &'static str, ambiguous: &mut Option<Ambiguity>) {
     if *seen & (1 << which) != 0 {
-        ambiguous.get_or_insert(Ambiguity { key, variant: false });
+        ambiguous.get_or_insert(Ambiguity {
+            key,
+            how: Reading::Twice,
+        });
     }
     *seen |= 1 << which;
+}
+
+/// Notes `key` when its value at `at` does not start as its shape does (`starts`); `null` stands
+/// for its absence.
+#[inline(always)]
+fn shaped(b: &[u8], at: usize, starts: &[u8], key: &'static str, ambiguous: &mut Option<Ambiguity>) {
+    if !b.get(at).is_some_and(|c| *c == b'n' || starts.contains(c)) {
+        ambiguous.get_or_insert(Ambiguity {
+            key,
+            how: Reading::Shape,
+        });
+    }
 }
 
 /// Whether `key` is another spelling of `name` for a reader that matches keys without regard
@@ -459,10 +494,12 @@ fn envelope_object<'a>(
             }
             b"method" => {
                 once(&mut seen, 1, "method", ambiguous);
+                shaped(b, at, b"\"", "method", ambiguous);
                 string_field(b, at, &mut method)?
             }
             b"params" => {
                 once(&mut seen, 2, "params", ambiguous);
+                shaped(b, at, b"{", "params", ambiguous);
                 // A later `params` replaces an earlier one whole (such a body is refused as
                 // ambiguous, but is first read to its end as JSON, as serde_json reads it).
                 (request_state, task_id, name, uri) = (None, None, None, None);
@@ -476,29 +513,37 @@ fn envelope_object<'a>(
                             match &*key {
                                 b"requestState" => {
                                     once(&mut seen, 0, "params.requestState", ambiguous);
+                                    shaped(b, at, b"\"", "params.requestState", ambiguous);
                                     string_field(b, at, &mut request_state)
                                 }
                                 b"taskId" => {
                                     once(&mut seen, 1, "params.taskId", ambiguous);
+                                    shaped(b, at, b"\"", "params.taskId", ambiguous);
                                     string_field(b, at, &mut task_id)
                                 }
                                 b"name" => {
                                     once(&mut seen, 2, "params.name", ambiguous);
+                                    shaped(b, at, b"\"", "params.name", ambiguous);
                                     string_field(b, at, &mut name)
                                 }
                                 b"uri" => {
                                     once(&mut seen, 3, "params.uri", ambiguous);
+                                    shaped(b, at, b"\"", "params.uri", ambiguous);
                                     string_field(b, at, &mut uri)
                                 }
                                 b"notifications" => {
                                     once(&mut seen, 4, "params.notifications", ambiguous);
+                                    shaped(b, at, b"{", "params.notifications", ambiguous);
                                     // The last occurrence counts, as for every field.
                                     task_ids.clear();
                                     notified_task_ids(b, at, &mut task_ids, ambiguous)
                                 }
                                 other => {
                                     if let Some(key) = variant_of(other, ascii, PARAMS_LENGTHS, &PARAMS_KEYS) {
-                                        ambiguous.get_or_insert(Ambiguity { key, variant: true });
+                                        ambiguous.get_or_insert(Ambiguity {
+                                            key,
+                                            how: Reading::Spelled,
+                                        });
                                     }
                                     skip(b, at)
                                 }
@@ -510,6 +555,7 @@ fn envelope_object<'a>(
             }
             k if k == field => {
                 once(&mut seen, 3, "the key field", ambiguous);
+                shaped(b, at, b"\"-0123456789", "the key field", ambiguous);
                 let (end, key) = key_field(b, at)?;
                 message_id = key;
                 end
@@ -519,7 +565,10 @@ fn envelope_object<'a>(
                 let variant = variant_of(other, ascii, TOP_LENGTHS, &TOP_KEYS)
                     .or_else(|| variant_of(other, ascii, field_length, &[(field, "the key field")]));
                 if let Some(key) = variant {
-                    ambiguous.get_or_insert(Ambiguity { key, variant: true });
+                    ambiguous.get_or_insert(Ambiguity {
+                        key,
+                        how: Reading::Spelled,
+                    });
                 }
                 skip(b, at)?
             }
@@ -583,17 +632,19 @@ fn notified_task_ids<'a>(
             if variant_of(&key, ascii, 1 << 7, &[(b"taskIds", "")]).is_some() {
                 ambiguous.get_or_insert(Ambiguity {
                     key: "params.notifications.taskIds",
-                    variant: true,
+                    how: Reading::Spelled,
                 });
             }
             return skip(b, at);
         }
         once(&mut seen, 0, "params.notifications.taskIds", ambiguous);
+        shaped(b, at, b"[", "params.notifications.taskIds", ambiguous);
         into.clear();
         if b.get(at) != Some(&b'[') {
             return skip(b, at);
         }
         array(b, at, |at| {
+            shaped(b, at, b"\"", "params.notifications.taskIds", ambiguous);
             let mut found = None;
             let end = string_field(b, at, &mut found)?;
             into.extend(found);

@@ -26,7 +26,8 @@ pub async fn authenticate(
     resource: &Resource,
     parts: &Parts,
 ) -> Result<Option<Arc<Caller>>, RouterError> {
-    if let Some(origin) = parts.headers.get(header::ORIGIN) {
+    // Every `Origin` a request carries is judged: a reader may take any one of them.
+    for origin in parts.headers.get_all(header::ORIGIN) {
         if !cfg.allowed_origins.iter().any(|o| o.as_bytes() == origin.as_bytes()) {
             return Err(RouterError::OriginNotAllowed);
         }
@@ -44,7 +45,7 @@ pub async fn authenticate(
             result,
         }))
     };
-    if parts.uri.query().is_some_and(names_a_token) {
+    if names_a_token(&parts.uri) {
         return Err(refuse(
             Some("invalid_request"),
             Some("the access token goes in the Authorization header, never in the URL"),
@@ -121,11 +122,7 @@ impl Identity<'_> {
         if cfg.forward == Forward::Strip {
             headers.remove(header::AUTHORIZATION);
         }
-        let claimed: Vec<HeaderName> = headers
-            .keys()
-            .filter(|n| n.as_str().starts_with(IDENTITY_PREFIX))
-            .cloned()
-            .collect();
+        let claimed: Vec<HeaderName> = headers.keys().filter(|n| claims_identity(n)).cloned().collect();
         for name in claimed {
             headers.remove(name);
         }
@@ -138,6 +135,17 @@ impl Identity<'_> {
             }
         }
     }
+}
+
+/// Whether a client's header could be taken for an identity header: `X-Mcp-Auth-*` in any case,
+/// and spelled with `_` or `.` for `-` (CGI and WSGI servers, and some proxies, map `_` to `-`).
+fn claims_identity(name: &HeaderName) -> bool {
+    let name = name.as_str().as_bytes();
+    name.len() >= IDENTITY_PREFIX.len()
+        && name
+            .iter()
+            .zip(IDENTITY_PREFIX.as_bytes())
+            .all(|(&c, &p)| c == p || (p == b'-' && matches!(c, b'_' | b'.')))
 }
 
 /// The metadata document's answer.
@@ -157,13 +165,45 @@ fn bearer(value: &HeaderValue) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// Whether a query string carries an access token (RFC 6750 §2.3's `access_token`).
-fn names_a_token(query: &str) -> bool {
-    query.split('&').any(|pair| {
-        pair.split('=')
-            .next()
-            .is_some_and(|k| k.eq_ignore_ascii_case("access_token"))
+/// Whether a URI carries an access token (RFC 6750 §2.3's `access_token`): a parameter of the
+/// query (split at `&` or `;`) or of a path segment (after its `;`), named `access_token` in any
+/// case, percent-encoded or not, or `access_token[…]` as some frameworks read arrays.
+fn names_a_token(uri: &http::Uri) -> bool {
+    let query = uri.query().into_iter().flat_map(|q| q.split(['&', ';']));
+    let path_params = uri.path().split('/').flat_map(|segment| segment.split(';').skip(1));
+    query.chain(path_params).any(|pair| {
+        let key = percent_decoded(pair.split('=').next().unwrap_or(""));
+        let key = key.as_bytes();
+        let name = b"access_token";
+        key.len() >= name.len()
+            && key[..name.len()].eq_ignore_ascii_case(name)
+            && matches!(key.get(name.len()), None | Some(b'['))
     })
+}
+
+/// `text` with its `%XX` escapes decoded (a malformed one kept as it is); bytes that are not
+/// UTF-8 become U+FFFD.
+fn percent_decoded(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains('%') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// A public path: exact, or a prefix when it ends in `*`.
@@ -186,9 +226,27 @@ mod tests {
         assert_eq!(bearer(&v("Basic dXNlcjpw")), None);
         assert_eq!(bearer(&v("Bearer")), None);
         assert_eq!(bearer(&v("Bearer ")), None);
-        assert!(names_a_token("a=1&access_token=x"));
-        assert!(names_a_token("ACCESS_TOKEN"));
-        assert!(!names_a_token("access_token_hint=1&x=access_token"));
+        let uri = |u: &'static str| http::Uri::from_static(u);
+        for carries in [
+            "/mcp?a=1&access_token=x",
+            "/mcp?ACCESS_TOKEN",
+            "/mcp?%61ccess_token=x",
+            "/mcp?access%5Ftoken=x",
+            "/mcp?access_token[]=x",
+            "/mcp?x=1;access_token=x",
+            "/mcp;access_token=x",
+            "/a;b=1;Access_Token=x/mcp",
+        ] {
+            assert!(names_a_token(&uri(carries)), "{carries}");
+        }
+        for not in [
+            "/mcp?access_token_hint=1&x=access_token",
+            "/mcp",
+            "/mcp?a=%zz",
+            "/access_token",
+        ] {
+            assert!(!names_a_token(&uri(not)), "{not}");
+        }
         assert!(is_under("/health/live", "/health/*"));
         assert!(is_under("/status", "/status"));
         assert!(!is_under("/status/x", "/status"));

@@ -175,12 +175,10 @@ async fn handle_inner(
             let (bytes, held) = read::read_body(body, &snap, &shared.metrics.body_buffer, share, body_share).await?;
             (bytes, None, held)
         }
-        false if !forwards_method(&parts.method, &snap) => {
-            return Err(RouterError::MethodNotAllowed {
-                method: parts.method.clone(),
-            })
+        false => {
+            judge_method(&parts.method, &body, &snap)?;
+            (Bytes::new(), Some(body), read::Held::nothing())
         }
-        false => (Bytes::new(), Some(body), read::Held::nothing()),
     };
 
     // Keys: every handle the headers and the body carry.
@@ -363,13 +361,18 @@ async fn join_the_write_burst() {
 
 /// Whether a request of `method` other than POST is forwarded. CONNECT and TRACE are no MCP
 /// methods. With `[auth]` or `[quotas]` on, neither is any method but the Streamable HTTP ones
-/// (GET, DELETE) and HEAD and OPTIONS: a PUT or PATCH body would stream to a backend unread,
-/// past the scopes and the tool quotas that a POST's body is judged by.
-fn forwards_method(method: &Method, snap: &crate::state::Snapshot) -> bool {
+/// (GET, DELETE) and HEAD and OPTIONS, nor one of those with a body: such a body would stream
+/// to a backend unread, past the scopes and the tool quotas that a POST's body is judged by.
+fn judge_method(method: &Method, body: &Incoming, snap: &crate::state::Snapshot) -> Result<(), RouterError> {
+    let judged = snap.config.auth.is_some() || snap.config.quotas.is_some();
     match *method {
-        Method::CONNECT | Method::TRACE => false,
-        Method::GET | Method::DELETE | Method::HEAD | Method::OPTIONS => true,
-        _ => snap.config.auth.is_none() && snap.config.quotas.is_none(),
+        Method::CONNECT | Method::TRACE => Err(RouterError::MethodNotAllowed { method: method.clone() }),
+        Method::GET | Method::DELETE | Method::HEAD | Method::OPTIONS if judged && !body.is_end_stream() => {
+            Err(RouterError::BodyNotAllowed { method: method.clone() })
+        }
+        Method::GET | Method::DELETE | Method::HEAD | Method::OPTIONS => Ok(()),
+        _ if judged => Err(RouterError::MethodNotAllowed { method: method.clone() }),
+        _ => Ok(()),
     }
 }
 
@@ -377,10 +380,7 @@ fn forwards_method(method: &Method, snap: &crate::state::Snapshot) -> bool {
 fn unreadable(e: crate::dialect::Unreadable) -> RouterError {
     match e {
         crate::dialect::Unreadable::NotJson(_) => RouterError::Parse,
-        crate::dialect::Unreadable::Ambiguous(a) => RouterError::AmbiguousBody {
-            key: a.key,
-            variant: a.variant,
-        },
+        crate::dialect::Unreadable::Ambiguous(a) => RouterError::AmbiguousBody { key: a.key, how: a.how },
     }
 }
 
