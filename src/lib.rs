@@ -88,8 +88,8 @@ pub mod internals {
     pub use crate::balance::HashRing;
     pub use crate::body::split_sse;
     pub use crate::dialect::{
-        parse_outcome, parse_request, request_state_at, Ambiguity, Envelopes, NotJson, Outcome, RequestEnvelope,
-        Unreadable,
+        parse_outcome, parse_request, request_state_at, Ambiguity, Envelopes, NotJson, Outcome, Reading,
+        RequestEnvelope, Unreadable,
     };
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
     pub use crate::quotas::{

@@ -157,9 +157,30 @@ const PARAMS_VARIANTS: &[&str] = &[
 ];
 const NOTIFICATIONS_VARIANTS: &[&str] = &["taskids", "taſkIds", "TaskIds", "tas\u{212a}Ids"];
 
+/// A value not of the shape whose values start with one of `starts` (nor `null`): one a reader
+/// that coerces could read otherwise.
+fn misfit(starts: &'static str) -> BoxedStrategy<String> {
+    json_value()
+        .prop_filter("of another shape", move |v| {
+            v != "null" && !v.starts_with(|c| starts.contains(c))
+        })
+        .boxed()
+}
+
+/// A value where a key read stands: mostly `value` (of the key's shape, whose values start with
+/// one of `starts`), now and then `null` (its absence) or a value of another shape.
+fn shaped(value: impl Strategy<Value = String> + 'static, starts: &'static str) -> BoxedStrategy<String> {
+    prop_oneof![
+        24 => value,
+        1 => Just("null".to_owned()),
+        2 => misfit(starts),
+    ]
+    .boxed()
+}
+
 /// A value where a string is read: mostly a string.
-fn string_value() -> impl Strategy<Value = String> {
-    prop_oneof![6 => string_literal(), 1 => number_literal(), 1 => json_value()]
+fn string_value() -> BoxedStrategy<String> {
+    shaped(string_literal(), "\"")
 }
 
 /// What makes an object ambiguous, now and then.
@@ -225,11 +246,8 @@ fn slot(
 
 /// `params.notifications` of `subscriptions/listen`: `taskIds` mostly an array of strings.
 fn notifications() -> impl Strategy<Value = String> {
-    let task_ids = prop_oneof![
-        8 => vec(prop_oneof![4 => string_literal(), 1 => json_value()], 0..4)
-            .prop_map(|ids| format!("[{}]", ids.join(","))),
-        1 => json_value(),
-    ];
+    let ids = vec(string_value(), 0..4).prop_map(|ids| format!("[{}]", ids.join(",")));
+    let task_ids = shaped(ids, "[");
     object_text(members(
         vec![slot(0.9, "taskIds", task_ids)],
         &["taskIds"],
@@ -244,11 +262,7 @@ fn params() -> impl Strategy<Value = String> {
         slot(0.5, "taskId", string_value()),
         slot(0.5, "name", string_value()),
         slot(0.4, "uri", string_value()),
-        slot(
-            0.5,
-            "notifications",
-            prop_oneof![4 => notifications(), 1 => json_value()],
-        ),
+        slot(0.5, "notifications", shaped(notifications(), "{")),
     ];
     let keys = &["requestState", "taskId", "name", "uri", "notifications"];
     object_text(members(read, keys, PARAMS_VARIANTS))
@@ -256,7 +270,10 @@ fn params() -> impl Strategy<Value = String> {
 
 /// A request object: envelope keys, `params` mostly an object.
 fn request_object() -> impl Strategy<Value = String> {
-    let key_value = prop_oneof![3 => string_literal(), 2 => number_literal(), 1 => json_value()];
+    let key_value = shaped(
+        prop_oneof![3 => string_literal(), 2 => number_literal()],
+        "\"-0123456789",
+    );
     let read = vec![
         slot(0.7, "id", prop_oneof![number_literal(), string_literal(), json_value()]),
         slot(
@@ -265,7 +282,7 @@ fn request_object() -> impl Strategy<Value = String> {
             prop_oneof![3 => string_value(), 1 => Just("\"resources/read\"".to_owned())],
         ),
         slot(0.6, "messageId", key_value),
-        slot(0.8, "params", prop_oneof![6 => params(), 1 => json_value()]),
+        slot(0.8, "params", shaped(params(), "{")),
     ];
     object_text(members(
         read,
@@ -275,10 +292,11 @@ fn request_object() -> impl Strategy<Value = String> {
 }
 
 fn request_body() -> impl Strategy<Value = String> {
-    let element = prop_oneof![5 => request_object(), 1 => json_value()];
+    // Now and then an element that is no request: `null`, or another value (an object is one).
+    let element = prop_oneof![10 => request_object(), 1 => Just("null".to_owned()), 1 => json_value()];
     prop_oneof![
         12 => request_object(),
-        6 => vec((space(), element), 0..5).prop_map(|elements| {
+        9 => vec((space(), element), 0..5).prop_map(|elements| {
             let elements: Vec<String> = elements.into_iter().map(|(s, e)| format!("{s}{e}{s}")).collect();
             format!("[{}]", elements.join(","))
         }),
@@ -351,23 +369,47 @@ fn run<S: Strategy, const N: usize>(cases: u32, strategy: S, test: impl Fn(S::Va
 #[test]
 fn envelope_scan_agrees_with_serde_json() {
     use checks::Verdict;
+    use mrtr_router::internals::Reading;
+    // The places of a fault of another shape: every key read but `id` (any value), an element of
+    // `taskIds`, a batch element.
+    const SHAPES: [&str; 11] = [
+        "method",
+        "params",
+        "the key field",
+        "params.requestState",
+        "params.taskId",
+        "params.name",
+        "params.uri",
+        "params.notifications",
+        "params.notifications.taskIds",
+        checks::TASK_ID,
+        "a batch element",
+    ];
     let counts = run(
-        1024,
+        2048,
         (request_body(), prop_oneof![Just(vec![]), vec(damage(), 1..3)]),
         |(body, harm)| {
-            let verdict = checks::check_envelope(&damaged(&body, &harm));
+            let body = damaged(&body, &harm);
+            let verdict = checks::check_envelope(&body);
+            let place = match verdict {
+                Verdict::Ambiguous(..) => checks::faulted(&body).1,
+                _ => None,
+            };
             let read = |field: fn(&checks::Fields) -> bool| verdict.requests().any(field);
-            let ambiguous = |variant: bool, level: fn(&str) -> bool| matches!(&verdict, Verdict::Ambiguous(key, v) if *v == variant && level(key));
+            let ambiguous = |how: Reading| matches!(&verdict, Verdict::Ambiguous(_, h) if *h == how);
+            let at = |level: fn(&str) -> bool| matches!(&verdict, Verdict::Ambiguous(key, _) if level(key));
             let in_notifications = |key: &str| key.starts_with("params.notifications.");
             let in_params = |key: &str| key.starts_with("params.") && !key.starts_with("params.notifications.");
-            [
+            let shape = |key: &str| ambiguous(Reading::Shape) && place == Some(key);
+            let flags = [
                 matches!(verdict, Verdict::Read { .. }),
                 verdict == Verdict::NotJson,
-                ambiguous(false, |_| true),
-                ambiguous(true, |_| true),
-                ambiguous(false, |k| !k.starts_with("params.")) || ambiguous(true, |k| !k.starts_with("params.")),
-                ambiguous(false, in_params) || ambiguous(true, in_params),
-                ambiguous(false, in_notifications) || ambiguous(true, in_notifications),
+                ambiguous(Reading::Twice),
+                ambiguous(Reading::Spelled),
+                ambiguous(Reading::Shape),
+                at(|k| !k.starts_with("params.") && k != "a batch element"),
+                at(in_params),
+                at(in_notifications),
                 matches!(&verdict, Verdict::Read { rest, .. } if !rest.is_empty()),
                 read(|f| f.method.is_some()),
                 read(|f| f.message_id.is_some()),
@@ -376,28 +418,39 @@ fn envelope_scan_agrees_with_serde_json() {
                 read(|f| f.name.is_some()),
                 read(|f| f.uri.is_some()),
                 read(|f| !f.task_ids.is_empty()),
-            ]
+            ];
+            // The flags, then a fault of another shape at each of `SHAPES`.
+            let mut all = [false; 16 + SHAPES.len()];
+            let (head, tail) = all.split_at_mut(flags.len());
+            head.copy_from_slice(&flags);
+            tail.copy_from_slice(&SHAPES.map(shape));
+            all
         },
     );
-    let [json, not_json, twice, spelled, request, params, notifications, batch, fields @ ..] = counts;
-    assert!(json > 200 && not_json > 200, "{json} JSON, {not_json} not");
+    let [json, not_json, twice, spelled, shape, request, params, notifications, batch, rest @ ..] = counts;
+    let (fields, shapes) = rest.split_at(7);
+    assert!(json > 400 && not_json > 400, "{json} JSON, {not_json} not");
     assert!(
-        twice > 40 && spelled > 40,
-        "{twice} bodies with a key twice, {spelled} with one spelled otherwise"
+        twice > 80 && spelled > 80 && shape > 200,
+        "{twice} bodies with a key twice, {spelled} with one spelled otherwise, {shape} with one of another shape"
     );
     let levels = [request, params, notifications];
     assert!(
-        levels.iter().all(|&n| n > 10),
+        levels.iter().all(|&n| n > 20),
         "ambiguous in a request, its params, params.notifications: {levels:?}"
     );
-    assert!(batch > 20, "{batch} batches of several read");
+    assert!(batch > 25, "{batch} batches of several read");
     // `uri` is read only for a `resources/read` whose params carry one.
     assert!(
         fields
             .iter()
-            .zip([20, 20, 20, 20, 20, 5, 20])
+            .zip([40, 40, 40, 40, 40, 10, 40])
             .all(|(&n, least)| n > least),
         "method, key, requestState, taskId, name, uri, taskIds read: {fields:?}"
+    );
+    assert!(
+        shapes.iter().all(|&n| n > 5),
+        "of another shape, {SHAPES:?}: {shapes:?}"
     );
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mrtr_router::internals::{
     parse_outcome, parse_request, request_state_at, split_sse, AlgorithmSet, AuthFailure, AuthPolicy, KeySet,
-    LegacyTokenKeys, Outcome, RequestEnvelope, TokenKeys, TokenKind, Unreadable, AUTH_RESULTS, MAX_KEYS,
+    LegacyTokenKeys, Outcome, Reading, RequestEnvelope, TokenKeys, TokenKind, Unreadable, AUTH_RESULTS, MAX_KEYS,
     MAX_TOKEN_BYTES,
 };
 use mrtr_router::Config;
@@ -51,10 +51,10 @@ impl Fields {
 pub enum Verdict {
     /// Not JSON (where it stops being JSON is not compared).
     NotJson,
-    /// JSON, but a key the router reads stands twice (`false`) or in another spelling (`true`):
-    /// the first such key in the body, named as the router names it (`params.name`, `the key
-    /// field`).
-    Ambiguous(String, bool),
+    /// JSON, but a key the router reads stands twice, or in another spelling, or with a value
+    /// not of its shape: the first such key in the body, named as the router names it
+    /// (`params.name`, `the key field`, `a batch element`), and how it reads two ways.
+    Ambiguous(String, Reading),
     /// Read: the request's fields, or a batch's (its first element's, then the others').
     Read {
         batch: bool,
@@ -96,7 +96,7 @@ pub fn scanned(body: &[u8]) -> Verdict {
                     assert!(e.at <= body.len(), "not JSON at {} of {} bytes", e.at, body.len());
                     Verdict::NotJson
                 }
-                Unreadable::Ambiguous(a) => Verdict::Ambiguous(a.key.to_owned(), a.variant),
+                Unreadable::Ambiguous(a) => Verdict::Ambiguous(a.key.to_owned(), a.how),
             };
         }
     };
@@ -147,12 +147,26 @@ pub fn scanned(body: &[u8]) -> Verdict {
 ///   taken raw (UTF-8), one that is a string but does not count is skipped like any string (the
 ///   scanner's documented choice, see docs/src/design/testing.md, "Fuzzing and properties": a
 ///   plain `RawValue` per occurrence would also check it for UTF-8);
-/// - a body read so far, but where a key read stands twice in one of those objects or another
-///   spelling of one stands there (equal ignoring ASCII case, `ſ` taken for `s` and the Kelvin
-///   sign for `k`), is ambiguous: the first such key in the body is the one said.
+/// - a body read so far is ambiguous where, in one of those objects, a key read stands twice
+///   (`Twice`), another spelling of one stands (`Spelled`: equal ignoring ASCII case, `ſ` taken
+///   for `s` and the Kelvin sign for `k`), or an occurrence of a key read is of the wrong shape
+///   (`Shape`, `null` standing for absence): `method` and the strings read in `params` not a
+///   string, the key field neither a string nor a number, `params` and `notifications` not an
+///   object, `taskIds` not an array or an element of it not a string; so is a batch element
+///   that is not an object (or `null`). The first such fault in the body is the one said; a
+///   second occurrence of the wrong shape is said to stand twice.
 pub fn reference(body: &[u8]) -> Verdict {
+    faulted(body).0
+}
+
+/// An element of a `params.notifications.taskIds` array, as the place of a fault.
+pub const TASK_ID: &str = "params.notifications.taskIds[]";
+
+/// [`reference`], and for an ambiguous body the place of its first fault, finer than the key
+/// said: [`TASK_ID`] for an element of a `taskIds` array, else the key.
+pub fn faulted(body: &[u8]) -> (Verdict, Option<&'static str>) {
     if serde_json::from_slice::<IgnoredAny>(body).is_err() {
-        return Verdict::NotJson;
+        return (Verdict::NotJson, None);
     }
     // In grammatical JSON, bytes that are not UTF-8 can only be inside strings: each becomes
     // `?` (same length, so every place stays put) and is remembered, for the places read.
@@ -168,33 +182,44 @@ pub fn reference(body: &[u8]) -> Verdict {
     let r = Reference { text: &text, bad: &bad };
     let top = text.trim_start_matches(WS);
     let batch = top.starts_with('[');
-    // The request objects, in order (`None`: an element of a batch, or a body, that is none).
-    let objects: Vec<Option<&str>> = match top.as_bytes().first() {
-        Some(b'{') => vec![Some(top)],
+    // The top-level values read, in order: the body, or each element of a batch.
+    let values: Vec<&str> = match top.as_bytes().first() {
         Some(b'[') => serde_json::from_str::<Vec<&RawValue>>(top)
             .expect("a grammatical UTF-8 array")
             .into_iter()
-            .map(|v| Some(v.get()).filter(|v| v.starts_with('{')))
+            .map(RawValue::get)
             .collect(),
-        _ => vec![None],
+        _ => vec![top],
     };
+    // The request objects, in order (`None`: an element of a batch, or a body, that is none).
+    let objects: Vec<Option<&str>> = values.iter().map(|v| Some(*v).filter(|v| v.starts_with('{'))).collect();
     // Every request is read first: a body that is not JSON is said so even when ambiguous.
     let mut read = Vec::with_capacity(objects.len());
     for object in &objects {
         match object.map_or(Some(Fields::default()), |o| r.object(o)) {
             Some(fields) => read.push(fields),
-            None => return Verdict::NotJson,
+            None => return (Verdict::NotJson, None),
         }
     }
-    if let Some((key, variant)) = objects.iter().flatten().find_map(|o| r.ambiguity(o, Level::Request)) {
-        return Verdict::Ambiguous(key.to_owned(), variant);
+    // A batch's elements in order: a request's first fault, or an element that is no request.
+    let fault = |v: &&str| match v.starts_with('{') {
+        true => r.ambiguity(v, Level::Request),
+        false => (batch && !shaped(v, OBJECT)).then_some(("a batch element", Reading::Shape)),
+    };
+    if let Some((place, how)) = values.iter().find_map(fault) {
+        let key = match place {
+            TASK_ID => "params.notifications.taskIds",
+            key => key,
+        };
+        return (Verdict::Ambiguous(key.to_owned(), how), Some(place));
     }
     let mut read = read.into_iter();
-    Verdict::Read {
+    let read = Verdict::Read {
         batch,
         first: read.next().unwrap_or_default(),
         rest: read.collect(),
-    }
+    };
+    (read, None)
 }
 
 const WS: [char; 4] = [' ', '\t', '\n', '\r'];
@@ -221,25 +246,39 @@ enum Level {
     Notifications,
 }
 
+/// The first characters a value of a shape may start with (besides `n`, of `null`): any value,
+/// a string, a string or a number, an object, an array.
+const ANY: &str = "\"-0123456789tf{[";
+const STRING: &str = "\"";
+const STRING_OR_NUMBER: &str = "\"-0123456789";
+const OBJECT: &str = "{";
+const ARRAY: &str = "[";
+
+/// Whether the value `v` (a grammatical JSON text) is of the shape that starts with one of
+/// `starts`, or `null`.
+fn shaped(v: &str, starts: &str) -> bool {
+    v == "null" || v.starts_with(|c| starts.contains(c))
+}
+
 impl Level {
-    /// The keys read there, each as written and as an ambiguity names it, in the order a key is
-    /// tried against them.
-    fn keys(self) -> &'static [(&'static str, &'static str)] {
+    /// The keys read there, each as written, as an ambiguity names it and the shape of its value,
+    /// in the order a key is tried against them.
+    fn keys(self) -> &'static [(&'static str, &'static str, &'static str)] {
         match self {
             Level::Request => &[
-                ("id", "id"),
-                ("method", "method"),
-                ("params", "params"),
-                (BODY_FIELD, "the key field"),
+                ("id", "id", ANY),
+                ("method", "method", STRING),
+                ("params", "params", OBJECT),
+                (BODY_FIELD, "the key field", STRING_OR_NUMBER),
             ],
             Level::Params => &[
-                ("requestState", "params.requestState"),
-                ("taskId", "params.taskId"),
-                ("name", "params.name"),
-                ("uri", "params.uri"),
-                ("notifications", "params.notifications"),
+                ("requestState", "params.requestState", STRING),
+                ("taskId", "params.taskId", STRING),
+                ("name", "params.name", STRING),
+                ("uri", "params.uri", STRING),
+                ("notifications", "params.notifications", OBJECT),
             ],
-            Level::Notifications => &[("taskIds", "params.notifications.taskIds")],
+            Level::Notifications => &[("taskIds", "params.notifications.taskIds", ARRAY)],
         }
     }
 
@@ -425,27 +464,40 @@ impl<'t> Reference<'t> {
         Some(fields.acting_on(target))
     }
 
-    /// The first key in `object` (read at `level`) that stands twice there or is another
-    /// spelling of one read there, or in the objects read inside it, in the body's order: the
-    /// key as an ambiguity names it, and whether it was another spelling.
-    fn ambiguity(&self, object: &'t str, level: Level) -> Option<(&'static str, bool)> {
+    /// The first fault in `object` (read at `level`), or in the objects read inside it, in the
+    /// body's order: a key read that stands there a second time, another spelling of one, an
+    /// occurrence of one (each, first or not) of the wrong shape or, in a `taskIds` array, an
+    /// element that is no string. The key as an ambiguity names it (an element: [`TASK_ID`]),
+    /// and how it reads two ways.
+    fn ambiguity(&self, object: &'t str, level: Level) -> Option<(&'static str, Reading)> {
         let keys = level.keys();
         let mut seen: Vec<&str> = Vec::new();
         for (key, value) in self.members(object).expect("read before") {
-            match keys.iter().find(|(name, _)| *name == key) {
-                Some(&(name, said)) => {
+            let value = value.get();
+            match keys.iter().find(|(name, ..)| *name == key) {
+                Some(&(name, said, shape)) => {
+                    // A second occurrence is said to stand twice, whatever its shape.
                     if seen.contains(&name) {
-                        return Some((said, false));
+                        return Some((said, Reading::Twice));
                     }
                     seen.push(name);
-                    let inner = level.inner(name).filter(|_| value.get().starts_with('{'));
-                    if let Some(found) = inner.and_then(|inner| self.ambiguity(value.get(), inner)) {
+                    if !shaped(value, shape) {
+                        return Some((said, Reading::Shape));
+                    }
+                    if shape == ARRAY && value.starts_with('[') {
+                        let elements: Vec<&RawValue> = serde_json::from_str(value).expect("a grammatical UTF-8 array");
+                        if elements.iter().any(|e| !shaped(e.get(), STRING)) {
+                            return Some((TASK_ID, Reading::Shape));
+                        }
+                    }
+                    let inner = level.inner(name).filter(|_| value.starts_with('{'));
+                    if let Some(found) = inner.and_then(|inner| self.ambiguity(value, inner)) {
                         return Some(found);
                     }
                 }
                 None => {
-                    if let Some(&(_, said)) = keys.iter().find(|(name, _)| spelled_like(&key, name)) {
-                        return Some((said, true));
+                    if let Some(&(_, said, _)) = keys.iter().find(|(name, ..)| spelled_like(&key, name)) {
+                        return Some((said, Reading::Spelled));
                     }
                 }
             }
