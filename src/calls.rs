@@ -17,7 +17,7 @@ use crate::quotas::OpenCall;
 use crate::route::{Decision, Matched};
 use crate::sealing::{Replacement, Unsealed};
 use crate::state::{Shared, Snapshot};
-use crate::token::PrincipalTag;
+use crate::token::{CallTag, PrincipalTag};
 use crate::upstream::Incarnation;
 
 /// What the answer needs to know about the call its request belongs to. Owned by the
@@ -54,6 +54,9 @@ pub struct Call {
     pins_seen: Option<Arc<AtomicU8>>,
     /// The caller `[auth]` verified: every handle sealed for this call is bound to it.
     caller: Option<PrincipalTag>,
+    /// With `[tokens]`, what the handles sealed for this call name: the call (its routing
+    /// token's) and its method and tool (its `requestState`'s).
+    tags: Option<(Option<CallTag>, CallTag)>,
     /// The caller's open-call slot (`[quotas] max_open_calls`), kept by the call's pins.
     open_call: Option<OpenCall>,
 }
@@ -84,6 +87,17 @@ impl Call {
         for (slot, key) in client_keys.iter_mut().zip(keys.client_pin_keys()) {
             *slot = Some(key);
         }
+        // A call known only by the routing token it echoes: its pin here is under the key
+        // the token names, so that its rounds count on this replica too, however old the
+        // token it echoes.
+        if client_keys[0].is_none() {
+            client_keys[0] = unsealed.and_then(|u| u.token_call_key(keys));
+        }
+        let token_call = unsealed.and_then(|u| u.routing_call);
+        let tags = snap
+            .sealing
+            .as_ref()
+            .map(|_| (keys.call_tag().or(token_call), keys.tool_tag()));
         Call {
             shared: shared.clone(),
             snap: snap.clone(),
@@ -106,6 +120,7 @@ impl Call {
                 .zip(keys.task_id.as_deref().map(str::to_string)),
             pins_seen: None,
             caller: None,
+            tags,
             open_call: None,
         }
     }
@@ -130,7 +145,14 @@ impl Call {
     /// routes a client that echoes it straight to this backend.
     pub fn routing_token(&self) -> Option<String> {
         let s = self.snap.sealing.as_ref()?;
-        Some(s.routing_token(self.caller.as_ref(), &self.target.backend.name, self.round(), self.sent))
+        let call = self.tags.and_then(|(call, _)| call);
+        Some(s.routing_token(
+            self.caller.as_ref(),
+            call,
+            &self.target.backend.name,
+            self.round(),
+            self.sent,
+        ))
     }
 
     /// The header a routing token travels in.
@@ -251,6 +273,7 @@ impl Call {
                 let wrapped = c.snap.sealing.as_ref().map(|s| {
                     s.wrap_request_state(
                         c.caller.as_ref(),
+                        c.tags.map(|(_, tool)| tool),
                         &request_state,
                         &c.target.backend.name,
                         rounds,

@@ -65,6 +65,16 @@ impl PinKey {
     pub fn kind(&self) -> PinKind {
         self.kind
     }
+
+    /// Its digest: the same on every replica, so a sealed handle can carry it.
+    pub fn digest(&self) -> u128 {
+        self.digest
+    }
+
+    /// The key of `kind` whose digest is `digest` (one a sealed handle carried).
+    pub fn from_digest(kind: PinKind, digest: u128) -> PinKey {
+        PinKey { digest, kind }
+    }
 }
 
 /// Where the pin table reads the time: milliseconds since the table was made.

@@ -12,7 +12,7 @@ use crate::error::RouterError;
 use crate::pins::{Pin, PinKey, PinKind, PinTable};
 use crate::sealing::{Refused, Unsealed};
 use crate::state::Snapshot;
-use crate::token::PrincipalTag;
+use crate::token::{CallTag, PrincipalTag};
 use crate::upstream::{Backend, BackendKey};
 
 /// Where a decision came from (the `source` label of `mrtr_route_decisions_total`).
@@ -54,21 +54,50 @@ pub struct Decision {
 }
 
 /// Whether a request continues a call already under way (docs/src/pins.md, "Follow-ups"), the
-/// one definition routing, quotas and the access log share: it matched the pin of a call (not
-/// a session's alone: a session holds many calls), or carries a sealed `requestState` or task id,
-/// or a routing token without starting a call of its own, or it is a JSON-RPC response posted in
-/// a session (the client's answer to an elicitation or sampling request). A request that only
-/// carries a session is a new call.
+/// one definition routing, quotas and the access log share. Each handle counts only for what it
+/// continues:
+/// - the pin of a call it matched (not a session's alone: a session holds many calls): a client
+///   key's for a request that starts no call of its own (a `tools/call` that repeats a pending
+///   call's key is a new call, routed to its backend as a duplicate); a `requestState`'s for a
+///   retry of a method that takes one; a task's for the task methods;
+/// - a sealed `requestState` issued for this method and tool; sealed task ids on the task
+///   methods; a sealed routing token issued for this call (the same `messageId`, or none when
+///   the call is known by its routing id), on a request that starts no call of its own;
+/// - a JSON-RPC response posted in a session (the client's answer to an elicitation or sampling
+///   request the server made during a call).
+///
+/// A request that only carries a session is a new call; so is one that carries another call's
+/// handle, and one whose call has ended here (its pin finished: a repeat of its last round is
+/// routed to the same backend, but it is no longer a call a limiter could strand).
 pub fn is_follow_up(keys: &RequestKeys, matched: Option<Matched>, unsealed: Option<&Unsealed>) -> bool {
-    let sealed_call = unsealed.is_some_and(|u| {
-        u.request_state.is_some()
-            || u.task_id.is_some()
-            || u.task_ids.iter().any(Option::is_some)
-            || (u.routing_token && !keys.starts_a_call())
+    if matched.is_some_and(|m| m.pin.finished) {
+        return false;
+    }
+    let starts = keys.starts_a_call();
+    let pinned = matched.is_some_and(|m| match m.pin.kind {
+        PinKind::Client => !starts,
+        PinKind::RequestState => keys.takes_request_state(),
+        PinKind::Task => keys.follows_tasks(),
+        PinKind::Session => false,
     });
-    matched.is_some_and(|m| m.pin.kind != PinKind::Session)
-        || sealed_call
-        || (keys.session_id.is_some() && keys.is_response())
+    let sealed = unsealed.is_some_and(|u| {
+        let state = u.request_state.is_some()
+            && keys.takes_request_state()
+            && u.state_call.is_some_and(|c| c == keys.tool_tag());
+        let tasks = (u.task_id.is_some() || u.task_ids.iter().any(Option::is_some)) && keys.follows_tasks();
+        let routed = u.routing_token && !starts && u.routing_call.is_some_and(|c| names_this_call(c, keys));
+        state || tasks || routed
+    });
+    pinned || sealed || (keys.session_id.is_some() && keys.is_response())
+}
+
+/// Whether a routing token issued for `call` is this request's call: the same `messageId`, or,
+/// for a call known by its routing id, a request without one (the token stands for the id).
+fn names_this_call(call: CallTag, keys: &RequestKeys) -> bool {
+    match keys.message_id.as_deref() {
+        Some(m) => !call.by_routing_id && PinKey::new(PinKind::Client, m.as_bytes()).digest() == call.digest,
+        None => call.by_routing_id,
+    }
 }
 
 /// Whether `resolve` extends the pins it reads (a request being served) or only looks (an
@@ -172,10 +201,16 @@ pub fn decide(
         let key = BackendKey::of(&u.backend);
         // The local pin, if this replica has one, still counts rounds and finishes the call.
         let mut candidates = keys.pin_candidates();
-        let matched = candidates.find_map(|(k, _)| {
+        let on_backend = |k: PinKey| {
             let pin = find(k)?;
             (pin.backend == key).then_some(Matched { key: k, pin })
-        });
+        };
+        // A call known by its routing id is pinned here under that id's key, which the token
+        // stands for once the client echoes only the token.
+        let token_call = u.token_call_key(keys);
+        let matched = candidates
+            .find_map(|(k, _)| on_backend(k))
+            .or_else(|| token_call.and_then(on_backend));
         let matched = matched.map(|m| call_in_session(m, &mut candidates, find));
         // A backend this router does not know (a replica that never saw it), one ejected, or
         // one ejected since the token was issued (a restarted instance): the pin is lost.

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
 use crate::dialect::{self, RequestKeys};
-use crate::token::{self, Claims, Kind, PrincipalTag, Rejected, TokenKeys};
+use crate::token::{self, CallTag, Claims, Kind, PrincipalTag, Rejected, TokenKeys};
 
 /// The keys for each kind of sealed value.
 pub struct Sealing {
@@ -44,6 +44,24 @@ pub struct Unsealed {
     pub task_ids: Vec<Option<String>>,
     /// The request carried a routing token (the `Mcp-Routing-Id` of a pinned call).
     pub routing_token: bool,
+    /// The call its routing token was issued for, when the token names one.
+    pub routing_call: Option<CallTag>,
+    /// The method and tool its wrapped `requestState` was issued for, when it names them.
+    pub state_call: Option<CallTag>,
+}
+
+impl Unsealed {
+    /// The pin key of the call the request's routing token stands for: a call known by its
+    /// routing id, whose follow-ups carry the token in its place (and no `messageId`).
+    pub fn token_call_key(&self, keys: &RequestKeys) -> Option<crate::pins::PinKey> {
+        let call = self
+            .routing_call
+            .filter(|c| c.by_routing_id && keys.message_id.is_none())?;
+        Some(crate::pins::PinKey::from_digest(
+            crate::pins::PinKind::Client,
+            call.digest,
+        ))
+    }
 }
 
 /// Why the sealed values of a request are refused.
@@ -182,13 +200,17 @@ impl Sealing {
             false => Ok(false),
         };
         let routing_token = keys.header_key.is_some_and(token::is_token);
+        let mut routing_call = None;
         if let Some(h) = keys.header_key.filter(|_| routing_token) {
-            note(self.calls.verify(Kind::RoutingId, h, now)?, true, true)?;
+            let claims = self.calls.verify(Kind::RoutingId, h, now)?;
+            routing_call = claims.call;
+            note(claims, true, true)?;
         }
-        let mut request_state = None;
+        let (mut request_state, mut state_call) = (None, None);
         if let Some(s) = keys.request_state.as_deref() {
             if sealed(s, "requestState")? {
                 let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
+                state_call = claims.call;
                 note(claims, true, true)?;
                 request_state = Some(original.into_owned());
             }
@@ -224,13 +246,23 @@ impl Sealing {
             task_id,
             task_ids,
             routing_token,
+            routing_call,
+            state_call,
         }))
     }
 
-    /// A routing token naming `backend` and the call's `rounds`, for the `Mcp-Routing-Id`
-    /// answer header. Every value sealed here is bound `to` the caller when `[auth]` named one.
-    pub fn routing_token(&self, to: Option<&PrincipalTag>, backend: &str, rounds: u32, issued: SystemTime) -> String {
-        self.calls.seal_for(to, Kind::RoutingId, backend, rounds, issued)
+    /// A routing token naming `backend`, the `call` it continues and the call's `rounds`, for
+    /// the `Mcp-Routing-Id` answer header. Every value sealed here is bound `to` the caller when
+    /// `[auth]` named one.
+    pub fn routing_token(
+        &self,
+        to: Option<&PrincipalTag>,
+        call: Option<CallTag>,
+        backend: &str,
+        rounds: u32,
+        issued: SystemTime,
+    ) -> String {
+        self.calls.seal_for(to, call, Kind::RoutingId, backend, rounds, issued)
     }
 
     /// The session id a client should echo for the backend's `session_id`.
@@ -242,7 +274,7 @@ impl Sealing {
         issued: SystemTime,
     ) -> String {
         self.sessions
-            .seal_value_for(to, Kind::Session, session_id, backend, 0, issued)
+            .seal_value_for(to, None, Kind::Session, session_id, backend, 0, issued)
     }
 
     /// A task id wrapped so that it also names `backend`: the same id always gives the same
@@ -252,18 +284,20 @@ impl Sealing {
         self.calls.seal_stable_for(to, Kind::Task, task_id, backend)
     }
 
-    /// A `requestState` wrapped so that it also names `backend` and the call's `rounds`; any
-    /// string can be wrapped, and the wrapped form is plain ASCII that no JSON encoder escapes.
+    /// A `requestState` wrapped so that it also names `backend`, the method and tool it was
+    /// issued for (`call`) and the call's `rounds`; any string can be wrapped, and the wrapped
+    /// form is plain ASCII that no JSON encoder escapes.
     pub fn wrap_request_state(
         &self,
         to: Option<&PrincipalTag>,
+        call: Option<CallTag>,
         state: &str,
         backend: &str,
         rounds: u32,
         issued: SystemTime,
     ) -> String {
         self.calls
-            .seal_value_for(to, Kind::RequestState, state, backend, rounds, issued)
+            .seal_value_for(to, call, Kind::RequestState, state, backend, rounds, issued)
     }
 }
 
@@ -325,7 +359,7 @@ mod tests {
         let crate::dialect::Outcome::InputRequired { request_state, at } = crate::dialect::parse_outcome(answer) else {
             panic!("not input_required: {}", String::from_utf8_lossy(answer))
         };
-        let wrapped = s.wrap_request_state(None, &request_state, "w1", 1, SystemTime::now());
+        let wrapped = s.wrap_request_state(None, None, &request_state, "w1", 1, SystemTime::now());
         let rewritten = Replacement::new(answer, at, &wrapped).apply(answer).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
         assert_eq!(v["result"]["requestState"], wrapped.as_str());
@@ -406,7 +440,7 @@ mod tests {
         headers.insert("mcp-session-id", session.parse().unwrap());
         headers.insert(
             "mcp-routing-id",
-            s.routing_token(Some(&alice), "w2", 1, SystemTime::now())
+            s.routing_token(Some(&alice), None, "w2", 1, SystemTime::now())
                 .parse()
                 .unwrap(),
         );

@@ -292,7 +292,7 @@ async fn methods_with_a_body_but_post_are_not_forwarded_past_the_scopes() {
             (405, Some("method_not_allowed")),
             "{method}: {a:?}"
         );
-        assert_eq!(a.headers["allow"], "GET, POST, DELETE");
+        assert_eq!(a.headers["allow"], "GET, HEAD, POST, DELETE, OPTIONS");
         assert_eq!(env.served(), before);
     }
     // GET and DELETE still reach the backend.
@@ -464,4 +464,298 @@ async fn a_listener_s_task_ids_reach_the_backend_as_it_issued_them() {
         "{a:?}"
     );
     fleet.shutdown().await;
+}
+
+/// Answers `ask` with `input_required` and a fresh state (its retry with the state: done),
+/// `pend` with `pending` (echoing the `messageId`), `task` with a task, `confirm` with
+/// `pending` when its params ask for it, anything else `{}`.
+fn every_kind_of_call(seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
+    static ISSUED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let msg: Value = serde_json::from_slice(&seen.body).unwrap_or(Value::Null);
+    let n = ISSUED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let params = &msg["params"];
+    let result = match (msg["method"].as_str(), params["name"].as_str()) {
+        (Some("tools/call"), Some("ask")) if params["requestState"].is_null() => json!({
+            "resultType": "input_required", "inputRequests": {"ok": {}}, "requestState": format!("state-{n}")}),
+        (Some("tools/call"), Some("pend")) => json!({"pending": true}),
+        (Some("tools/call"), Some("task")) => {
+            json!({"resultType": "task", "taskId": format!("task-{n}"), "status": "working"})
+        }
+        (Some("tasks/get"), _) => json!({"taskId": params["taskId"], "status": "working"}),
+        (Some("confirm"), _) if params["pend"] == true => json!({"pending": true}),
+        _ => json!({}),
+    };
+    json_answer(
+        200,
+        &json!({"jsonrpc":"2.0","id":msg["id"],"messageId":msg["messageId"],"result":result}),
+    )
+}
+
+const EDGE_KEY: &str = "edge-follow-up-key-0123456789abcdef0123";
+
+fn rpc(id: u64, method: &str, params: Value) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":method,"params":params})
+}
+
+#[tokio::test]
+async fn a_handle_counts_only_for_the_call_it_belongs_to() {
+    let (spec, backend) = Recorder::start_answering("b", every_kind_of_call).await;
+    let config = format!("[tokens]\nkeys = [\"{EDGE_KEY}\"]\n[quotas]\ncaller = \"ip\"\nrate = \"1/m\"\nburst = 3\n");
+    let fleet = Fleet::start_backends(Vec::new(), &[spec], &config).await;
+    // Three new calls spend the burst; the retry of the first is its follow-up.
+    let asked = fleet.post(&[], &rpc(1, "tools/call", json!({"name": "ask"}))).await;
+    let state = asked.json()["result"]["requestState"].as_str().unwrap().to_string();
+    let retried = fleet
+        .post(
+            &[],
+            &rpc(2, "tools/call", json!({"name": "ask", "requestState": state})),
+        )
+        .await;
+    assert_eq!(retried.status, 200, "the retry is the call's follow-up: {retried:?}");
+    let mut pend = rpc(3, "tools/call", json!({"name": "pend"}));
+    pend["messageId"] = json!("p-0");
+    let pending = fleet.post(&[], &pend).await;
+    assert_eq!(pending.json()["result"]["pending"], true, "{pending:?}");
+    let token = pending.headers["mcp-routing-id"].to_str().unwrap().to_string();
+    let created = fleet.post(&[], &rpc(4, "tools/call", json!({"name": "task"}))).await;
+    let task = created.json()["result"]["taskId"].as_str().unwrap().to_string();
+    assert!(state.starts_with("mrt2.") && task.starts_with("mrt2.") && token.starts_with("mrt2."));
+
+    // New calls that carry a handle of another call, or of one that has ended: each is a new
+    // call, and the rate is spent.
+    let with_key = |mut v: Value, key: &str| {
+        v["messageId"] = json!(key);
+        v
+    };
+    let disguised = [
+        (
+            "another tool with the state",
+            vec![],
+            rpc(5, "tools/call", json!({"name": "search", "requestState": state})),
+        ),
+        (
+            "the ended call's state again",
+            vec![],
+            rpc(6, "tools/call", json!({"name": "ask", "requestState": state})),
+        ),
+        (
+            "a task id on a tool call",
+            vec![],
+            rpc(7, "tools/call", json!({"name": "search", "taskId": task})),
+        ),
+        (
+            "the routing token on tools/list",
+            vec![("mcp-routing-id", token.as_str())],
+            rpc(8, "tools/list", json!({})),
+        ),
+        (
+            "a pending call's key on a new call",
+            vec![],
+            with_key(rpc(9, "tools/call", json!({"name": "search"})), "p-0"),
+        ),
+        (
+            "the routing token with a new key",
+            vec![("mcp-routing-id", token.as_str())],
+            with_key(rpc(10, "confirm", json!({"pend": true})), "n-1"),
+        ),
+    ];
+    for (what, headers, body) in disguised {
+        let before = backend.count();
+        let a = fleet.post(&headers, &body).await;
+        assert_eq!(assert_quota_refusal(&a, &body["id"]), "rate_limited", "{what}: {a:?}");
+        assert_eq!(backend.count(), before, "{what} reached the backend");
+    }
+    // The calls' own follow-ups pass.
+    let headers = [("mcp-routing-id", token.as_str())];
+    let confirmed = fleet
+        .post(&headers, &with_key(rpc(11, "confirm", json!({"pend": true})), "p-0"))
+        .await;
+    assert_eq!(confirmed.json()["result"]["pending"], true, "{confirmed:?}");
+    let headers = [("mcp-name", task.as_str())];
+    let polled = fleet
+        .post(&headers, &rpc(12, "tasks/get", json!({"taskId": task})))
+        .await;
+    assert_eq!(polled.status, 200, "{polled:?}");
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_routing_token_echoed_again_and_again_bounds_its_call() {
+    let (spec, _backend) = Recorder::start_answering("b", every_kind_of_call).await;
+    let config = format!(
+        "[tokens]\nkeys = [\"{EDGE_KEY}\"]\n[routing]\nmax_rounds = 4\n[quotas]\ncaller = \"ip\"\nmax_open_calls = 2\n"
+    );
+    let fleet = Fleet::start_backends(Vec::new(), &[spec], &config).await;
+    // A call known by its routing id: the client echoes the first token it got, every round.
+    let started = fleet
+        .post(
+            &[("mcp-routing-id", "r-1")],
+            &rpc(1, "tools/call", json!({"name": "pend"})),
+        )
+        .await;
+    let first = started.headers["mcp-routing-id"].to_str().unwrap().to_string();
+    let mut refused = None;
+    for round in 2..10 {
+        let a = fleet
+            .post(
+                &[("mcp-routing-id", &first)],
+                &rpc(round, "confirm", json!({"pend": true})),
+            )
+            .await;
+        if a.status != 200 {
+            refused = Some((round, a));
+            break;
+        }
+    }
+    let (round, a) = refused.expect("the call's rounds are bounded");
+    assert_eq!(
+        (round, a.status.as_u16(), a.router_error()),
+        (5, 429, Some("too_many_rounds")),
+        "rounds 1 (the start) to 4 pass: {a:?}"
+    );
+    // New calls under the first call's token take open-call slots of their own.
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        let mut body = rpc(20 + i, "confirm", json!({"pend": true}));
+        body["messageId"] = json!(format!("other-{i}"));
+        let a = fleet.post(&[("mcp-routing-id", &first)], &body).await;
+        statuses.push((a.status.as_u16(), a.router_error().map(str::to_owned)));
+    }
+    assert_eq!(
+        statuses,
+        [
+            (200, None),
+            (429, Some("too_many_open_calls".into())),
+            (429, Some("too_many_open_calls".into()))
+        ]
+    );
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn headers_that_read_two_ways_or_name_what_the_body_does_not_are_refused() {
+    let env = Env::start(&["mcp"], scoped_tool).await;
+    let token = format!("Bearer {}", env.token("mcp"));
+    let auth = ("authorization", token.as_str());
+    let ping = rpc(1, "ping", json!({})).to_string();
+    let call = call(2, "whoami").to_string();
+    let rows: Vec<(Vec<(&str, &str)>, &str, u16, &str)> = vec![
+        (
+            vec![auth, ("mcp-session-id", ""), ("mcp-session-id", "s-alice")],
+            &ping,
+            400,
+            "header_mismatch",
+        ),
+        (
+            vec![auth, ("mcp-routing-id", "r-1"), ("mcp-routing-id", "r-2")],
+            &ping,
+            400,
+            "header_mismatch",
+        ),
+        (vec![auth, ("mcp-method", "tools/call")], &ping, 400, "header_mismatch"),
+        (
+            vec![auth, ("mcp-name", "transfer-funds")],
+            &ping,
+            400,
+            "header_mismatch",
+        ),
+        (
+            vec![auth, ("mcp-method", "tools/call"), ("mcp-name", "whoami")],
+            &call,
+            200,
+            "",
+        ),
+        (
+            vec![
+                auth,
+                ("origin", "http://evil.example"),
+                ("origin", "http://evil.example"),
+            ],
+            &ping,
+            403,
+            "origin_not_allowed",
+        ),
+    ];
+    for (headers, body, status, reason) in rows {
+        let before = env.served();
+        let a = post_raw(&env, &headers, body).await;
+        assert_eq!(a.status.as_u16(), status, "{headers:?}: {a:?}");
+        if status != 200 {
+            assert_eq!(a.router_error(), Some(reason), "{headers:?}");
+            assert_eq!(env.served(), before, "{headers:?} reached a backend");
+        }
+    }
+    // Two `Origin`s, the allowed one first: the other is judged too.
+    let allowed = env.origin.clone();
+    let a = post_raw(
+        &env,
+        &[auth, ("origin", &allowed), ("origin", "http://evil.example")],
+        &ping,
+    )
+    .await;
+    assert_eq!(a.router_error(), Some("origin_not_allowed"), "{a:?}");
+    // Identity headers in other spellings never pass.
+    let a = post_raw(
+        &env,
+        &[auth, ("x_mcp_auth_subject", "root"), ("x.mcp.auth.scopes", "admin")],
+        &ping,
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let seen = env.recorder.as_ref().unwrap().last().unwrap();
+    assert!(seen.header("x_mcp_auth_subject").is_empty() && seen.header("x.mcp.auth.scopes").is_empty());
+    // A token in any spelling of the query parameter, or a path parameter.
+    for target in [
+        "/mcp?%61ccess_token=x",
+        "/mcp?access%5Ftoken=x",
+        "/mcp?access_token[]=x",
+        "/mcp;access_token=x",
+    ] {
+        let url = format!("http://{}{target}", env.fleet.router);
+        let a = send(
+            &env.fleet.client,
+            Method::POST,
+            &url,
+            &[auth],
+            Bytes::from(ping.clone()),
+        )
+        .await;
+        assert_eq!(
+            (a.status.as_u16(), a.router_error()),
+            (401, Some("unauthorized")),
+            "{target}: {a:?}"
+        );
+    }
+    // A GET, DELETE or OPTIONS with a body is not forwarded past the scopes.
+    for method in [Method::GET, Method::DELETE, Method::OPTIONS] {
+        let before = env.served();
+        let a = send(
+            &env.fleet.client,
+            method.clone(),
+            &env.fleet.url(),
+            &[auth],
+            Bytes::from(call.clone()),
+        )
+        .await;
+        assert_eq!(
+            (a.status.as_u16(), a.router_error()),
+            (400, Some("body_not_allowed")),
+            "{method}: {a:?}"
+        );
+        assert_eq!(env.served(), before);
+    }
+    // Read fields of another shape than the router reads.
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":["transfer-funds"]}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":["transfer-funds"]}"#,
+        r#"[[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"transfer-funds"}}]]"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ask","requestState":["s"]}}"#,
+    ] {
+        let a = post_raw(&env, &[auth], body).await;
+        assert_eq!(
+            (a.status.as_u16(), a.router_error()),
+            (400, Some("ambiguous_body")),
+            "{body}: {a:?}"
+        );
+    }
 }

@@ -10,7 +10,7 @@
 //! | [`an_h2_reader_that_takes_nothing_is_reset_after_the_idle_timeout`] | HTTP/2 streams whose client never opens its window | reset after `stream_idle_timeout`, their upstream requests dropped; a slow client that keeps taking is not |
 //! | [`admin_changes_need_the_token`] | `POST /backends/*/drain` without, with a wrong, with the right token; reads with `protect_reads`; no token on a non-loopback listener | 401 + `WWW-Authenticate: Bearer`, 401 `invalid_token`, 200; 403 |
 //! | [`admin_slowloris_cannot_blind_the_probes`] | 120 slow or idle admin connections | the oldest closed past `admin.max_connections`, the rest after `admin.header_read_timeout`; `/healthz` answers throughout |
-//! | [`connect_and_trace_are_answered_by_the_router`] | `CONNECT` (HTTP/1 and HTTP/2), `TRACE` | 405 `method_not_allowed`, `Allow: GET, POST, DELETE`; nothing forwarded |
+//! | [`connect_and_trace_are_answered_by_the_router`] | `CONNECT` (HTTP/1 and HTTP/2), `TRACE` | 405 `method_not_allowed`, `Allow: GET, HEAD, POST, DELETE, OPTIONS`; nothing forwarded |
 //! | [`malformed_or_oversized_heads_get_the_documented_bare_answers`] | a head that does not parse, 101 headers, a 70 KiB head (HTTP/1 and HTTP/2) | hyper's bare 400 / 431, as docs/src/limits.md lists them |
 //!
 //! Two rows of the issue live beside the token format's other tests, in `tests/tokens.rs`: a
@@ -781,7 +781,10 @@ async fn connect_and_trace_are_answered_by_the_router() {
     ] {
         let (head, body) = raw_answer(rig.router, request).await;
         assert!(head.starts_with("http/1.1 405"), "{head}");
-        assert!(head.contains("\r\nallow: get, post, delete\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nallow: get, head, post, delete, options\r\n"),
+            "{head}"
+        );
         assert!(head.contains("\r\nmcp-router-error: method_not_allowed\r\n"), "{head}");
         assert!(head.contains("\r\ncontent-type: application/json\r\n"), "{head}");
         assert_eq!(body["error"]["code"], -32600, "{body}");
@@ -802,7 +805,7 @@ async fn connect_and_trace_are_answered_by_the_router() {
     let (answer, _body) = ready.send_request(req, true).unwrap();
     let resp = tokio::time::timeout(REQUEST_DEADLINE, answer).await.unwrap().unwrap();
     assert_eq!(resp.status(), 405);
-    assert_eq!(resp.headers()["allow"], "GET, POST, DELETE");
+    assert_eq!(resp.headers()["allow"], "GET, HEAD, POST, DELETE, OPTIONS");
     assert_eq!(resp.headers()["mcp-router-error"], "method_not_allowed");
     drop(ready);
     conn.abort();

@@ -163,7 +163,9 @@ async fn mcp_headers_pass_verbatim_once_and_hop_by_hop_ones_do_not() {
         Method::POST,
         &url,
         &headers,
-        Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}"),
+        Bytes::from_static(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"Transfer Funds\"}}",
+        ),
     )
     .await;
     let v = a.json();
@@ -330,7 +332,7 @@ async fn http2_clients_are_served() {
         &h2,
         Method::POST,
         &fleet.url(),
-        &[("mcp-name", "x")],
+        &[("x-any-header", "x")],
         Bytes::from(confirm("h2-call", 2).to_string()),
     )
     .await;

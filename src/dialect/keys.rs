@@ -7,6 +7,7 @@ use http::{HeaderMap, HeaderName};
 
 use super::{parse_request, Envelopes, RequestEnvelope, Unreadable, NAME_HEADER, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
+use crate::token::CallTag;
 
 /// Every handle in a request that can choose a backend, and what its body asks for.
 #[derive(Debug, Default, Clone)]
@@ -253,6 +254,53 @@ impl<'a> RequestKeys<'a> {
     fn client_handles(&self) -> [Option<&str>; 2] {
         let header = self.call_header();
         [header, self.message_id.as_deref().filter(|m| Some(*m) != header)]
+    }
+
+    /// The call this request is, as a routing token names it (`token::CallTag`): by its
+    /// `messageId` when it has one, else by the routing id it came with (its own, not a token).
+    pub fn call_tag(&self) -> Option<CallTag> {
+        match (self.message_id.as_deref(), self.call_header()) {
+            (Some(m), _) => Some(CallTag {
+                digest: PinKey::new(PinKind::Client, m.as_bytes()).digest(),
+                by_routing_id: false,
+            }),
+            (None, Some(h)) => Some(CallTag {
+                digest: PinKey::new(PinKind::Client, h.as_bytes()).digest(),
+                by_routing_id: true,
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// What a `requestState` given with this request must have been issued for: the same
+    /// method and tool (or prompt, or resource), as a multi round-trip retry repeats them.
+    pub fn tool_tag(&self) -> CallTag {
+        let method = self.method.as_deref().unwrap_or("");
+        let name = self.name.as_deref().unwrap_or("");
+        let mut bytes = Vec::with_capacity(method.len() + 1 + name.len());
+        bytes.extend_from_slice(method.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(name.as_bytes());
+        CallTag {
+            digest: PinKey::new(PinKind::RequestState, &bytes).digest(),
+            by_routing_id: false,
+        }
+    }
+
+    /// Whether its method is one of the task methods a task id continues (`tasks/*`, and
+    /// `subscriptions/listen`, which follows tasks).
+    pub fn follows_tasks(&self) -> bool {
+        self.method
+            .as_deref()
+            .is_some_and(|m| m.starts_with("tasks/") || m == "subscriptions/listen")
+    }
+
+    /// Whether its method is one a `requestState` is retried with.
+    pub fn takes_request_state(&self) -> bool {
+        matches!(
+            self.method.as_deref(),
+            Some("tools/call" | "prompts/get" | "resources/read")
+        )
     }
 
     /// Whether this request may start a call that needs a pin (refused when the table is full).

@@ -10,10 +10,12 @@
 //!
 //! body      = key_id u32 | flags u8 | nonce [12] | sealed          (big-endian)
 //! sealed    = ChaCha20-Poly1305(aead_key, nonce, plaintext, aad)   (ciphertext, then the 16-byte tag)
-//! plaintext = issued_ms u64 | ttl_s u32 | rounds u32 | [principal [16]] | backend (rest)
+//! plaintext = issued_ms u64 | ttl_s u32 | rounds u32 | [principal [16]] | [call [16]] | backend (rest)
 //! aad       = "mrt2" | kind u8 | key_id u32 | flags u8 | value
 //! flags     = bit 0: wrapped, bit 1: value-seg is B64(value) (else the value itself),
-//!             bit 2: the plaintext holds a principal; others 0
+//!             bit 2: the plaintext holds a principal, bit 3: it holds a call,
+//!             bit 4: that call is known by its routing id (else by its messageId, or its tool);
+//!             others 0
 //! ```
 //!
 //! `B64` is URL-safe base64 without padding; `"mrt2"` is the format version. `aead_key` is
@@ -61,7 +63,22 @@ const FIXED: usize = 8 + 4 + 4;
 const FLAG_WRAPPED: u8 = 1;
 const FLAG_BASE64: u8 = 2;
 const FLAG_PRINCIPAL: u8 = 4;
+const FLAG_CALL: u8 = 8;
+const FLAG_CALL_BY_ROUTING_ID: u8 = 16;
+/// Flags that say what the plaintext holds beyond its fixed part, not how the value is carried.
+const FLAGS_BOUND: u8 = FLAG_PRINCIPAL | FLAG_CALL | FLAG_CALL_BY_ROUTING_ID;
 const PRINCIPAL_LEN: usize = 16;
+const CALL_LEN: usize = 16;
+
+/// The call a handle continues: a digest of the call's key (its `messageId`, or routing id,
+/// for a routing token; its method and tool for a `requestState`), so that a handle proves a
+/// follow-up of that call only, never of another request that carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallTag {
+    pub digest: u128,
+    /// The call is known by the routing id it was started with (it had no `messageId`).
+    pub by_routing_id: bool,
+}
 
 /// Who a handle was issued to: the first 16 bytes of the caller's principal digest (issuer and
 /// subject; never the token, which step-up and refresh replace).
@@ -131,6 +148,9 @@ pub struct Claims {
     pub rounds: Option<u32>,
     /// The caller it was issued to, when `[auth]` was on.
     pub principal: Option<PrincipalTag>,
+    /// The call it belongs to (a routing token, a `requestState`; none in tokens made before
+    /// handles named their call).
+    pub call: Option<CallTag>,
 }
 
 /// Why a token was refused. Never chooses a backend; the router answers 400.
@@ -289,39 +309,49 @@ impl TokenKeys {
 
     /// A token for a routing header: names the backend and the call's rounds.
     pub fn seal(&self, kind: Kind, backend: &str, rounds: u32, now: SystemTime) -> String {
-        self.seal_for(None, kind, backend, rounds, now)
+        self.seal_for(None, None, kind, backend, rounds, now)
     }
 
-    /// [`TokenKeys::seal`], bound to the caller `principal` when there is one.
+    /// [`TokenKeys::seal`], bound to the caller `principal` and to its `call` when known.
     pub fn seal_for(
         &self,
         principal: Option<&PrincipalTag>,
+        call: Option<CallTag>,
         kind: Kind,
         backend: &str,
         rounds: u32,
         now: SystemTime,
     ) -> String {
-        self.issue(kind, backend, rounds, None, principal, Stamp::Issued(now))
+        self.issue(kind, backend, rounds, None, (principal, call), Stamp::Issued(now))
     }
 
     /// Wraps a value the client echoes (a `requestState`, a session or task id) so that it also
     /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
     /// the empty one included.
     pub fn seal_value(&self, kind: Kind, value: &str, backend: &str, rounds: u32, now: SystemTime) -> String {
-        self.seal_value_for(None, kind, value, backend, rounds, now)
+        self.seal_value_for(None, None, kind, value, backend, rounds, now)
     }
 
-    /// [`TokenKeys::seal_value`], bound to the caller `principal` when there is one.
+    /// [`TokenKeys::seal_value`], bound to the caller `principal` and to its `call` when known.
+    #[allow(clippy::too_many_arguments)]
     pub fn seal_value_for(
         &self,
         principal: Option<&PrincipalTag>,
+        call: Option<CallTag>,
         kind: Kind,
         value: &str,
         backend: &str,
         rounds: u32,
         now: SystemTime,
     ) -> String {
-        self.issue(kind, backend, rounds, Some(value), principal, Stamp::Issued(now))
+        self.issue(
+            kind,
+            backend,
+            rounds,
+            Some(value),
+            (principal, call),
+            Stamp::Issued(now),
+        )
     }
 
     /// Wraps `value` as [`TokenKeys::seal_value`] does, but the same value, backend and key give
@@ -350,7 +380,7 @@ impl TokenKeys {
         let digest = ctx.sign();
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(&digest.as_ref()[..NONCE_LEN]);
-        self.issue(kind, backend, 0, Some(value), principal, Stamp::Stable(nonce))
+        self.issue(kind, backend, 0, Some(value), (principal, None), Stamp::Stable(nonce))
     }
 
     /// Checks a token from [`TokenKeys::seal`] made for `kind`.
@@ -381,7 +411,7 @@ impl TokenKeys {
         let value = value.ok_or(Rejected::Malformed)?;
         with_body(body, |body| {
             let flags = *body.get(4).ok_or(Rejected::Malformed)?;
-            let value: Cow<'a, str> = match flags & !FLAG_PRINCIPAL {
+            let value: Cow<'a, str> = match flags & !FLAGS_BOUND {
                 FLAG_WRAPPED => Cow::Borrowed(value),
                 f if f == FLAG_WRAPPED | FLAG_BASE64 => {
                     let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| Rejected::Malformed)?;
@@ -389,7 +419,7 @@ impl TokenKeys {
                 }
                 _ => return Err(Rejected::Malformed),
             };
-            let claims = self.open(kind, body, flags & !FLAG_PRINCIPAL, value.as_bytes(), now)?;
+            let claims = self.open(kind, body, flags & !FLAGS_BOUND, value.as_bytes(), now)?;
             Ok((value, claims))
         })
     }
@@ -400,7 +430,7 @@ impl TokenKeys {
         backend: &str,
         rounds: u32,
         value: Option<&str>,
-        principal: Option<&PrincipalTag>,
+        (principal, call): (Option<&PrincipalTag>, Option<CallTag>),
         stamp: Stamp,
     ) -> String {
         let key = &self.keys[0];
@@ -410,9 +440,16 @@ impl TokenKeys {
             Some(_) if raw => FLAG_WRAPPED,
             Some(_) => FLAG_WRAPPED | FLAG_BASE64,
         };
-        let bound = principal.map_or(0, |_| PRINCIPAL_LEN);
+        let principal_len = principal.map_or(0, |_| PRINCIPAL_LEN);
+        let bound = principal_len + call.map_or(0, |_| CALL_LEN);
         if principal.is_some() {
             flags |= FLAG_PRINCIPAL;
+        }
+        if let Some(c) = call {
+            flags |= FLAG_CALL;
+            if c.by_routing_id {
+                flags |= FLAG_CALL_BY_ROUTING_ID;
+            }
         }
         let len = HEAD + FIXED + bound + backend.len() + TAG_LEN;
         let mut stack = [0u8; STACK_BODY];
@@ -438,6 +475,10 @@ impl TokenKeys {
         if let Some(p) = principal {
             plain[FIXED..FIXED + PRINCIPAL_LEN].copy_from_slice(p);
         }
+        if let Some(c) = call {
+            let at = FIXED + principal_len;
+            plain[at..at + CALL_LEN].copy_from_slice(&c.digest.to_be_bytes());
+        }
         plain[FIXED + bound..].copy_from_slice(backend.as_bytes());
         let aad = aad(kind, &head[..5], value.unwrap_or("").as_bytes());
         let tag = key
@@ -452,11 +493,14 @@ impl TokenKeys {
     /// Decrypts and authenticates a decoded body (`flags` as the value's encoding requires),
     /// then checks the expiry.
     fn open(&self, kind: Kind, body: &[u8], flags: u8, value: &[u8], now: SystemTime) -> Result<Claims, Rejected> {
-        let bound = match body.get(4).map(|f| f & !FLAG_PRINCIPAL == flags) {
-            Some(true) if body[4] & FLAG_PRINCIPAL != 0 => PRINCIPAL_LEN,
-            Some(true) => 0,
-            _ => return Err(Rejected::Malformed),
-        };
+        let found = *body.get(4).ok_or(Rejected::Malformed)?;
+        let by_routing_id = found & FLAG_CALL_BY_ROUTING_ID != 0;
+        if found & !FLAGS_BOUND != flags || (by_routing_id && found & FLAG_CALL == 0) {
+            return Err(Rejected::Malformed);
+        }
+        let principal_len = if found & FLAG_PRINCIPAL != 0 { PRINCIPAL_LEN } else { 0 };
+        let call_len = if found & FLAG_CALL != 0 { CALL_LEN } else { 0 };
+        let bound = principal_len + call_len;
         if body.len() < HEAD + FIXED + bound + TAG_LEN {
             return Err(Rejected::Malformed);
         }
@@ -486,10 +530,17 @@ impl TokenKeys {
         let issued_ms = be8(&plain[0..8]);
         let ttl = be4(&plain[8..12]);
         let rounds = be4(&plain[12..16]);
-        let principal = (bound > 0).then(|| {
+        let principal = (principal_len > 0).then(|| {
             let mut p = [0u8; PRINCIPAL_LEN];
             p.copy_from_slice(&plain[FIXED..FIXED + PRINCIPAL_LEN]);
             p
+        });
+        let call = (call_len > 0).then(|| {
+            let at = FIXED + principal_len;
+            CallTag {
+                digest: u128::from_be_bytes(plain[at..at + CALL_LEN].try_into().expect("16 bytes")),
+                by_routing_id,
+            }
         });
         let backend = std::str::from_utf8(&plain[FIXED + bound..]).map_err(|_| Rejected::Malformed)?;
         let expires = (issued_ms / 1000).saturating_add(ttl.into());
@@ -503,6 +554,7 @@ impl TokenKeys {
             expires,
             rounds: Some(rounds),
             principal,
+            call,
         })
     }
 }

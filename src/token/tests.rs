@@ -36,6 +36,7 @@ fn seal_verify_round_trip() {
             expires: NOW + 3600,
             rounds: Some(3),
             principal: None,
+            call: None,
         }
     );
     // Any backend name, including non-ASCII and the empty one, and a long one (on the heap).
@@ -289,7 +290,7 @@ fn stable_tokens_are_the_same_for_the_same_handle_and_open_as_its_kind() {
 fn bound_tokens_carry_their_principal_and_it_cannot_be_changed_or_removed() {
     let k = keys(&[1]);
     let (alice, bob) = ([0xa1; 16], [0xb0; 16]);
-    let t = k.seal_for(Some(&alice), Kind::RoutingId, "worker-1", 2, at(NOW));
+    let t = k.seal_for(Some(&alice), None, Kind::RoutingId, "worker-1", 2, at(NOW));
     let c = k.verify(Kind::RoutingId, &t, at(NOW)).unwrap();
     assert_eq!(
         (c.principal, c.backend.as_str(), c.rounds),
@@ -302,7 +303,7 @@ fn bound_tokens_carry_their_principal_and_it_cannot_be_changed_or_removed() {
         None
     );
     for value in ["state-1", "needs \"escaping\" é", ""] {
-        let w = k.seal_value_for(Some(&bob), Kind::RequestState, value, "worker-2", 1, at(NOW));
+        let w = k.seal_value_for(Some(&bob), None, Kind::RequestState, value, "worker-2", 1, at(NOW));
         let (v, c) = k.open_value(Kind::RequestState, &w, at(NOW)).unwrap();
         assert_eq!((v.as_ref(), c.principal), (value, Some(bob)));
     }
@@ -328,4 +329,44 @@ fn bound_tokens_carry_their_principal_and_it_cannot_be_changed_or_removed() {
     assert_ne!(a, k.seal_stable_for(Some(&bob), Kind::Task, "task-7", "worker-1"));
     assert_ne!(a, k.seal_stable(Kind::Task, "task-7", "worker-1"));
     assert_eq!(k.open_value(Kind::Task, &a, at(NOW)).unwrap().1.principal, Some(alice));
+}
+
+#[test]
+fn tokens_name_their_call_and_it_cannot_be_changed_or_removed() {
+    let k = keys(&[1]);
+    let alice = [0xa1; 16];
+    for (principal, call) in [
+        (
+            None,
+            CallTag {
+                digest: 7,
+                by_routing_id: false,
+            },
+        ),
+        (
+            Some(&alice),
+            CallTag {
+                digest: u128::MAX - 3,
+                by_routing_id: true,
+            },
+        ),
+    ] {
+        let t = k.seal_for(principal, Some(call), Kind::RoutingId, "worker-1", 2, at(NOW));
+        let c = k.verify(Kind::RoutingId, &t, at(NOW)).unwrap();
+        assert_eq!(
+            (c.call, c.principal.as_ref(), c.backend.as_str()),
+            (Some(call), principal, "worker-1")
+        );
+        let w = k.seal_value_for(principal, Some(call), Kind::RequestState, "s-1", "worker-2", 1, at(NOW));
+        let (v, c) = k.open_value(Kind::RequestState, &w, at(NOW)).unwrap();
+        assert_eq!((v.as_ref(), c.call), ("s-1", Some(call)));
+        // The flags are authenticated: clearing or setting a call flag is refused.
+        let mut raw = URL_SAFE_NO_PAD.decode(t.strip_prefix("mrt2.").unwrap()).unwrap();
+        for flip in [8u8, 16] {
+            raw[4] ^= flip;
+            let forged = format!("mrt2.{}", URL_SAFE_NO_PAD.encode(&raw));
+            assert!(k.verify(Kind::RoutingId, &forged, at(NOW)).is_err(), "flag {flip}");
+            raw[4] ^= flip;
+        }
+    }
 }

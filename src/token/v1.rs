@@ -75,6 +75,7 @@ impl Claims {
             expires: self.expires,
             rounds: None,
             principal: None,
+            call: None,
         }
     }
 }
