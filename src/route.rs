@@ -70,6 +70,10 @@ pub struct Decision {
 /// handle, and one whose call has ended here (its pin finished: a repeat of its last round is
 /// routed to the same backend, but it is no longer a call a limiter could strand).
 pub fn is_follow_up(keys: &RequestKeys, matched: Option<Matched>, unsealed: Option<&Unsealed>) -> bool {
+    // Most requests carry no handle at all.
+    if matched.is_none() && unsealed.is_none() && keys.session_id.is_none() {
+        return false;
+    }
     if matched.is_some_and(|m| m.pin.finished) {
         return false;
     }

@@ -311,12 +311,13 @@ impl<'a> RequestKeys<'a> {
     /// Whether a message of the request is one that starts a call whose answer may pin (a
     /// `tools/call`, `prompts/get`, `resources/read` or `initialize`).
     pub fn starts_a_call(&self) -> bool {
-        self.messages().any(|(method, _)| {
+        let starts = |method: Option<&str>| {
             matches!(
                 method,
                 Some("tools/call" | "prompts/get" | "resources/read" | "initialize")
             )
-        })
+        };
+        starts(self.method.as_deref()) || self.rest().iter().any(|e| starts(e.method.as_deref()))
     }
 }
 
