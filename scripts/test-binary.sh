@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs the tests that start the router as a program against another build of it, such as the
-# profile-guided one (scripts/build-optimized.sh): every test file that runs the binary through
-# tests/support's bin() or spawn_router(), or MRTR_TEST_ROUTER_BIN, found by those names, so a
-# new one is included by itself. The other tests run the library in-process and test the same code either way.
+# profile-guided one (scripts/build-optimized.sh): every module of tests/it/ that runs the binary
+# through the harness's bin() or spawn_router(), or MRTR_TEST_ROUTER_BIN, found by those names,
+# so a new one is included by itself. The other tests run the library in-process and test the
+# same code either way.
 #
 #   scripts/test-binary.sh target/optimized/mrtr-router
 #
-# tests/deploy.rs is left out: it checks the deploy files with kubectl, promtool and a venv that
-# scripts/test.sh sets up, and runs the binary only for `check`. Exits non-zero when a test fails.
+# tests/external/deploy.rs is left out: it checks the deploy files with kubectl, promtool and a
+# venv that scripts/test.sh sets up, and runs the binary only for `check`. Exits non-zero when a
+# test fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -25,11 +27,9 @@ if [ "$built" != "$head" ]; then
 fi
 
 args=()
-for f in $(grep -lE 'MRTR_TEST_ROUTER_BIN|[^_a-z]bin\(\)|spawn_router\(' tests/*.rs | sort); do
-  name=$(basename "$f" .rs)
-  [ "$name" = deploy ] && continue
-  args+=(--test "$name")
+for f in $(grep -lE 'MRTR_TEST_ROUTER_BIN|[^_a-z]bin\(\)|spawn_router\(' tests/it/*.rs | sort); do
+  args+=("$(basename "$f" .rs)::")
 done
 [ ${#args[@]} -gt 0 ] || { echo >&2 "test-binary: no test starts the binary?"; exit 2; }
 echo "test-binary: ${args[*]} against $BIN ($("$BIN" --version))"
-MRTR_TEST_ROUTER_BIN=$BIN cargo test "${args[@]}"
+MRTR_TEST_ROUTER_BIN=$BIN cargo test --test it -- "${args[@]}"

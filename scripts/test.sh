@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every check and test of mrtr-router on a fresh machine: formatting, clippy, the book
-# (built with a pinned mdbook, its links checked), the Python MCP SDK venv for the interop tests
-# (created once under .venv-interop/, reused), then all tests, then a smoke run of the
-# whole-proxy bench (bench/run.sh) with the debug router.
+# (built with a pinned mdbook, its links checked), the tools of the external tests (the Python
+# MCP SDK venv, the test authorization server, promtool, kubectl, redis-server), then all tests
+# (unit tests, tests/it/, tests/external/), then a smoke run of the whole-proxy bench
+# (bench/run.sh) with the debug router. Every cargo command builds with the same features
+# (`external-tests` on), so the library is compiled once.
 # Fails loudly on anything missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,8 +17,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+FEATURES=(--features external-tests)
+step "cargo clippy --all-targets ${FEATURES[*]} -- -D warnings"
+cargo clippy --all-targets "${FEATURES[@]}" -- -D warnings
 
 # ---- docs: the book (docs/), its links and words (scripts/check_docs.py) ----------------------
 MDBOOK_VERSION=0.5.4
@@ -50,7 +53,7 @@ step "Python venv with the official MCP SDK (tests/interop/requirements.txt)"
 MRTR_INTEROP_PYTHON="$(bash tests/interop/setup_venv.sh | tail -n1)"
 export MRTR_INTEROP_PYTHON
 
-# ---- the test authorization server (tests/idp.rs, tests/support/idp.rs) ------------------------
+# ---- the test authorization server (tests/external/idp.rs, tests/external/tools/idp.rs) ---------
 step "Test authorization server: oidc-provider under node (tests/idp/package-lock.json, npm ci into tests/idp/node_modules)"
 if ! MRTR_IDP_DIR="$(bash tests/idp/setup.sh | tail -n1)" || [ ! -d "$MRTR_IDP_DIR/node_modules/oidc-provider" ]; then
   echo >&2 "==> FAILED: bash tests/idp/setup.sh (see its output above)"
@@ -59,8 +62,8 @@ fi
 export MRTR_IDP_DIR
 # ---- end of the test authorization server block -----------------------------------------------
 
-# ---- deploy/ checks (tests/deploy.rs): their tools and venv -----------------------------------
-step "Tools for the deploy checks (tests/deploy.rs): promtool, kubectl, systemd-analyze; Python venv with kubernetes-validate (tests/deploy/requirements.txt)"
+# ---- deploy/ checks (tests/external/deploy.rs): their tools and venv ---------------------------
+step "Tools for the deploy checks (tests/external/deploy.rs): promtool, kubectl, systemd-analyze; Python venv with kubernetes-validate (tests/deploy/requirements.txt)"
 if ! command -v promtool >/dev/null 2>&1; then
   echo "promtool missing: apt-get install prometheus (Debian's package ships it)"
   if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; then
@@ -70,7 +73,7 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 for t in promtool kubectl systemd-analyze; do
   if ! command -v "$t" >/dev/null 2>&1; then
-    echo >&2 "==> FAILED: $t not found on PATH (tests/deploy.rs needs it)"
+    echo >&2 "==> FAILED: $t not found on PATH (tests/external/deploy.rs needs it)"
     exit 1
   fi
 done
@@ -78,20 +81,20 @@ MRTR_DEPLOY_PYTHON="$(bash tests/deploy/setup_venv.sh | tail -n1)"
 export MRTR_DEPLOY_PYTHON
 # ---- end of the deploy/ checks block ----------------------------------------------------------
 
-# ---- the shared quota store's Redis (tests/quotas_redis.rs, tests/support/redis_server.rs) ------
+# ---- the shared quota store's Redis (tests/external/quotas_redis.rs, tests/external/tools/) ------
 step "redis-server for the shared quota store's tests (Debian's package; each test starts its own on loopback)"
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "redis-server missing: apt-get install redis-server"
   if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }; then
-    echo >&2 "==> FAILED: apt-get install redis-server (tests/quotas_redis.rs needs it)"
+    echo >&2 "==> FAILED: apt-get install redis-server (tests/external/quotas_redis.rs needs it)"
     exit 1
   fi
 fi
 redis-server --version
 # ---- end of the Redis block ---------------------------------------------------------------------
 
-step "cargo test"
-cargo test --all-targets
+step "cargo test --all-targets ${FEATURES[*]} (unit tests, tests/it/, tests/external/)"
+cargo test --all-targets "${FEATURES[@]}"
 
 # ---- vendor/ (see vendor/README.md) ----------------------------------------------------------
 step "vendor/: hyper and h2 are exactly their crates.io releases plus vendor/patches/ (vendor/update.sh --check)"
@@ -110,7 +113,7 @@ python3 -m unittest discover -s bench/tests
 # cargo test built the router already; the hyper-floor rows need examples/hyper_floor*.rs as plain
 # binaries (cargo test builds examples as test harnesses under another name), the [auth] rows
 # examples/bench_token.rs.
-cargo build --bins --example hyper_floor --example hyper_floor_h2c --example hyper_floor_scan --example bench_token
+cargo build "${FEATURES[@]}" --bins --example hyper_floor --example hyper_floor_h2c --example hyper_floor_scan --example bench_token
 echo "bench/run.py --smoke --router-bin target/debug/mrtr-router"
 echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start)"
 if ! python3 bench/run.py --smoke --router-bin target/debug/mrtr-router; then

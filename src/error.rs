@@ -40,15 +40,8 @@ pub enum RouterError {
     HeaderMismatch,
     /// A key the router reads stands twice in the body, or in another spelling: readers would
     /// disagree on the call it makes.
-    #[error("{}; refused so that every reader sees one call", match .how {
-        crate::dialect::Reading::Twice => format!("the body has `{key}` twice"),
-        crate::dialect::Reading::Spelled => format!("the body spells `{key}` otherwise (by case)"),
-        crate::dialect::Reading::Shape => format!("the body's `{key}` is not of its shape (a string, an object)"),
-    })]
-    AmbiguousBody {
-        key: &'static str,
-        how: crate::dialect::Reading,
-    },
+    #[error("the body reads two ways at `{key}` ({why}); refused so that every reader sees one call")]
+    AmbiguousBody { key: &'static str, why: &'static str },
     #[error("this batch is refused: {why}")]
     BatchRefused { why: &'static str },
     #[error("the request path has a dot segment, an empty segment or an encoded separator; send it normalised")]
@@ -448,7 +441,7 @@ mod tests {
             HeaderMismatch,
             AmbiguousBody {
                 key: "method",
-                how: crate::dialect::Reading::Twice,
+                why: "it stands twice",
             },
             BatchRefused { why: "x" },
             InvalidPath,

@@ -33,7 +33,7 @@ use hyper::body::Incoming;
 use crate::body::ProxyBody;
 use crate::calls::Call;
 use crate::config::defaults;
-use crate::dialect::RequestKeys;
+use crate::dialect::{Reading, RequestKeys};
 use crate::error::RouterError;
 use crate::route;
 use crate::sealing;
@@ -380,7 +380,14 @@ fn judge_method(method: &Method, body: &Incoming, snap: &crate::state::Snapshot)
 fn unreadable(e: crate::dialect::Unreadable) -> RouterError {
     match e {
         crate::dialect::Unreadable::NotJson(_) => RouterError::Parse,
-        crate::dialect::Unreadable::Ambiguous(a) => RouterError::AmbiguousBody { key: a.key, how: a.how },
+        crate::dialect::Unreadable::Ambiguous(a) => RouterError::AmbiguousBody {
+            key: a.key,
+            why: match a.how {
+                Reading::Twice => "it stands twice",
+                Reading::Spelled => "it stands in another spelling",
+                Reading::Shape => "its value is not of its shape",
+            },
+        },
     }
 }
 

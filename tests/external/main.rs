@@ -1,0 +1,17 @@
+//! The integration tests that need tools beyond Rust (docs/src/design/testing.md): the official
+//! MCP Python SDK (`interop`), node with the test authorization server (`idp`, `auth_stepup`),
+//! promtool, kubectl and a Python venv for the deploy/ checks (`deploy`), and redis-server
+//! (`quotas_redis`). Built only with the `external-tests` feature, which the README's test
+//! command turns on after it installs the tools: a plain `cargo test` never needs them.
+
+// The harness of tests/it/, whose helpers these tests use only a few of.
+#[allow(dead_code)]
+#[path = "../it/support/mod.rs"]
+mod support;
+mod tools;
+
+mod auth_stepup;
+mod deploy;
+mod idp;
+mod interop;
+mod quotas_redis;
