@@ -637,7 +637,9 @@ async fn headers_that_read_two_ways_or_name_what_the_body_does_not_are_refused()
     let auth = ("authorization", token.as_str());
     let ping = rpc(1, "ping", json!({})).to_string();
     let call = call(2, "whoami").to_string();
-    let rows: Vec<(Vec<(&str, &str)>, &str, u16, &str)> = vec![
+    // Headers, body, and the status and reason they get.
+    type Row<'a> = (Vec<(&'a str, &'a str)>, &'a str, u16, &'a str);
+    let rows: Vec<Row> = vec![
         (
             vec![auth, ("mcp-session-id", ""), ("mcp-session-id", "s-alice")],
             &ping,
