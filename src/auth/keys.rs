@@ -18,7 +18,6 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::Uri;
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
-use sha2::{Digest, Sha256};
 
 use super::fetch::{self, FetchError};
 use super::jwks::{JwksError, KeySet, MAX_JWKS_BYTES};
@@ -337,7 +336,10 @@ impl Inner {
 
     /// Puts `keys`, read from `document`, in use (`state` is the store's, locked).
     fn install(&self, state: &mut State, keys: KeySet, document: &[u8]) {
-        let digest: [u8; 32] = Sha256::digest(document).into();
+        let digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, document)
+            .as_ref()
+            .try_into()
+            .expect("SHA-256 is 32 bytes");
         if state.document != Some(digest) || self.set.load().is_none() {
             self.set.store(Some(Arc::new(keys)));
             state.document = Some(digest);

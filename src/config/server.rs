@@ -337,13 +337,12 @@ pub(super) fn read_file(s: &Section, key: &str, path: &Text) -> Result<(PathBuf,
 
 /// SHA-256 over the files' contents (length-prefixed): configs compare equal when their files do.
 pub(super) fn digest(contents: &[&[u8]]) -> [u8; 32] {
-    use sha2::Digest;
-    let mut digest = sha2::Sha256::new();
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     for content in contents {
-        digest.update((content.len() as u64).to_be_bytes());
+        digest.update(&(content.len() as u64).to_be_bytes());
         digest.update(content);
     }
-    digest.finalize().into()
+    digest.finish().as_ref().try_into().expect("SHA-256 is 32 bytes")
 }
 
 pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig, ConfigError> {

@@ -43,7 +43,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
-use sha2::{Digest, Sha256};
 
 pub use v1::TokenKeys as LegacyTokenKeys;
 
@@ -110,10 +109,11 @@ pub fn is_token(s: &str) -> bool {
 /// The key id a token made with `key` carries: the first 4 bytes of
 /// SHA-256(`"mrtr-token-key-id\0"` | key), big-endian. Safe to log.
 pub fn key_id(key: &[u8]) -> u32 {
-    let digest = Sha256::new()
-        .chain_update(b"mrtr-token-key-id\0")
-        .chain_update(key)
-        .finalize();
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(b"mrtr-token-key-id\0");
+    ctx.update(key);
+    let digest = ctx.finish();
+    let digest = digest.as_ref();
     u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
 

@@ -20,8 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use ring::hmac;
 
 use super::{carried_as_is, split, text, with_body, Rejected, STACK_BODY};
 
@@ -36,8 +35,6 @@ const FLAG_WRAPPED: u8 = 1;
 const FLAG_BASE64: u8 = 2;
 const FLAG_WRAPPED_BASE64: u8 = FLAG_WRAPPED | FLAG_BASE64;
 
-type HmacSha256 = Hmac<Sha256>;
-
 /// The keys (the first signs, all verify) and the lifetime of the tokens they issue.
 #[derive(Clone)]
 pub struct TokenKeys {
@@ -48,8 +45,8 @@ pub struct TokenKeys {
 #[derive(Clone)]
 struct Key {
     id: u32,
-    /// HMAC state with the key and [`PREFIX`] already absorbed; cloned per token.
-    mac: HmacSha256,
+    /// HMAC-SHA-256 under the configured key.
+    mac: hmac::Key,
 }
 
 /// What an authentic, unexpired token of this format says.
@@ -104,10 +101,9 @@ impl TokenKeys {
         let keys = keys
             .iter()
             .zip(ids)
-            .map(|(key, &id)| {
-                let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-                mac.update(PREFIX.as_bytes());
-                Key { id, mac }
+            .map(|(key, &id)| Key {
+                id,
+                mac: hmac::Key::new(hmac::HMAC_SHA256, key),
             })
             .collect();
         TokenKeys { keys, ttl_secs }
@@ -191,10 +187,8 @@ impl TokenKeys {
         body[5..13].copy_from_slice(&unix_secs(now).to_be_bytes());
         body[13..17].copy_from_slice(&self.ttl_secs.to_be_bytes());
         body[FIXED..head_len].copy_from_slice(backend.as_bytes());
-        let tag = mac(&key.mac, &body[..head_len], value.unwrap_or("").as_bytes())
-            .finalize()
-            .into_bytes();
-        body[head_len..].copy_from_slice(&tag);
+        let tag = hmac::sign(&key.mac, &signed(&body[..head_len], value.unwrap_or("").as_bytes()));
+        body[head_len..].copy_from_slice(tag.as_ref());
 
         text(PREFIX, body, value, raw)
     }
@@ -205,9 +199,7 @@ impl TokenKeys {
 
     /// MAC (constant time), then backend name, then expiry.
     fn check(&self, key: &Key, parsed: &Parsed<'_>, value: &[u8], now: SystemTime) -> Result<Claims, Rejected> {
-        mac(&key.mac, parsed.head, value)
-            .verify_slice(parsed.mac)
-            .map_err(|_| Rejected::BadSignature)?;
+        hmac::verify(&key.mac, &signed(parsed.head, value), parsed.mac).map_err(|_| Rejected::BadSignature)?;
         let backend = std::str::from_utf8(&parsed.head[FIXED..]).map_err(|_| Rejected::Malformed)?;
         let expires = parsed.issued.saturating_add(parsed.ttl.into());
         if unix_secs(now) > expires {
@@ -253,14 +245,16 @@ impl<'b> Parsed<'b> {
     }
 }
 
-/// HMAC state over a body head and value, ready to finalize or verify.
-fn mac(keyed: &HmacSha256, head: &[u8], value: &[u8]) -> HmacSha256 {
-    let mut m = keyed.clone();
-    m.update(&head[..FIXED]);
-    m.update(&((head.len() - FIXED) as u64).to_be_bytes());
-    m.update(&head[FIXED..]);
-    m.update(value);
-    m
+/// What the MAC covers: the prefix, a body's head (its fixed fields, then the backend's length
+/// and name) and the wrapped value.
+fn signed(head: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut input = Vec::with_capacity(PREFIX.len() + head.len() + 8 + value.len());
+    input.extend_from_slice(PREFIX.as_bytes());
+    input.extend_from_slice(&head[..FIXED]);
+    input.extend_from_slice(&((head.len() - FIXED) as u64).to_be_bytes());
+    input.extend_from_slice(&head[FIXED..]);
+    input.extend_from_slice(value);
+    input
 }
 
 fn unix_secs(t: SystemTime) -> u64 {

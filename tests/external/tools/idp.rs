@@ -20,7 +20,6 @@ use http::{header, HeaderMap, Method, Request};
 use http_body_util::{BodyExt, Full};
 use ring::signature::{RsaPublicKeyComponents, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, RSA_PKCS1_2048_8192_SHA256};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
@@ -393,7 +392,7 @@ impl Idp {
         let client_id = reg.json()["client_id"].as_str().unwrap().to_string();
 
         let verifier = URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
-        let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
+        let challenge = URL_SAFE_NO_PAD.encode(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()));
         let state = URL_SAFE_NO_PAD.encode(rand::random::<[u8; 16]>());
         let query = form(&[
             ("response_type", "code"),
