@@ -278,28 +278,30 @@ where
     }
 }
 
-/// An HTTP/2 stream's task under [`StreamExecutor`]'s watch.
-struct Watched<F> {
-    inner: F,
-    polls: Arc<BodyPolls>,
-    first: bool,
-    stall_limit: Duration,
-    /// The body's poll count when the task was last found waiting with its data with hyper,
-    /// and since when.
-    stall: Option<(u64, tokio::time::Instant)>,
-    /// Armed at the first such wait; left in place (and re-aimed when it fires) after.
-    timer: Option<Pin<Box<Sleep>>>,
-    aborts: prometheus::IntCounter,
+pin_project_lite::pin_project! {
+    /// An HTTP/2 stream's task under [`StreamExecutor`]'s watch.
+    struct Watched<F> {
+        #[pin]
+        inner: F,
+        polls: Arc<BodyPolls>,
+        first: bool,
+        stall_limit: Duration,
+        // The body's poll count when the task was last found waiting with its data with hyper,
+        // and since when.
+        stall: Option<(u64, tokio::time::Instant)>,
+        // Armed at the first such wait; left in place (and re-aimed when it fires) after.
+        timer: Option<Pin<Box<Sleep>>>,
+        aborts: prometheus::IntCounter,
+    }
 }
 
 impl<F: Future<Output = ()>> Future for Watched<F> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // SAFETY: `inner` is never moved out of the pinned `Watched`; nothing else is pinned.
-        let this = unsafe { self.get_unchecked_mut() };
-        let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
-        let polled = match std::mem::take(&mut this.first) {
+        let this = self.project();
+        let inner = this.inner;
+        let polled = match std::mem::take(this.first) {
             true => STREAM_POLLS.sync_scope(this.polls.clone(), || inner.poll(cx)),
             false => inner.poll(cx),
         };
@@ -307,10 +309,10 @@ impl<F: Future<Output = ()>> Future for Watched<F> {
             return Poll::Ready(());
         }
         let Some(count) = this.polls.holding() else {
-            this.stall = None;
+            *this.stall = None;
             return Poll::Pending;
         };
-        match this.stall {
+        match *this.stall {
             Some((seen, since)) if seen == count => {
                 let Some(timer) = this.timer.as_mut() else {
                     return Poll::Pending;
@@ -319,7 +321,7 @@ impl<F: Future<Output = ()>> Future for Watched<F> {
                     return Poll::Pending;
                 }
                 // The timer was aimed at this stall or an earlier one.
-                let deadline = since + this.stall_limit;
+                let deadline = since + *this.stall_limit;
                 if tokio::time::Instant::now() >= deadline {
                     this.aborts.inc();
                     tracing::debug!("HTTP/2 client took nothing of its answer for stream_idle_timeout: stream reset");
@@ -330,13 +332,13 @@ impl<F: Future<Output = ()>> Future for Watched<F> {
             }
             _ => {
                 let now = tokio::time::Instant::now();
-                this.stall = Some((count, now));
-                let deadline = now + this.stall_limit;
-                match &mut this.timer {
+                *this.stall = Some((count, now));
+                let deadline = now + *this.stall_limit;
+                match this.timer {
                     None => {
                         let mut timer = Box::pin(tokio::time::sleep_until(deadline));
                         let _ = timer.as_mut().poll(cx);
-                        this.timer = Some(timer);
+                        *this.timer = Some(timer);
                     }
                     Some(timer) if timer.is_elapsed() => {
                         timer.as_mut().reset(deadline);
