@@ -1,7 +1,7 @@
 //! `mrtr-router`: a reverse proxy for fleets of MCP servers that sends every round of a
 //! multi-round call to the instance holding it (ARCHITECTURE.md has the code map; docs/ is the book).
 //!
-//! The modules, bottom up; arrows go one way, down (`tests/architecture.rs` checks it):
+//! The modules, bottom up; arrows go one way, down (`tests/it/architecture.rs` checks it):
 //! - [`config`]  TOML → validated [`Config`], one folder by section; every default in
 //!   [`config::defaults`]. `token` (the sealed token format), `tls` (PEM → rustls: the
 //!   listener's server config, the backends' client configs), `error`

@@ -1,6 +1,6 @@
 //! The properties of the router's parsers, each a `check_*` function that panics when it fails.
 //! The fuzz targets (`fuzz/fuzz_targets/`, `cargo +nightly fuzz run <target>`) feed them
-//! libFuzzer's inputs; `tests/properties.rs` compiles this same file and feeds them proptest's,
+//! libFuzzer's inputs; `tests/it/properties.rs` compiles this same file and feeds them proptest's,
 //! in the normal `cargo test`. Uses only crates the router itself depends on (the JWT checks
 //! sign their tokens with `ring`, by `tests/fixtures/jwt/signer.rs`).
 

@@ -3,7 +3,7 @@
 //! per tool across all callers (one count). A [`Permit`] is released when dropped: the request
 //! path holds it until the answer's body ends, so an SSE stream counts for its whole life.
 //! A caller with something in flight costs 27.5 bytes of table at 100,000 such callers
-//! (`tests/quota_memory.rs`), beside the 32-byte permit each request holds.
+//! (`tests/it/quota_memory.rs`), beside the 32-byte permit each request holds.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -17,7 +17,7 @@
 //!
 //! Memory: one tracked caller costs its map entry (16-byte key, 8-byte TAT, one control byte)
 //! over the map's load: 32.8 bytes per caller measured at 100,000 callers
-//! (`tests/quota_memory.rs` prints it), between 29 and 57 as the maps fill and grow, so the
+//! (`tests/it/quota_memory.rs` prints it), between 29 and 57 as the maps fill and grow, so the
 //! default `max_tracked_callers` is 3 to 6 MB per rate table.
 
 use std::sync::atomic::{AtomicU64, Ordering};

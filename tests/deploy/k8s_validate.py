@@ -9,7 +9,7 @@ For each DIR: `kubectl kustomize DIR`, then each object:
   cloudcoil pydantic model generated from its CRD (types, enums, required fields), and every
   field of the object must be one the model knows (pydantic alone would drop unknown ones);
 - any other kind: an error (nothing may go unchecked).
-Prints {"DIR": [object, ...], ...} as JSON on stdout for tests/deploy.rs to assert properties
+Prints {"DIR": [object, ...], ...} as JSON on stdout for tests/external/deploy.rs to assert properties
 on; one line per object and check on stderr. Exits 1 when anything fails.
 """
 

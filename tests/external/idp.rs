@@ -1,5 +1,5 @@
 //! The test authorization server (tests/idp/server.mjs, oidc-provider) through its harness
-//! (tests/support/idp.rs): JWT access tokens for the requested resource, signed ES256 or RS256
+//! (tests/external/tools/idp.rs): JWT access tokens for the requested resource, signed ES256 or RS256
 //! by keys of its JWKS, rotated on demand; end-user tokens by the authorization-code flow with
 //! PKCE; and the official MCP Python SDK's OAuth clients completing discovery, registration and
 //! scope step-up against it with an SDK resource server. The test script installs node's and

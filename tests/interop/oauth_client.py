@@ -1,5 +1,5 @@
 """MCP client (official Python SDK, mcp==2.3.0) that authorizes with the SDK's OAuth providers,
-for the router's OAuth tests (tests/idp.rs) against the test authorization server
+for the router's OAuth tests (tests/external/idp.rs) against the test authorization server
 (tests/idp/server.mjs).
 
     python oauth_client.py URL client-credentials --client-id ID --client-secret S --issuer ISS [--call TOOL[:TEXT]]...
@@ -22,7 +22,7 @@ object); a 403 insufficient_scope on one makes the SDK re-authorize with the uni
 scopes it held and the challenged one, then send the call again. Elicitations (input_required
 rounds) are answered: transfers approved, the one-time code for amount A is otp-A.
 
-For routers behind an L4 load balancer (tests/auth_stepup.rs):
+For routers behind an L4 load balancer (tests/external/auth_stepup.rs):
   --also ORIGIN        every other request to URL's origin goes to ORIGIN instead, on its own
                        connections, with the same URL and Host (one public address, two replicas)
   --legacy             one legacy session (initialize, Mcp-Session-Id) carries every call

@@ -3,7 +3,7 @@
 //! `Mcp-Router-Error`, JSON-RPC error and id, no backend reached, `mrtr_auth_total` moved by
 //! exactly one), the tokens that pass and what their backend then sees, the Protected Resource
 //! Metadata, the issuer's keys unavailable then back, and auth off. Handles bound to their
-//! principal are in tests/auth_handles.rs.
+//! principal are in tests/it/auth_handles.rs.
 
 use std::time::Duration;
 

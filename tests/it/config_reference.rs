@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use mrtr_router::config::{KeyDefault, Kind, Reference, SectionDoc, REGENERATE};
 use mrtr_router::Config;
 
-/// The router cargo built, or the one `MRTR_TEST_ROUTER_BIN` names (as tests/support's `bin()`).
+/// The router cargo built, or the one `MRTR_TEST_ROUTER_BIN` names (as tests/it/support's `bin()`).
 fn bin() -> String {
     std::env::var("MRTR_TEST_ROUTER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mrtr-router").into())
 }

@@ -3,8 +3,8 @@
 //! segments, a body whose keys read two ways, a method with a body that is not POST, one
 //! connection's unfinished bodies (docs/src/quotas.md, docs/src/authorization.md,
 //! docs/src/limits.md, docs/src/dialects.md). Each test fails on a router that reads the shape
-//! as the plain one. Clear handles under `[auth]` and `[tokens]` are in tests/auth_handles.rs,
-//! one stalled byte in tests/stalled_bytes.rs.
+//! as the plain one. Clear handles under `[auth]` and `[tokens]` are in tests/it/auth_handles.rs,
+//! one stalled byte in tests/it/stalled_bytes.rs.
 
 use crate::support::auth::rows::Env;
 use crate::support::auth::*;

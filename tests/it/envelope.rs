@@ -149,7 +149,7 @@ fn lenient(v: Option<&RawValue>) -> Option<String> {
 /// the first fault in it (see [`ambiguities`]; at one place, a key standing twice is said before
 /// its shape). The generated bodies are UTF-8, so only the grammar, the escapes and which
 /// occurrence counts are in question here (`utf8_is_checked_where_serde_json_checks_it` and
-/// tests/properties.rs cover the rest).
+/// tests/it/properties.rs cover the rest).
 fn reference(body: &[u8], field: &str) -> Verdict {
     faulted(body, field).0
 }

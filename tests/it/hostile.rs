@@ -13,7 +13,7 @@
 //! | [`connect_and_trace_are_answered_by_the_router`] | `CONNECT` (HTTP/1 and HTTP/2), `TRACE` | 405 `method_not_allowed`, `Allow: GET, HEAD, POST, DELETE, OPTIONS`; nothing forwarded |
 //! | [`malformed_or_oversized_heads_get_the_documented_bare_answers`] | a head that does not parse, 101 headers, a 70 KiB head (HTTP/1 and HTTP/2) | hyper's bare 400 / 431, as docs/src/limits.md lists them |
 //!
-//! Two rows of the issue live beside the token format's other tests, in `tests/tokens.rs`: a
+//! Two rows of the issue live beside the token format's other tests, in `tests/it/tokens.rs`: a
 //! wrapped `requestState` used as an `Mcp-Session-Id` is refused
 //! (`a_wrapped_handle_of_one_kind_is_refused_as_another`), and a token's bytes show no
 //! backend name (`a_token_reveals_no_backend_name`).

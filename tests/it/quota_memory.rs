@@ -1,6 +1,6 @@
 //! What one tracked caller costs: the bytes the quota tables allocate per caller, measured by
 //! a counting allocator, printed, and held to a bound (the figure in `quotas::rate`'s comment
-//! comes from here: `cargo test --test quota_memory -- --nocapture`).
+//! comes from here: `cargo test --test it quota_memory:: -- --nocapture`).
 
 use std::time::{Duration, Instant};
 

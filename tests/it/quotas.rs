@@ -21,7 +21,7 @@ const QUOTA_KEYS: &str = "rate = \"40/s\"\nburst = 40\nmax_in_flight = 8\nmax_op
 /// flight (8) and B's (2) fit, but A's slow calls without its in-flight quota would take them
 /// all and make B wait for them (B's p99 then passed 1.9 s). `max_open_calls` is above the
 /// calls A's rate lets it start in a phase, so that the in-flight quota is the one that holds
-/// A's slow calls (tests/quotas_shares.rs has the open-calls share).
+/// A's slow calls (tests/it/quotas_shares.rs has the open-calls share).
 const UPSTREAM: &str = "[upstream]\nmax_connections_per_backend = 10\n";
 const FLOOD_PER_SEC: u64 = 400;
 /// A's requests in flight at most (the client's side; its quota is 8).

@@ -377,7 +377,7 @@ impl Idp {
     pub async fn user_tokens(&self, user: &str, scopes: &str, resource: &str) -> UserTokens {
         let registration = json!({"redirect_uris": [REDIRECT_URI], "application_type": "native",
             "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
-            "token_endpoint_auth_method": "none", "client_name": "mrtr tests/support/idp.rs"});
+            "token_endpoint_auth_method": "none", "client_name": "mrtr tests/external/tools/idp.rs"});
         let json_type = [("content-type", "application/json".to_string())];
         let reg_url = self.endpoint("registration_endpoint");
         let reg = self

@@ -578,6 +578,8 @@ pub fn ran_alone() -> bool {
         "{name}, run in a process of its own, failed:\n{ran}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // What it printed (its figures), as the test's own output: shown with `--nocapture`.
+    print!("{ran}");
     true
 }
 

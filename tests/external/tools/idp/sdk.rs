@@ -15,7 +15,7 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The interop venv's python: `MRTR_INTEROP_PYTHON`, else .venv-interop (as tests/interop.rs).
+/// The interop venv's python: `MRTR_INTEROP_PYTHON`, else .venv-interop (as tests/external/interop.rs).
 pub fn interop_python() -> PathBuf {
     let py = std::env::var_os("MRTR_INTEROP_PYTHON")
         .map(PathBuf::from)
