@@ -194,7 +194,7 @@ impl Call {
             .pins
             .pin_holding(key, target.backend.key, target.epoch, rounds, &c.snap.ttls, hold);
         if created {
-            c.shared.metrics.pins_created_by_kind[key.kind() as usize].inc();
+            key.kind().count_created(&c.shared.metrics);
             if let Some(seen) = &c.pins_seen {
                 seen.fetch_or(1 << key.kind() as u8, Ordering::Relaxed);
             }
@@ -205,7 +205,7 @@ impl Call {
     fn finish(&self, key: PinKey) -> Option<u32> {
         let c = self;
         let pin = c.shared.pins.finish(key, &c.snap.ttls)?;
-        c.shared.metrics.pins_finished_by_kind[pin.kind as usize].inc();
+        pin.kind.count_finished(&c.shared.metrics);
         Some(pin.rounds)
     }
 

@@ -111,13 +111,14 @@ pub struct Metrics {
     /// Ended spans that never reached the collector: the export queue was full, or the export
     /// failed (collector down, slow past the export timeout, or refusing).
     pub(crate) spans_dropped: IntCounter,
-    /// Hot-path children resolved once: decisions by [`ROUTE_SOURCES`] index, pins created and
-    /// finished by [`PIN_KINDS`] index.
+    /// Hot-path children resolved once, by their label's place: decisions in [`ROUTE_SOURCES`],
+    /// pins created and finished in [`PIN_KINDS`] (counted by `route::Source::count` and
+    /// `pins::PinKind::count_created`/`count_finished`).
     pub(crate) decisions_by_source: [IntCounter; 4],
     pub(crate) pins_created_by_kind: [IntCounter; 4],
     pub(crate) pins_finished_by_kind: [IntCounter; 4],
-    /// `mrtr_auth_total{result}` by [`crate::auth::AUTH_RESULTS`] index.
-    pub(crate) auth_by_result: [IntCounter; 9],
+    /// `mrtr_auth_total{result}` by [`crate::auth::AUTH_RESULTS`] place ([`Metrics::count_auth`]).
+    auth_by_result: [IntCounter; 9],
     pub(crate) jwks_refreshes: IntCounterVec,
     /// Seconds since the key set in use was loaded; set when `/metrics` is rendered.
     pub(crate) jwks_age: IntGauge,
@@ -144,6 +145,13 @@ fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 }
 
 impl Metrics {
+    /// Counts one `[auth]` outcome, by its `result` label (one of `crate::auth::AUTH_RESULTS`).
+    pub fn count_auth(&self, result: &str) {
+        if let Some(i) = crate::auth::AUTH_RESULTS.iter().position(|r| *r == result) {
+            self.auth_by_result[i].inc();
+        }
+    }
+
     pub fn new() -> Metrics {
         let r = Registry::new();
         let route_decisions = counter(

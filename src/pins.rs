@@ -41,6 +41,16 @@ impl PinKind {
     pub fn label(self) -> &'static str {
         PIN_KINDS[self as usize]
     }
+
+    /// Counts a pin of this kind made, in `mrtr_pins_created_total`.
+    pub fn count_created(self, metrics: &crate::metrics::Metrics) {
+        metrics.pins_created_by_kind[self as usize].inc();
+    }
+
+    /// Counts a pin of this kind finished, in `mrtr_pins_finished_total`.
+    pub fn count_finished(self, metrics: &crate::metrics::Metrics) {
+        metrics.pins_finished_by_kind[self as usize].inc();
+    }
 }
 
 /// A pin's key: a keyed 128-bit digest of the kind and the client-visible handle, and the kind.

@@ -29,6 +29,11 @@ impl Source {
     pub fn label(self) -> &'static str {
         crate::metrics::ROUTE_SOURCES[self as usize]
     }
+
+    /// Counts a decision of this source in `mrtr_route_decisions_total`.
+    pub fn count(self, metrics: &crate::metrics::Metrics) {
+        metrics.decisions_by_source[self as usize].inc();
+    }
 }
 
 /// A pin the request matched.

@@ -1,0 +1,432 @@
+//! The phases of one request, in the order `handle_inner` runs them, each a method over the one
+//! request context ([`Exchange`], Pingora's CTX) returning `Result<_, RouterError>`:
+//!
+//! authenticate → caller → read → keys → authorize → decide → admit → connect → forward → answer
+//!
+//! The order is what keeps the edge's invariants: who calls is known from the head before any
+//! body is read; the keys are read only from a body the read phase produced ([`Read`]); whether
+//! a request is a follow-up is one function (`route::is_follow_up`), asked by `decide`, whose
+//! answer `admit` uses; identity headers are written by `forward`, which builds the upstream
+//! request, after the hop-by-hop headers are removed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::{Method, Response};
+use http_body::Body;
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use super::deadline::{within, Deadline};
+use super::forward::Forward;
+use super::read::{self, Held};
+use super::{admit, answer, gate, headers, join_the_write_burst, method_label, Connection, Record, RpcId};
+use crate::auth::Caller;
+use crate::body::ProxyBody;
+use crate::calls::Call;
+use crate::dialect::{Reading, RequestKeys, Unreadable};
+use crate::error::RouterError;
+use crate::quotas::{CallerKey, OpenCall};
+use crate::route::{self, Decision};
+use crate::sealing::{self, Unsealed};
+use crate::state::{Shared, Snapshot};
+use crate::telemetry::Observation;
+use crate::upstream::{Backend, ClientBody, FaultCell, InflightGuard, PooledConn};
+
+/// One request on its way through the phases: what the connection lends it, and what each
+/// phase found for the next.
+pub(super) struct Exchange<'c> {
+    pub shared: &'c Arc<Shared>,
+    pub snap: Arc<Snapshot>,
+    /// The client's IP, as a header value made once per connection.
+    pub peer: &'c HeaderValue,
+    pub tls: bool,
+    pub connection: Connection<'c>,
+    pub started: Instant,
+    /// What is recorded of the request whatever its end (metrics, the access log, traces).
+    pub record: &'c mut Record,
+    /// The caller `[auth]` verified (authenticate); none on a public path or without `[auth]`.
+    caller: Option<Arc<Caller>>,
+    /// The caller `[quotas]` counts the request against (caller).
+    quota_caller: Option<CallerKey>,
+}
+
+/// A request's body as the read phase left it: read whole (a POST's, held within the body
+/// budget until the request ends), or still to stream (any other method's).
+pub(super) enum Read<'c> {
+    Whole(Bytes, Held<'c>),
+    Streamed(Incoming),
+}
+
+/// The route `decide` chose: the backend and why, and what the request's sealed handles hold.
+pub(super) struct Routed {
+    decision: Decision,
+    unsealed: Option<Unsealed>,
+}
+
+/// A connection to the chosen backend, and the call the request is part of.
+pub(super) struct Connected {
+    conn: PooledConn,
+    backend: Arc<Backend>,
+    guard: InflightGuard,
+    call: Call,
+    /// The `method` label of the request's metrics.
+    method: &'static str,
+}
+
+/// The backend's answer head, and what observing its body needs.
+pub(super) struct Answered<'c> {
+    response: Response<crate::upstream::DrivenBody>,
+    backend: Arc<Backend>,
+    guard: InflightGuard,
+    call: Call,
+    /// The request body's share of the budget, given back once the answer's head (a JSON
+    /// answer: its whole body) is in.
+    held: Held<'c>,
+}
+
+impl<'c> Exchange<'c> {
+    pub fn new(
+        shared: &'c Arc<Shared>,
+        peer: &'c HeaderValue,
+        tls: bool,
+        connection: Connection<'c>,
+        started: Instant,
+        record: &'c mut Record,
+    ) -> Exchange<'c> {
+        Exchange {
+            shared,
+            snap: shared.snapshot(),
+            peer,
+            tls,
+            connection,
+            started,
+            record,
+            caller: None,
+            quota_caller: None,
+        }
+    }
+
+    /// Starts the access log's and the trace's view of the request, when either is on.
+    pub fn observe(&mut self, parts: &Parts) {
+        let (snap, log) = (&self.snap, &self.snap.config.log);
+        if log.access || snap.tracing.is_some() {
+            let access = log.access.then_some(log.format);
+            let obs = Observation::begin(parts, self.peer, self.started, access, snap.tracing.as_ref());
+            self.record.obs = Some(obs);
+        }
+    }
+
+    /// Who calls, from the head alone (a stranger's body is never read): `[auth]`'s checks
+    /// (docs/src/authorization.md). `Some` answer: the Protected Resource Metadata, served here.
+    pub async fn authenticate(&mut self, parts: &Parts) -> Result<Option<Response<ProxyBody>>, RouterError> {
+        let (Some(cfg), Some(resource)) = (&self.snap.config.auth, &self.snap.auth) else {
+            return Ok(None);
+        };
+        if parts.method == Method::GET && resource.is_metadata_path(parts.uri.path()) {
+            return Ok(Some(gate::metadata(resource).map(ProxyBody::from)));
+        }
+        let caller = gate::authenticate(self.shared, cfg, resource, parts).await?;
+        if let (Some(obs), Some(c)) = (&mut self.record.obs, &caller) {
+            obs.caller(&c.verified.subject, c.verified.client_id.as_deref());
+        }
+        self.caller = caller;
+        Ok(None)
+    }
+
+    /// The caller `[quotas]` counts the request against, from the head too: its share of the
+    /// body budget bounds the body's read.
+    pub fn caller(&mut self, headers: &HeaderMap) {
+        let Some(quotas) = &self.snap.quotas else {
+            return;
+        };
+        let tag = self.caller.as_ref().map(|c| c.tag);
+        let key = admit::caller(quotas, headers, self.peer, tag.as_ref());
+        if let Some(obs) = &mut self.record.obs {
+            obs.quota_caller(key.log_text(), admit::client_ip(quotas, headers, self.peer));
+        }
+        self.quota_caller = Some(key);
+    }
+
+    /// A POST's body whole (bounded in size and time, held within the budget all bodies share
+    /// until the request ends); any other method's streams, if the method is forwarded at all.
+    pub async fn read(&self, method: &Method, body: Incoming) -> Result<Read<'c>, RouterError> {
+        if *method != Method::POST {
+            judge_method(method, &body, &self.snap)?;
+            return Ok(Read::Streamed(body));
+        }
+        let quotas = self.snap.quotas.as_ref();
+        let caller_share = quotas.zip(self.quota_caller).and_then(|(q, c)| q.body_share(c));
+        let budget = &self.shared.metrics.body_buffer;
+        let share = self.connection.share;
+        let (bytes, held) = read::read_body(body, &self.snap, budget, share, caller_share).await?;
+        Ok(Read::Whole(bytes, held))
+    }
+
+    /// Every handle the headers and the read body carry, and what the body asks for; a body
+    /// that reads two ways, a batch that cannot be one request and headers that disagree with
+    /// the body are refused here.
+    pub fn keys<'r>(&mut self, headers: &'r HeaderMap, read: &'r Read<'_>) -> Result<RequestKeys<'r>, RouterError> {
+        let routing = &self.snap.config.routing;
+        let body = match read {
+            Read::Whole(bytes, _) => Some(&bytes[..]),
+            Read::Streamed(_) => None,
+        };
+        let keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body).map_err(unreadable)?;
+        if let Some(obs) = &mut self.record.obs {
+            obs.keys(keys.method.as_deref(), keys.name.as_deref());
+        }
+        self.record.id = keys.id.map(RpcId::new);
+        if let Some(why) = keys.batch_refused() {
+            return Err(RouterError::BatchRefused { why });
+        }
+        Ok(keys)
+    }
+
+    /// Whether the caller's scopes cover what the body asks for (every message of a batch).
+    pub fn authorize(&self, keys: &RequestKeys) -> Result<(), RouterError> {
+        if let (Some(resource), Some(caller)) = (&self.snap.auth, &self.caller) {
+            gate::authorize(resource, caller, keys)?;
+        }
+        match keys.names_disagree() {
+            true => Err(RouterError::HeaderMismatch),
+            false => Ok(()),
+        }
+    }
+
+    /// The backend: sealed handles first (verified, and bound to the caller), then pins, then
+    /// the ring (docs/src/routing.md).
+    pub fn decide(&self, keys: &RequestKeys) -> Result<Routed, RouterError> {
+        let tag = self.caller.as_ref().map(|c| c.tag);
+        let lookup = route::Lookup::Refresh;
+        let (decision, unsealed) = route::resolve(&self.snap, &self.shared.pins, keys, tag.as_ref(), lookup)?;
+        if self.caller.is_some() {
+            // Accepted: its token, its scopes, and every handle it presents are its own.
+            self.shared.metrics.count_auth("ok");
+        }
+        Ok(Routed { decision, unsealed })
+    }
+
+    /// The caller's quotas, before any backend is asked (docs/src/quotas.md): the request is
+    /// counted until its answer's body ends; the open-call slot it reserved, if any, goes to
+    /// its call.
+    pub async fn admit(
+        &mut self,
+        keys: &RequestKeys<'_>,
+        routed: &Routed,
+        method: &Method,
+    ) -> Result<Option<OpenCall>, RouterError> {
+        let (Some(quotas), Some(caller)) = (&self.snap.quotas, self.quota_caller) else {
+            return Ok(None);
+        };
+        let ask = admit::Ask {
+            keys,
+            follow_up: routed.decision.follow_up,
+            ends_a_session: *method == Method::DELETE && keys.session_id.is_some(),
+        };
+        let mut admitted = admit::admit(quotas, caller, ask).await?;
+        let open_call = admitted.take_open_call();
+        self.record.admitted = Some(admitted);
+        Ok(open_call)
+    }
+
+    /// A connection to the backend (or, when it refuses an unpinned request, the next one on
+    /// the ring), and the call the request is part of, bound to the incarnation it goes to: an
+    /// ejection while it is in flight voids any pin its answer makes.
+    pub async fn connect(
+        &mut self,
+        keys: &RequestKeys<'_>,
+        routed: &Routed,
+        method: &Method,
+        open_call: Option<OpenCall>,
+        deadline: Deadline<'_>,
+    ) -> Result<Connected, RouterError> {
+        let (shared, decision) = (self.shared, &routed.decision);
+        decision.source.count(&shared.metrics);
+        if decision.pin_lost {
+            shared.metrics.pins_lost.inc();
+        }
+        if let Some(obs) = &mut self.record.obs {
+            let pin_used = decision
+                .matched
+                .filter(|_| !decision.pin_lost)
+                .map(|m| m.pin.kind.label());
+            obs.routed(decision.source.label(), &decision.backend.name, pin_used);
+        }
+        let forward = Forward {
+            shared,
+            snap: &self.snap,
+        };
+        let trace = self.record.obs.as_mut().and_then(|o| o.trace.as_mut());
+        let (conn, backend, guard) = forward.connect(decision, keys.client_key(), deadline, trace).await?;
+        let unsealed = routed.unsealed.as_ref();
+        let incarnation = backend.incarnation();
+        let mut call = Call::new(shared, &self.snap, keys, decision, incarnation, method, unsealed);
+        call.issue_to(self.caller.as_ref().map(|c| c.tag));
+        call.hold(open_call);
+        if let Some(obs) = &mut self.record.obs {
+            obs.sent_to(&backend.name);
+            call.note_pins_in(obs.pins_created.clone());
+        }
+        let method = method_label(method, keys.method.as_deref());
+        Ok(Connected {
+            conn,
+            backend,
+            guard,
+            call,
+            method,
+        })
+    }
+
+    /// The request as the backend gets it (its own handles back, the hop-by-hop headers out,
+    /// then what the router owns set: `Host`, `X-Forwarded-*`, the identity headers), sent,
+    /// and its answer's head.
+    pub async fn forward(
+        &mut self,
+        parts: Parts,
+        read: Read<'c>,
+        routed: Routed,
+        connected: Connected,
+        mut deadline: Deadline<'_>,
+    ) -> Result<Answered<'c>, RouterError> {
+        let Connected {
+            conn,
+            backend,
+            guard,
+            call,
+            method,
+        } = connected;
+        let unsealed = routed.unsealed.as_ref();
+        // A streamed body's failure is its client's, never the backend's.
+        let mut client_fault = None;
+        let (body, held) = match read {
+            Read::Streamed(incoming) if incoming.is_end_stream() => (Either::Left(Bytes::new()), Held::nothing()),
+            Read::Streamed(incoming) => {
+                let timeout = self.snap.config.server.body_read_timeout;
+                let fault = client_fault.insert(FaultCell::default()).clone();
+                (
+                    Either::Right(ClientBody::new(incoming, timeout, fault)),
+                    Held::nothing(),
+                )
+            }
+            // The backend gets back the state and the task ids it issued.
+            Read::Whole(bytes, held) => {
+                let body = match unsealed {
+                    Some(u) if sealing::restores_body(u) => {
+                        sealing::restore_originals(&bytes, &self.snap.config.routing.body_field, u)
+                    }
+                    _ => bytes,
+                };
+                (Either::Left(body), held)
+            }
+        };
+        let originals = headers::Originals {
+            session: unsealed.and_then(|u| u.session_id.as_deref()),
+            task: unsealed.and_then(|u| u.task_id.as_deref()),
+        };
+        let identity = self.snap.config.auth.as_ref().map(|cfg| gate::Identity {
+            cfg,
+            caller: self.caller.as_deref(),
+        });
+        let (peer, tls) = (self.peer, self.tls);
+        let mut request = headers::build_upstream_request(parts, body, &backend, peer, tls, originals, identity)
+            .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
+        if let Some(trace) = self.record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
+            trace.inject(request.headers_mut());
+        }
+        let reused = conn.reused;
+        let sending = std::pin::pin!(conn.send(request));
+        join_the_write_burst().await;
+        let first = within(deadline.reborrow(), sending).await;
+        let forward = Forward {
+            shared: self.shared,
+            snap: &self.snap,
+        };
+        let response = forward
+            .answer(first, reused, &backend, client_fault.as_ref(), deadline)
+            .await?;
+        let elapsed = self.started.elapsed().as_secs_f64();
+        self.record.answered = Some((backend.clone(), method, response.status(), elapsed));
+        Ok(Answered {
+            response,
+            backend,
+            guard,
+            call,
+            held,
+        })
+    }
+
+    /// The answer for the client, observed on its way: pins are in place before the client can
+    /// read what needs them; a JSON answer is read whole within the deadline first.
+    pub async fn answer(
+        &mut self,
+        answered: Answered<'_>,
+        deadline: Deadline<'_>,
+    ) -> Result<Response<ProxyBody>, RouterError> {
+        let Answered {
+            response,
+            backend,
+            guard,
+            call,
+            held: _held,
+        } = answered;
+        let forward = Forward {
+            shared: self.shared,
+            snap: &self.snap,
+        };
+        let status = response.status();
+        let (mut parts, body) = response.into_parts();
+        let head = answer::head(&call, status, &mut parts);
+        let body = match head.kind {
+            answer::Kind::Sse => {
+                // A stream waits on no deadline: its connection holds no timer while it streams.
+                if let Some(timer) = self.connection.timer {
+                    timer.release();
+                }
+                answer::sse(&forward, call, &mut parts, head.pinned, body, &backend, guard)
+            }
+            answer::Kind::Json => {
+                let collected = read::collect_json(body, deadline).await;
+                answer::json(&forward, &call, &mut parts, head, collected, &backend, guard)?
+            }
+            answer::Kind::Other => answer::other(&forward, &call, &mut parts, head.pinned, body, &backend, guard),
+        };
+        join_the_write_burst().await;
+        Ok(Response::from_parts(parts, body))
+    }
+}
+
+/// Whether a request of `method` other than POST is forwarded. CONNECT and TRACE are no MCP
+/// methods. With `[auth]` or `[quotas]` on, neither is any method but the Streamable HTTP ones
+/// (GET, DELETE) and HEAD and OPTIONS, nor one of those with a body: such a body would stream
+/// to a backend unread, past the scopes and the tool quotas that a POST's body is judged by.
+fn judge_method(method: &Method, body: &Incoming, snap: &Snapshot) -> Result<(), RouterError> {
+    let judged = snap.config.auth.is_some() || snap.config.quotas.is_some();
+    match *method {
+        Method::CONNECT | Method::TRACE => Err(RouterError::MethodNotAllowed { method: method.clone() }),
+        Method::GET | Method::DELETE | Method::HEAD | Method::OPTIONS if judged && !body.is_end_stream() => {
+            Err(RouterError::BodyNotAllowed { method: method.clone() })
+        }
+        Method::GET | Method::DELETE | Method::HEAD | Method::OPTIONS => Ok(()),
+        _ if judged => Err(RouterError::MethodNotAllowed { method: method.clone() }),
+        _ => Ok(()),
+    }
+}
+
+/// A body the router cannot read as one request: not JSON, or readable two ways.
+fn unreadable(e: Unreadable) -> RouterError {
+    match e {
+        Unreadable::NotJson(_) => RouterError::Parse,
+        Unreadable::Ambiguous(a) => RouterError::AmbiguousBody {
+            key: a.key,
+            why: match a.how {
+                Reading::Twice => "it stands twice",
+                Reading::Spelled => "it stands in another spelling",
+                Reading::Shape => "its value is not of its shape",
+            },
+        },
+    }
+}
