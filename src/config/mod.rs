@@ -1,6 +1,6 @@
 //! Configuration: the TOML file (docs/src/configuration.md) read section by section into the
 //! validated [`Config`] the rest of the router uses; nothing else sees an unchecked value. Each
-//! key is declared once, where its section is read (`reader`), which also writes `check`'s
+//! key is declared once, beside where its section is read (`reader`), which also writes `check`'s
 //! printout and, read in reference mode, the reference and the example config (`reference`).
 
 mod algorithm;
@@ -142,12 +142,12 @@ impl Config {
         let tokens = tokens::tokens(doc.section(root, "tokens", about)?)?;
         let about = "The router as the fleet's OAuth resource server: the JWT access tokens it accepts and the \
                      scopes each operation needs; present turns it on.";
-        let auth_keys = auth::auth(doc.section(root, "auth", about)?)?;
+        let auth_section = auth::auth(doc.section(root, "auth", about)?)?;
         let about = "The Protected Resource Metadata (RFC 9728) the router serves, from which clients find the \
                      authorization server.";
         let metadata = auth::resource_metadata(
             doc.section_in(root, "auth", "resource_metadata", "auth.resource_metadata", about)?,
-            auth_keys.on(),
+            auth_section.on(),
         )?;
         let mut scoped = [Vec::new(), Vec::new()];
         for (list, (key, about)) in scoped.iter_mut().zip([
@@ -168,12 +168,12 @@ impl Config {
             }
         }
         let [tools, methods] = scoped;
-        let auth = auth::combine(auth_keys, metadata, tools, methods, |span, message| {
+        let auth = auth::combine(auth_section, metadata, tools, methods, |span, message| {
             doc.err::<()>(span, message).unwrap_err()
         })?;
         let about = "Fair shares between callers: who a caller is, the rate of new calls, requests in flight, \
                      open calls and buffered body bytes each may have; present turns them on.";
-        let quota_keys = quotas::quotas(doc.section(root, "quotas", about)?, auth.is_some(), &server)?;
+        let quotas_section = quotas::quotas(doc.section(root, "quotas", about)?, auth.is_some(), &server)?;
         let about = "The quotas of one tool (a `tools/call` of it); repeat for each tool.";
         let mut quota_tools = Vec::new();
         for (table, span) in doc.elements_in(root, "quotas", "tool", "quotas.tool", about)? {
@@ -181,7 +181,7 @@ impl Config {
             let tool = quotas::tool(element, &quota_tools)?;
             quota_tools.push(tool);
         }
-        let quotas = quotas::combine(quota_keys, quota_tools, |span, message| {
+        let quotas = quotas::combine(quotas_section, quota_tools, |span, message| {
             doc.err::<()>(span, message).unwrap_err()
         })?;
         let about = "Backends found in DNS, merged with the static ones: present turns it on.";

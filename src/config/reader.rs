@@ -1,8 +1,10 @@
-//! Reading the TOML document key by key. Each key is declared once, in the function that reads
-//! its section: one call names the key and says what it means, and gives its type, default and
-//! bounds. That call checks the value (errors name the file, the line and `section.key`),
-//! records the effective value for `check`'s printout and, in reference mode, the key's entry
-//! in the reference (`mrtr-router config reference`, `config example`).
+//! Reading the TOML document key by key. Each key is declared once, beside the function that
+//! reads its section (in it, or, for the long sections `[auth]` and `[quotas]`, as constants in
+//! their folder's `keys.rs`): [`key`] names it and says what it means. It is read once, by a
+//! call that gives its type, default and bounds and checks the value (errors name the file,
+//! the line and `section.key`), and that call records the effective value for `check`'s
+//! printout and, in reference mode, the key's entry in the reference (`mrtr-router config
+//! reference`, `config example`).
 //!
 //! Adding a section: read it in `Config::read` with `doc.section(root, "name", "what it is")`
 //! (or `doc.elements` for an array of tables), in a function of its own file that reads every

@@ -406,3 +406,34 @@ pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig
     s.finish(true)?;
     Ok(admin)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    fn parse(text: &str) -> Result<Config, crate::config::ConfigError> {
+        let backend = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:9001\"\n";
+        Config::parse(Path::new("test.toml"), &format!("{backend}{text}"))
+    }
+
+    #[test]
+    fn proxy_protocol_needs_its_sources() {
+        let c = parse("[server]\nproxy_protocol = true\nproxy_protocol_from = [\"10.1.0.0/16\"]\n").unwrap();
+        assert!(c.server.proxy_protocol);
+        assert_eq!(c.server.proxy_protocol_from, ["10.1.0.0/16".parse().unwrap()]);
+        assert_eq!(Config::parse(Path::new("t.toml"), &c.to_toml()).unwrap(), c);
+        let c = parse("").unwrap();
+        assert!(!c.server.proxy_protocol && c.server.proxy_protocol_from.is_empty());
+        let e = parse("[server]\nproxy_protocol = true\n").unwrap_err().to_string();
+        assert!(
+            e.contains("server.proxy_protocol: needs server.proxy_protocol_from"),
+            "{e}"
+        );
+        let e = parse("[server]\nproxy_protocol_from = [\"10.0.0.0/33\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.proxy_protocol_from: \"10.0.0.0/33\""), "{e}");
+    }
+}
