@@ -1,3 +1,9 @@
+//! The format's unit tests: round trips, every kind against every other, tampering, expiry,
+//! the previous format's tokens.
+
+use std::borrow::Cow;
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use super::*;
 
 const TTL: Duration = Duration::from_secs(3600);
