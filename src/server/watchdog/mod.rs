@@ -37,19 +37,22 @@
 //! none of them). A client that sends a `close_notify` alert before its FIN leaves those bytes
 //! unread in front of the FIN, so the peek finds bytes, not the end: such a client is taken as
 //! gone only when writing its answer fails (as it is when it pipelines another request).
+//!
+//! This file is the timer and the peek at the client's socket; what the requests and their
+//! answers' bodies report to it is `activity`, and the watch of each HTTP/2 stream `streams`.
+
+mod activity;
+mod streams;
 
 use std::future::Future;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
-use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
@@ -57,301 +60,14 @@ use tokio::time::Sleep;
 use crate::error::RouterError;
 use crate::state::Shared;
 
+pub use activity::{Activity, Tracked};
+pub use streams::{stream_polls, StreamExecutor};
+
 /// Checks per timeout: the timeout is kept to within a quarter of itself.
 const CHECKS_PER_TIMEOUT: u32 = 4;
 
 /// How long the 408 may take to write before the connection is closed without it.
 const ANSWER_WRITE_TIME: Duration = Duration::from_secs(1);
-
-/// What one connection's requests have done, counted by the service and the answers' bodies.
-#[derive(Default)]
-pub struct Activity {
-    /// Requests whose head was read (the service was called).
-    started: AtomicU64,
-    /// Answers written whole, or given up (their body was dropped).
-    finished: AtomicU64,
-    /// How hyper polls the answers' bodies (HTTP/1: one answer at a time).
-    polls: BodyPolls,
-    /// The timer the connection's requests' upstream deadlines share (HTTP/1.1): here, in an
-    /// allocation the connection has anyway.
-    timer: crate::proxy::ConnectionTimer,
-}
-
-impl AsRef<crate::proxy::ConnectionTimer> for Activity {
-    fn as_ref(&self) -> &crate::proxy::ConnectionTimer {
-        &self.timer
-    }
-}
-
-/// How hyper has polled an answer's body (or, for HTTP/1, the connection's answers): it asks
-/// for more only once it has written what it was handed, so a body whose last poll handed it
-/// data and that no poll has followed for long sits behind a client that takes nothing.
-#[derive(Default)]
-pub struct BodyPolls {
-    /// Polls of the body by hyper.
-    count: AtomicU64,
-    /// The last poll handed hyper data.
-    holding: AtomicBool,
-}
-
-impl BodyPolls {
-    fn record(&self, handed_data: bool) {
-        // Relaxed: read by a timer on the same task (HTTP/2) or a quarter timeout later (HTTP/1).
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.holding.store(handed_data, Ordering::Relaxed);
-    }
-
-    /// `Some(polls so far)` while the last poll handed hyper data.
-    fn holding(&self) -> Option<u64> {
-        self.holding
-            .load(Ordering::Relaxed)
-            .then(|| self.count.load(Ordering::Relaxed))
-    }
-}
-
-impl Activity {
-    /// Called as a request's head reaches the service; its answer's body must carry the
-    /// returned guard, so that the request counts as in flight until the answer is written.
-    pub fn start(self: &Arc<Self>) -> RequestDone {
-        // Relaxed: the counters only grow, and the timer compares them a quarter timeout apart
-        // (an HTTP/2 stream may bump them from another task).
-        self.started.fetch_add(1, Ordering::Relaxed);
-        RequestDone(self.clone())
-    }
-
-    /// How many requests have reached the service on this connection.
-    pub fn started(&self) -> u64 {
-        self.started.load(Ordering::Relaxed)
-    }
-
-    fn snapshot(&self) -> (u64, u64) {
-        (
-            self.started.load(Ordering::Relaxed),
-            self.finished.load(Ordering::Relaxed),
-        )
-    }
-}
-
-/// Marks a request finished when dropped.
-pub struct RequestDone(Arc<Activity>);
-
-impl Drop for RequestDone {
-    fn drop(&mut self) {
-        self.0.finished.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// An answer's body, carrying its request's [`RequestDone`] until hyper has written it, and
-/// counting hyper's polls of it: in the connection's [`Activity`] (HTTP/1), or in the
-/// stream's own [`BodyPolls`] (HTTP/2, see [`StreamExecutor`]).
-pub struct Tracked<B> {
-    inner: B,
-    _done: RequestDone,
-    stream: Option<Arc<BodyPolls>>,
-    /// HTTP/2: what is left of the last frame, handed on [`H2_SLICE`] at a time.
-    rest: Option<Bytes>,
-}
-
-impl<B> Tracked<B> {
-    pub fn new(inner: B, done: RequestDone, stream: Option<Arc<BodyPolls>>) -> Tracked<B> {
-        Tracked {
-            inner,
-            _done: done,
-            stream,
-            rest: None,
-        }
-    }
-}
-
-/// The most of an answer an HTTP/2 stream hands hyper at a time (one DATA frame's worth): h2
-/// takes whatever it is handed, beyond the client's window, and hyper asks for more only once
-/// h2 has sent it all. So a stream's next poll comes once its client has taken this much, and
-/// one that does not come for `stream_idle_timeout` means a client taking less than that.
-const H2_SLICE: usize = 16 * 1024;
-
-impl<B: Body<Data = Bytes> + Unpin> Body for Tracked<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.get_mut();
-        let Some(stream) = &this.stream else {
-            let polled = Pin::new(&mut this.inner).poll_frame(cx);
-            this._done.0.polls.record(matches!(polled, Poll::Ready(Some(Ok(_)))));
-            return polled;
-        };
-        let polled = match this.rest.take() {
-            Some(mut rest) => {
-                if rest.len() > H2_SLICE {
-                    let piece = rest.split_to(H2_SLICE);
-                    this.rest = Some(rest);
-                    rest_piece(piece)
-                } else {
-                    rest_piece(rest)
-                }
-            }
-            None => {
-                let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
-                if let Poll::Ready(Some(Ok(frame))) = &mut polled {
-                    if let Some(data) = frame.data_mut().filter(|d| d.len() > H2_SLICE) {
-                        this.rest = Some(data.split_off(H2_SLICE));
-                    }
-                }
-                polled
-            }
-        };
-        stream.record(matches!(polled, Poll::Ready(Some(Ok(_)))));
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rest.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.rest {
-            None => self.inner.size_hint(),
-            Some(rest) => {
-                let inner = self.inner.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(inner.lower() + rest.len() as u64);
-                if let Some(upper) = inner.upper() {
-                    hint.set_upper(upper + rest.len() as u64);
-                }
-                hint
-            }
-        }
-    }
-}
-
-fn rest_piece<E>(piece: Bytes) -> Poll<Option<Result<Frame<Bytes>, E>>> {
-    Poll::Ready(Some(Ok(Frame::data(piece))))
-}
-
-tokio::task_local! {
-    /// The [`BodyPolls`] of the HTTP/2 stream whose task is being polled for the first time.
-    static STREAM_POLLS: Arc<BodyPolls>;
-}
-
-/// The [`BodyPolls`] of the HTTP/2 stream being served, for its answer's [`Tracked`] body. Only
-/// within the first poll of a stream's task, where the stream's service future first runs.
-pub fn stream_polls() -> Option<Arc<BodyPolls>> {
-    STREAM_POLLS.try_with(Arc::clone).ok()
-}
-
-/// The executor hyper's HTTP/2 server spawns each stream's task on: a stream whose answer's
-/// body handed hyper data, and that hyper has not polled again for `stall_limit`, waits for a
-/// client that takes nothing (it never opens its flow-control window: hyper polls a body only
-/// once it has room to send what it was handed). Such a stream's task is dropped: h2 resets
-/// the stream (`RST_STREAM` `CANCEL`), and the request upstream is dropped with the body, as
-/// the connection watchdog drops an HTTP/1 connection whose client takes nothing.
-///
-/// A stream costs a [`BodyPolls`] (one allocation) and no timer while its client reads: the
-/// timer is armed only when a poll of the task ends with the body's data still with hyper.
-#[derive(Clone)]
-pub struct StreamExecutor {
-    stall_limit: Duration,
-    aborts: prometheus::IntCounter,
-}
-
-impl StreamExecutor {
-    /// `aborts` counts the streams reset for it.
-    pub fn new(stall_limit: Duration, aborts: prometheus::IntCounter) -> StreamExecutor {
-        StreamExecutor { stall_limit, aborts }
-    }
-}
-
-impl<F> hyper::rt::Executor<F> for StreamExecutor
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        tokio::spawn(Watched {
-            inner: fut,
-            polls: Arc::new(BodyPolls::default()),
-            first: true,
-            stall_limit: self.stall_limit,
-            stall: None,
-            timer: None,
-            aborts: self.aborts.clone(),
-        });
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// An HTTP/2 stream's task under [`StreamExecutor`]'s watch.
-    struct Watched<F> {
-        #[pin]
-        inner: F,
-        polls: Arc<BodyPolls>,
-        first: bool,
-        stall_limit: Duration,
-        // The body's poll count when the task was last found waiting with its data with hyper,
-        // and since when.
-        stall: Option<(u64, tokio::time::Instant)>,
-        // Armed at the first such wait; left in place (and re-aimed when it fires) after.
-        timer: Option<Pin<Box<Sleep>>>,
-        aborts: prometheus::IntCounter,
-    }
-}
-
-impl<F: Future<Output = ()>> Future for Watched<F> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.project();
-        let inner = this.inner;
-        let polled = match std::mem::take(this.first) {
-            true => STREAM_POLLS.sync_scope(this.polls.clone(), || inner.poll(cx)),
-            false => inner.poll(cx),
-        };
-        if polled.is_ready() {
-            return Poll::Ready(());
-        }
-        let Some(count) = this.polls.holding() else {
-            *this.stall = None;
-            return Poll::Pending;
-        };
-        match *this.stall {
-            Some((seen, since)) if seen == count => {
-                let Some(timer) = this.timer.as_mut() else {
-                    return Poll::Pending;
-                };
-                if timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                // The timer was aimed at this stall or an earlier one.
-                let deadline = since + *this.stall_limit;
-                if tokio::time::Instant::now() >= deadline {
-                    this.aborts.inc();
-                    tracing::debug!("HTTP/2 client took nothing of its answer for stream_idle_timeout: stream reset");
-                    return Poll::Ready(());
-                }
-                timer.as_mut().reset(deadline);
-                let _ = timer.as_mut().poll(cx);
-            }
-            _ => {
-                let now = tokio::time::Instant::now();
-                *this.stall = Some((count, now));
-                let deadline = now + *this.stall_limit;
-                match this.timer {
-                    None => {
-                        let mut timer = Box::pin(tokio::time::sleep_until(deadline));
-                        let _ = timer.as_mut().poll(cx);
-                        *this.timer = Some(timer);
-                    }
-                    Some(timer) if timer.is_elapsed() => {
-                        timer.as_mut().reset(deadline);
-                        let _ = timer.as_mut().poll(cx);
-                    }
-                    // Aimed at an earlier stall: it fires sooner, and is aimed at this one then.
-                    Some(_) => {}
-                }
-            }
-        }
-        Poll::Pending
-    }
-}
 
 /// Why a connection's timer ended it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -445,7 +161,7 @@ impl Watchdog {
         if in_flight && self.peek_client() == Some(Peeked::End) {
             return Poll::Ready(Expiry::ClientLeft);
         }
-        let holding = activity.polls.holding();
+        let holding = activity.polls().holding();
         if in_flight && self.client.is_some() && holding.is_some_and(|polls| polls == self.seen_polls) {
             self.stalled += 1;
             if self.stalled >= self.stall_checks {
@@ -453,7 +169,7 @@ impl Watchdog {
             }
         } else {
             self.stalled = 0;
-            self.seen_polls = activity.polls.count.load(Ordering::Relaxed);
+            self.seen_polls = activity.polls().count();
         }
         let next = self.tick.deadline() + self.period;
         self.tick.as_mut().reset(next);
@@ -558,6 +274,8 @@ fn wire_bytes(resp: Response<Bytes>) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
