@@ -82,7 +82,7 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// Serves one admin request; `loopback`: the admin listener's address is a loopback one.
-pub async fn handle(shared: &Shared, req: Request<Incoming>, loopback: bool) -> Response<ProxyBody> {
+pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> Response<ProxyBody> {
     let need = match (req.method(), req.uri().path()) {
         (&Method::POST, path) if path.starts_with("/backends/") => Need::Change,
         (_, "/backends" | "/debug/route") => Need::Read,

@@ -32,7 +32,7 @@
 //! - `server/`   listeners, HTTP/1.1 + h2c (or TLS) connections, the connection watchdog
 //!   (head timeout, a client that left or stopped reading), parked idle connections,
 //!   graceful shutdown
-//! - [`handle`]  [`RouterHandle`]: what operators' tools and the tests may look at
+//! - [`control`] [`RouterControl`]: what operators' tools and the tests may look at
 //! - [`example`], [`demo`]  built-in example MCP workers and the `demo` command
 //!
 //! [`internals`] re-exports the few inner types the benches, fuzz targets and tests exercise
@@ -44,12 +44,12 @@ mod balance;
 mod body;
 mod calls;
 pub mod config;
+pub mod control;
 pub mod demo;
 mod dialect;
 mod error;
 pub mod example;
 mod fleet;
-pub mod handle;
 mod metrics;
 mod pins;
 mod proxy;
@@ -70,7 +70,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub use config::{Config, ConfigError};
-pub use handle::RouterHandle;
+pub use control::RouterControl;
 pub use server::raise_open_file_limit;
 pub use telemetry::{flush_logs, init_logging};
 
@@ -168,9 +168,9 @@ impl Router {
         }
     }
 
-    /// A handle on the running router: reload, and a look at its backends, ring and pins.
-    pub fn handle(&self) -> RouterHandle {
-        RouterHandle::new(self.shared.clone())
+    /// The running router's controls: reload, and a look at its backends, ring and pins.
+    pub fn control(&self) -> RouterControl {
+        RouterControl::new(self.shared.clone())
     }
 
     /// How a request would be routed, as JSON (what `/debug/route` answers): `key` stands in

@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
     };
     let format = serving
         .as_ref()
-        .map_or(LogFormat::Text, |r| r.handle().config().log.format);
+        .map_or(LogFormat::Text, |r| r.control().config().log.format);
     mrtr_router::init_logging(format);
     let result = rt.block_on(async move {
         match (cli.command, serving) {
@@ -139,8 +139,8 @@ async fn serve(router: Router) -> anyhow::Result<()> {
         Ok((soft, hard)) => tracing::info!(soft, hard, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
     }
-    let handle = router.handle();
-    let config = handle.config();
+    let control = router.control();
+    let config = control.config();
     let (listeners, activated) = Listeners::from_systemd_or_bind(&config)
         .await
         .context("binding listeners")?;
@@ -151,7 +151,7 @@ async fn serve(router: Router) -> anyhow::Result<()> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let reloader = tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            let _ = handle.reload();
+            let _ = control.reload();
         }
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

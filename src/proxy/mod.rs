@@ -1,5 +1,5 @@
 //! The request path: a pipeline of named phases over one request context (`phases`), driven in
-//! their order by `handle_inner`:
+//! their order by `run_phases`:
 //!
 //! authenticate → caller → read → keys → authorize → decide → admit → connect → forward → answer
 //!
@@ -7,7 +7,7 @@
 //! backends receive instead of the token), `admit` (`[quotas]`), `read` (bodies within their
 //! limits), `headers` (the upstream request), `forward` (connections and answer heads), `answer`
 //! (the answer's body, handed to the call's lifecycle in `crate::calls`), `deadline`.
-//! [`handle`] is the one place where a [`RouterError`] becomes an answer and where each request
+//! [`serve`] is the one place where a [`RouterError`] becomes an answer and where each request
 //! is recorded: its metrics, and, when the access log or tracing is on, its
 //! `telemetry::Observation` (written out when the answer's body is done with).
 
@@ -49,7 +49,7 @@ struct Connection<'a> {
     timer: Option<&'a ConnectionTimer>,
 }
 
-/// What one request did, filled in as its phases go; [`handle`] records it.
+/// What one request did, filled in as its phases go; [`serve`] records it.
 #[derive(Default)]
 struct Record {
     /// The request's JSON-RPC id as the client wrote it (a router error echoes it).
@@ -73,7 +73,7 @@ struct Record {
 /// moved; boxed here, it is moved as a pointer. Built in its box (`Box::write` into an
 /// uninitialised one): `Box::pin(async { .. })` builds it on the stack and copies all of it
 /// in, a memcpy of ~400 instructions per request.
-pub fn handle(
+pub fn serve(
     shared: Arc<Shared>,
     req: Request<Incoming>,
     peer: HeaderValue,
@@ -89,7 +89,7 @@ pub fn handle(
             share: share.as_deref(),
             timer: timer.as_deref().map(AsRef::as_ref),
         };
-        let result = handle_inner(&shared, req, &peer, tls, connection, started, &mut record).await;
+        let result = run_phases(&shared, req, &peer, tls, connection, started, &mut record).await;
         if let Some((backend, method, status, seconds)) = &record.answered {
             backend.observe_request(method, *status, *seconds);
         }
@@ -116,8 +116,8 @@ pub fn handle(
 }
 
 /// The request path: its phases in their order (`phases`), over one request context. Every
-/// `?` is a refusal that `handle` turns into an answer.
-async fn handle_inner(
+/// `?` is a refusal that `serve` turns into an answer.
+async fn run_phases(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
     peer: &HeaderValue,

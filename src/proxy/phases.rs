@@ -1,4 +1,4 @@
-//! The phases of one request, in the order `handle_inner` runs them, each a method over the one
+//! The phases of one request, in the order `run_phases` runs them, each a method over the one
 //! request context ([`Exchange`], Pingora's CTX) returning `Result<_, RouterError>`:
 //!
 //! authenticate → caller → read → keys → authorize → decide → admit → connect → forward → answer

@@ -287,7 +287,7 @@ impl Connection {
         }
     }
 
-    /// The connection's service: each request to [`proxy::handle`], counted in its activity;
+    /// The connection's service: each request to [`proxy::serve`], counted in its activity;
     /// an HTTP/2 stream's answer also counts hyper's polls of it for [`watchdog::StreamExecutor`].
     fn service(
         &self,
@@ -310,8 +310,8 @@ impl Connection {
         service_fn(move |req| {
             let done = activity.start();
             let timer = (!h2).then(|| activity.clone());
-            // Small: `proxy::handle` boxes the large part of the request's future itself.
-            let answer = proxy::handle(shared.clone(), req, peer_ip.clone(), tls, share.clone(), timer);
+            // Small: `proxy::serve` boxes the large part of the request's future itself.
+            let answer = proxy::serve(shared.clone(), req, peer_ip.clone(), tls, share.clone(), timer);
             async move {
                 // First polled inside the stream's task (HTTP/2), where its polls are found.
                 let stream = if h2 { watchdog::stream_polls() } else { None };

@@ -110,7 +110,7 @@ pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<S
         let shared = shared.clone();
         let service = service_fn(move |req| {
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(admin::handle(&shared, req, loopback).await) }
+            async move { Ok::<_, Infallible>(admin::serve(&shared, req, loopback).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         open.push_back(

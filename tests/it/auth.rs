@@ -550,7 +550,7 @@ async fn a_reload_reads_a_rotated_jwks_file_though_the_config_is_unchanged() {
     );
     let keys = crate::support::auth::signer::jwks(&[env.issuer.ec.jwk(), rotated.jwk()]);
     std::fs::write(&env.issuer.jwks_path, keys).unwrap();
-    env.fleet.handle.reload().unwrap();
+    env.fleet.control.reload().unwrap();
     let after = call(token).await;
     assert_eq!(after.status, 200, "the rotated key, read at the reload: {after:?}");
     let old = call(env.token("mcp")).await;

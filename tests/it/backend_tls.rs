@@ -140,7 +140,7 @@ async fn certificates_that_do_not_verify_answer_upstream_tls_and_eject_the_backe
         );
         // Three failures in a row: ejected, as after connect errors.
         eventually(Duration::from_secs(10), "ejected", || {
-            !fleet.handle.backends()[0].healthy
+            !fleet.control.backends()[0].healthy
         })
         .await;
         let a = fleet.post(&[], &ping(9)).await;
@@ -177,7 +177,7 @@ async fn tls_server_name_checks_a_backend_reached_by_ip_against_another_name() {
         format!("{text}tls_server_name = \"mcp.internal\"\n"),
     )
     .unwrap();
-    fleet.handle.reload().expect("reload accepted");
+    fleet.control.reload().expect("reload accepted");
     let a = fleet.post(&[], &ping(2)).await;
     assert_eq!(a.status, 200, "{a:?}");
     assert_eq!(a.worker(), "by-ip");
@@ -259,14 +259,14 @@ async fn a_renewed_ca_file_and_a_reload_verify_new_connections_against_the_new_c
 
     // The same config text; the file now holds the new CA.
     write(dir.path(), "ca.pem", &new.pem());
-    fleet.handle.reload().expect("reload accepted");
+    fleet.control.reload().expect("reload accepted");
     let a = fleet.post(&[], &ping(2)).await;
     assert_eq!((a.status.as_u16(), a.worker().as_str()), (200, "renewed"), "{a:?}");
 
     // A broken CA file is rejected, naming the key and the file; the new CA stays in use.
     write(dir.path(), "ca.pem", "not a certificate");
     let e = fleet
-        .handle
+        .control
         .reload()
         .expect_err("a bad CA file is rejected")
         .to_string();
@@ -303,7 +303,7 @@ async fn idle_tls_connections_close_after_idle_timeout_and_the_next_one_resumes_
         front.closed() == 2
     })
     .await;
-    assert_eq!(fleet.handle.backends()[0].idle_connections, 0);
+    assert_eq!(fleet.control.backends()[0].idle_connections, 0);
     assert_eq!(fleet.post(&[], &ping(2)).await.status, 200);
     assert_eq!(front.handshakes(), 3);
     assert_eq!(
@@ -336,7 +336,7 @@ async fn health_checks_go_over_tls_a_handshake_or_a_get() {
     eventually(
         Duration::from_secs(10),
         "the backend whose certificate fails is ejected",
-        || fleet.handle.backend("bad").is_some_and(|b| !b.healthy),
+        || fleet.control.backend("bad").is_some_and(|b| !b.healthy),
     )
     .await;
     eventually(
@@ -345,7 +345,7 @@ async fn health_checks_go_over_tls_a_handshake_or_a_get() {
         || good_front.handshakes() >= 3,
     )
     .await;
-    assert!(fleet.handle.backend("good").unwrap().healthy);
+    assert!(fleet.control.backend("good").unwrap().healthy);
     assert_eq!(
         good.state.requests.load(std::sync::atomic::Ordering::SeqCst),
         0,
@@ -371,7 +371,7 @@ async fn health_checks_go_over_tls_a_handshake_or_a_get() {
         fleet.total_requests() >= checks + 10
     })
     .await;
-    assert!(fleet.handle.backend("good").unwrap().healthy);
+    assert!(fleet.control.backend("good").unwrap().healthy);
     assert_eq!(
         good_front.handshakes(),
         before,
@@ -394,18 +394,18 @@ async fn discovered_backends_over_https_are_checked_against_the_dns_name() {
         upstream(&ca_file, "")
     );
     let fleet = Fleet::start_backends(vec![worker], &[], &extra).await;
-    fleet.handle.set_resolver(Arc::new(|_host, _port| {
+    fleet.control.set_resolver(Arc::new(|_host, _port| {
         Box::pin(async { Ok(vec!["127.0.0.1:0".parse().unwrap()]) })
     }));
     let name = format!("dns:127.0.0.1:{port}");
     eventually(Duration::from_secs(10), "the discovered backend is in the ring", || {
-        fleet.handle.view().ring().iter().any(|b| b.name == name)
+        fleet.control.view().ring().iter().any(|b| b.name == name)
     })
     .await;
     let a = fleet.post(&[], &ping(1)).await;
     assert_eq!((a.status.as_u16(), a.worker().as_str()), (200, "discovered"), "{a:?}");
     assert_eq!(
-        fleet.handle.backend(&name).unwrap().url,
+        fleet.control.backend(&name).unwrap().url,
         format!("https://127.0.0.1:{port}")
     );
     fleet.shutdown().await;
@@ -547,9 +547,9 @@ async fn without_tls_ca_the_system_trust_store_verifies_backends() {
     let worker = start_worker("system").await;
     let front = tls_front(worker.addr, &ca.server(&["localhost"]), None).await;
     let fleet = Fleet::start_backends(vec![worker], &[https("system", "localhost", &front)], QUIET_HEALTH).await;
-    let clients = fleet.handle.config().upstream.tls.clients.clone().expect("built");
+    let clients = fleet.control.config().upstream.tls.clients.clone().expect("built");
     assert_eq!((clients.from_system, clients.roots), (true, 1));
-    assert!(fleet.handle.config().to_toml().contains("# tls_ca unset"));
+    assert!(fleet.control.config().to_toml().contains("# tls_ca unset"));
     let a = fleet.post(&[], &ping(1)).await;
     assert_eq!((a.status.as_u16(), a.worker().as_str()), (200, "system"), "{a:?}");
     fleet.shutdown().await;

@@ -52,7 +52,7 @@ struct LoadStats {
 
 /// Two hot keys owned by one backend (so it is the one they pile onto).
 fn hot_keys(fleet: &Fleet) -> (String, Vec<String>) {
-    let snap = fleet.handle.view();
+    let snap = fleet.control.view();
     let owner = |k: &str| snap.ring_owner(k).unwrap();
     let first = "hot-0".to_string();
     let busy = owner(&first);
@@ -92,7 +92,7 @@ async fn skewed_load(fleet: &Arc<Fleet>, hot: &[String]) -> LoadStats {
     let mut stats = LoadStats::default();
     tokio::time::sleep_until(t0 + SAMPLE_FROM).await;
     while t0.elapsed() < SAMPLE_UNTIL {
-        let snap = fleet.handle.view();
+        let snap = fleet.control.view();
         let counts: Vec<i64> = snap.ring().iter().map(|b| b.inflight).collect();
         let total: i64 = counts.iter().sum();
         if total >= MEANINGFUL_TOTAL {
@@ -153,7 +153,7 @@ async fn bounded_load_caps_peak_to_mean_under_skew_and_never_moves_pinned_calls(
     // Calls pinned to the busy backend before the load: keys it owns, placed while idle.
     let pinned: Vec<String> = (0..)
         .map(|i| format!("pinned-{i}"))
-        .filter(|k| *fleet.handle.view().ring_owner(k).unwrap() == *busy)
+        .filter(|k| *fleet.control.view().ring_owner(k).unwrap() == *busy)
         .take(12)
         .collect();
     for mid in &pinned {
@@ -172,7 +172,7 @@ async fn bounded_load_caps_peak_to_mean_under_skew_and_never_moves_pinned_calls(
     tokio::time::sleep(SAMPLE_UNTIL + Duration::from_millis(20)).await;
     let mut would_move = 0;
     for mid in &pinned {
-        let snap = fleet.handle.view();
+        let snap = fleet.control.view();
         if *snap.ring_pick(mid).unwrap() != *busy {
             would_move += 1;
         }

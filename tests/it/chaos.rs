@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
+use mrtr_router::control::PinKind;
 use mrtr_router::example::{Worker, WorkerState};
-use mrtr_router::handle::PinKind;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -168,12 +168,12 @@ impl Chaos {
         let next = self.fleet.config_path.with_extension("next");
         std::fs::write(&next, text).unwrap();
         std::fs::rename(&next, &self.fleet.config_path).unwrap();
-        self.fleet.handle.reload().expect("reload accepted");
+        self.fleet.control.reload().expect("reload accepted");
         self.reloads.fetch_add(1, SeqCst);
     }
 
     fn healthy(&self, slot: usize) -> Option<bool> {
-        self.fleet.handle.backend(&self.slots[slot].name).map(|b| b.healthy)
+        self.fleet.control.backend(&self.slots[slot].name).map(|b| b.healthy)
     }
 
     /// Kills a slot's instance like a crash, waits until the router ejected it, then starts a
@@ -193,7 +193,7 @@ impl Chaos {
         // binds would reach it (no router can tell two instances at one address apart; real
         // restarts take far longer than this test's few milliseconds).
         eventually(Duration::from_secs(5), "requests to the killed backend end", || {
-            self.fleet.handle.backend(&s.name).is_none_or(|b| b.inflight == 0)
+            self.fleet.control.backend(&s.name).is_none_or(|b| b.inflight == 0)
         })
         .await;
         let w = Worker::start(&s.name, TcpListener::bind(s.addr).await.unwrap());
@@ -222,9 +222,9 @@ impl Chaos {
 
     /// One line about a request and the call's pin right after it, for failure reports.
     fn note(&self, what: &str, mid: &str, sent: Instant, a: Option<&Answer>) -> String {
-        let handle = &self.fleet.handle;
-        let pin = handle.pin(PinKind::Client, mid).map(|p| {
-            let b = handle.backend(&p.backend);
+        let control = &self.fleet.control;
+        let pin = control.pin(PinKind::Client, mid).map(|p| {
+            let b = control.backend(&p.backend);
             format!(
                 "pin(epoch {}, rounds {}, finished {}) on {:?} (epoch {:?}, healthy {:?})",
                 p.epoch,
@@ -521,7 +521,7 @@ async fn chaos_storm_never_misroutes_and_loses_only_calls_of_killed_workers() {
         let (cx, stop, peak) = (cx.clone(), stop.clone(), peak_pins.clone());
         tokio::spawn(async move {
             while !stop.load(SeqCst) {
-                peak.fetch_max(cx.fleet.handle.pin_count(), SeqCst);
+                peak.fetch_max(cx.fleet.control.pin_count(), SeqCst);
                 let now = Instant::now();
                 for k in cx.kills.lock().iter_mut().filter(|k| k.readmitted.is_none()) {
                     if cx.healthy(k.slot) == Some(true) {
@@ -743,7 +743,7 @@ async fn chaos_storm_never_misroutes_and_loses_only_calls_of_killed_workers() {
     );
 
     // ---- once pins expire, the router's state is back to its baseline ----
-    let shared = cx.fleet.handle.clone();
+    let shared = cx.fleet.control.clone();
     tokio::time::sleep(PIN_IDLE_TTL).await;
     eventually(Duration::from_secs(5), "every pin expires", || {
         shared.sweep();
@@ -837,10 +837,10 @@ impl TokenStorm {
             until: from + Duration::from_secs(3600),
         });
         kill(worker, &self.kills_started[slot], &self.kills_done[slot]).await;
-        let state = |f: &dyn Fn(&mrtr_router::handle::BackendState) -> bool| {
+        let state = |f: &dyn Fn(&mrtr_router::control::BackendState) -> bool| {
             self.replicas
                 .iter()
-                .all(|r| r.handle.backend(name).is_some_and(|b| f(&b)))
+                .all(|r| r.control.backend(name).is_some_and(|b| f(&b)))
         };
         eventually(Duration::from_secs(10), "both replicas eject it", || {
             state(&|b| !b.healthy && b.inflight == 0)

@@ -163,11 +163,11 @@ async fn a_full_pin_table_refuses_a_new_call_that_echoes_a_routing_token() {
     let c0 = fleet.post(&[], &start_call("c0", 2)).await;
     assert_eq!(c0.json()["result"]["pending"], true);
     let token = c0.headers["mcp-routing-id"].to_str().unwrap().to_string();
-    assert_eq!(fleet.handle.pin_count(), 1, "c0 filled the table");
+    assert_eq!(fleet.control.pin_count(), 1, "c0 filled the table");
     // A new call that sends c0's token names a backend, but matches no pin here: it is new.
     let c1 = fleet.post(&[("mcp-routing-id", &token)], &start_call("c1", 2)).await;
     assert_router_error(&c1, 429, -32000, "pin_capacity", json!(1));
-    assert_eq!(fleet.handle.pin_count(), 1, "the refused call made no pin");
+    assert_eq!(fleet.control.pin_count(), 1, "the refused call made no pin");
     // c0's own follow-up, token and all, still passes.
     let done = fleet.post(&[("mcp-routing-id", &token)], &confirm("c0", 2)).await;
     assert_eq!(done.json()["result"]["content"][0]["text"], "done");
@@ -209,7 +209,7 @@ async fn in_a_session(routing: &str) -> Fleet {
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}});
     let a = fleet.post(&[], &init).await;
     assert_eq!(a.headers["mcp-session-id"], "session-1", "{a:?}");
-    assert_eq!(fleet.handle.pin_count(), 1, "the session is pinned");
+    assert_eq!(fleet.control.pin_count(), 1, "the session is pinned");
     fleet
 }
 
@@ -229,11 +229,11 @@ async fn a_full_pin_table_refuses_a_new_call_inside_a_session_but_not_its_pinned
     // The session and one call inside it fill the table.
     let c1 = fleet.post(&SESSION, &call_in_session("c-1", 1)).await;
     assert_eq!(c1.json()["result"]["pending"], true);
-    assert_eq!(fleet.handle.pin_count(), 2);
+    assert_eq!(fleet.control.pin_count(), 2);
     // The session's pin chooses the backend, but a new call inside it would add a pin of its own.
     let c2 = fleet.post(&SESSION, &call_in_session("c-2", 2)).await;
     assert_router_error(&c2, 429, -32000, "pin_capacity", json!(2));
-    assert_eq!(fleet.handle.pin_count(), 2, "the refused call made no pin");
+    assert_eq!(fleet.control.pin_count(), 2, "the refused call made no pin");
     // The call pinned inside the session goes on; requests that start nothing pass.
     let next = fleet.post(&SESSION, &confirm_in_session("c-1", 2, 3)).await;
     assert_eq!(next.json()["result"]["pending"], true, "{next:?}");

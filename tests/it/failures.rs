@@ -36,7 +36,7 @@ async fn broken_or_abandoned_client_bodies_never_eject_a_backend_nor_lose_its_pi
     let fleet = Fleet::start(1, &extra).await;
     let start = fleet.post(&[], &start_call("kept-1", 2)).await;
     assert_eq!(start.json()["result"]["pending"], true);
-    let epoch = fleet.handle.backend("worker-0").unwrap().epoch;
+    let epoch = fleet.control.backend("worker-0").unwrap().epoch;
     let host = format!("Host: {}\r\n", fleet.router);
     let bad_chunk = |method: &str| {
         format!("{method} /mcp HTTP/1.1\r\n{host}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
@@ -60,7 +60,7 @@ async fn broken_or_abandoned_client_bodies_never_eject_a_backend_nor_lose_its_pi
             );
         }
     }
-    let b = fleet.handle.backend("worker-0").unwrap();
+    let b = fleet.control.backend("worker-0").unwrap();
     assert!(b.healthy, "{b:?}");
     assert_eq!(b.epoch, epoch, "never ejected");
     let m = fleet.metrics().await;
@@ -81,7 +81,7 @@ async fn slow_calls_never_eject_a_backend_that_answers_its_health_checks() {
     let fleet = Fleet::start(1, extra).await;
     let start = fleet.post(&[], &start_call("kept-2", 2)).await;
     assert_eq!(start.json()["result"]["pending"], true);
-    let epoch = fleet.handle.backend("worker-0").unwrap().epoch;
+    let epoch = fleet.control.backend("worker-0").unwrap().epoch;
     let slow = |i: u32| json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"sleep","arguments":{"ms": 1500}}});
     let bodies: Vec<_> = (0..6).map(slow).collect();
     let answers = futures_join(bodies.iter().map(|b| fleet.post(&[], b))).await;
@@ -92,7 +92,7 @@ async fn slow_calls_never_eject_a_backend_that_answers_its_health_checks() {
             "{a:?}"
         );
     }
-    let b = fleet.handle.backend("worker-0").unwrap();
+    let b = fleet.control.backend("worker-0").unwrap();
     assert!(b.healthy && b.epoch == epoch, "slow calls ejected it: {b:?}");
     let m = fleet.metrics().await;
     assert_eq!(

@@ -35,8 +35,8 @@ async fn removed_backend_drains_its_pinned_calls_then_is_forgotten() {
     assert_eq!(b.json()["result"]["content"][0]["text"], "done");
     // Once its last pin is gone it is forgotten.
     tokio::time::sleep(Duration::from_millis(20)).await; // let the 10 ms replay window pass
-    fleet.handle.sweep();
-    assert!(fleet.handle.backends().iter().all(|b| *b.name != *holder));
+    fleet.control.sweep();
+    assert!(fleet.control.backends().iter().all(|b| *b.name != *holder));
     assert_eq!(fleet.total_unknown_followups(), 0);
 }
 
@@ -48,7 +48,7 @@ async fn follow_up_after_its_holder_drained_out(fleet: &Fleet, mid: &str) -> (St
     let rest: Vec<_> = fleet.specs().into_iter().filter(|s| s.name != holder).collect();
     fleet.reconfigure(&rest);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    fleet.handle.sweep();
+    fleet.control.sweep();
     let b = fleet.post(&[], &confirm(mid, 2)).await;
     (holder, b)
 }
@@ -97,13 +97,13 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
     let addr = fleet.workers[0].addr;
     let victim = fleet.workers.remove(0);
     victim.stop().await;
-    let shared = fleet.handle.clone();
+    let shared = fleet.control.clone();
     let victim_key = victim_name.clone();
     eventually(Duration::from_secs(10), "ejection", || {
         !shared.backend(&victim_key).unwrap().healthy
     })
     .await;
-    assert_eq!(fleet.handle.view().ring().len(), 2);
+    assert_eq!(fleet.control.view().ring().len(), 2);
     // Keyless and new-key traffic keeps flowing on the others.
     for i in 0..20 {
         let a = fleet.post(&[], &whoami(&format!("after-{i}"))).await;
@@ -119,7 +119,7 @@ async fn killed_backend_is_ejected_its_calls_lost_and_a_restart_never_inherits_t
         shared.backend(&victim_key).unwrap().healthy
     })
     .await;
-    assert_eq!(fleet.handle.view().ring().len(), 3);
+    assert_eq!(fleet.control.view().ring().len(), 3);
     let mut refused = 0;
     for (mid, holder) in &holders {
         let b = fleet.post(&[], &confirm(mid, 2)).await;
@@ -225,7 +225,7 @@ async fn admin_drain_and_undrain() {
     )
     .await;
     assert_eq!(r.status, 200);
-    assert_eq!(fleet.handle.view().ring().len(), 2);
+    assert_eq!(fleet.control.view().ring().len(), 2);
     let r = send(
         &fleet.client,
         Method::POST,
@@ -249,7 +249,7 @@ async fn config_file_change_is_reloaded_including_a_symlink_swap() {
     std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
     std::fs::remove_file(&fleet.config_path).unwrap();
     std::os::unix::fs::symlink("..data/config.toml", &fleet.config_path).unwrap();
-    let shared = fleet.handle.clone();
+    let shared = fleet.control.clone();
     eventually(Duration::from_secs(10), "reload after the file changed", || {
         shared.view().ring().len() == 2
     })
@@ -298,14 +298,14 @@ async fn discovery_adds_and_drains_backends() {
         std::sync::Arc::new(parking_lot::Mutex::new(Ok(vec![ip("127.0.0.2"), ip("127.0.0.3")])));
     let a2 = answer.clone();
     // Set before the router's tasks first run (no await since the router started).
-    fleet.handle.set_resolver(std::sync::Arc::new(move |host, _port| {
+    fleet.control.set_resolver(std::sync::Arc::new(move |host, _port| {
         let result = match &*a2.lock() {
             Ok(list) if host == "mcp-workers.test" => Ok(list.clone()),
             _ => Err(std::io::Error::other("no such host")),
         };
         Box::pin(async move { result })
     }));
-    let shared = fleet.handle.clone();
+    let shared = fleet.control.clone();
     eventually(Duration::from_secs(10), "discovered backends join", || {
         shared.view().ring().len() == 3
     })
@@ -372,13 +372,13 @@ async fn ipv6_backends_pass_their_health_checks_and_serve() {
     assert!(spec.url.starts_with("http://[::1]:"), "{}", spec.url);
     let extra = format!("{health}[discovery]\ndns = \"v6.test:{port}\"\ninterval = \"20ms\"\n");
     let fleet = Fleet::start_backends(vec![static_v6, discovered_v6], &[spec], &extra).await;
-    fleet.handle.set_resolver(std::sync::Arc::new(|_host, port| {
+    fleet.control.set_resolver(std::sync::Arc::new(|_host, port| {
         Box::pin(async move { Ok(vec![std::net::SocketAddr::new("::1".parse().unwrap(), port)]) })
     }));
     let discovered = format!("dns:[::1]:{port}");
-    let handle = fleet.handle.clone();
+    let control = fleet.control.clone();
     eventually(Duration::from_secs(10), "the IPv6 address is discovered", || {
-        handle.backend(&discovered).is_some()
+        control.backend(&discovered).is_some()
     })
     .await;
     // Several checks reach each backend (every check is a connection); one failure would have
@@ -391,10 +391,10 @@ async fn ipv6_backends_pass_their_health_checks_and_serve() {
         .await;
     }
     for name in ["v6", discovered.as_str()] {
-        let b = fleet.handle.backend(name).unwrap();
+        let b = fleet.control.backend(name).unwrap();
         assert!(b.healthy, "{b:?}");
     }
-    assert_eq!(fleet.handle.view().ring().len(), 2);
+    assert_eq!(fleet.control.view().ring().len(), 2);
     let served: std::collections::BTreeSet<String> = workers_serving(&fleet).await;
     assert_eq!(served, ["d6".to_string(), "v6".to_string()].into(), "both serve");
     assert_eq!(

@@ -672,7 +672,7 @@ async fn the_router_keeps_the_keys_fresh_once_a_reload_turns_auth_on_and_stops_a
         issuer.url("/jwks")
     );
     std::fs::write(&fleet.config_path, crate::support::render_config(&auth, &fleet.specs())).unwrap();
-    fleet.handle.reload().unwrap();
+    fleet.control.reload().unwrap();
     issuer.wait_hits("/jwks", 3, Duration::from_secs(10)).await;
     // Counted once each is done: the third may still be under way.
     let counted = crate::support::metric(&fleet.metrics().await, ok).unwrap();

@@ -195,7 +195,7 @@ async fn no_error_a_client_can_trigger_names_a_backend() {
     let at = fleet.workers.iter().position(|w| w.state.name == holder).unwrap();
     fleet.workers.remove(at).stop().await;
     eventually(Duration::from_secs(5), "the holder is ejected", || {
-        !fleet.handle.backend(&holder).unwrap().healthy
+        !fleet.control.backend(&holder).unwrap().healthy
     })
     .await;
     let a = fleet.post(&[("mcp-routing-id", &token2)], &confirm("lost-1", 2)).await;
@@ -208,7 +208,7 @@ async fn no_error_a_client_can_trigger_names_a_backend() {
     let other = fleet.workers[0].state.name.clone();
     fleet.workers.remove(0).stop().await;
     eventually(Duration::from_secs(5), "the last instance is ejected", || {
-        !fleet.handle.backend(&other).unwrap().healthy
+        !fleet.control.backend(&other).unwrap().healthy
     })
     .await;
     // (A request that cannot start a call: the full pin table refuses those first.)

@@ -192,7 +192,7 @@ async fn a_black_holed_backend_times_out_is_ejected_loses_its_pins_only_and_come
         "[server]\nupstream_timeout = \"1s\"\n[health]\ninterval = \"100ms\"\ntimeout = \"300ms\"\nunhealthy_after = {unhealthy_after}\nhealthy_after = 2\n"
     );
     let fleet = Arc::new(Fleet::start_backends(vec![near], &specs, &extra).await);
-    let view = fleet.handle.view();
+    let view = fleet.control.view();
     let key_on = |worker: &str, prefix: &str| {
         (0..2000)
             .map(|i| format!("{prefix}-{i}"))
@@ -237,19 +237,19 @@ async fn a_black_holed_backend_times_out_is_ejected_loses_its_pins_only_and_come
             (fleet.post(&[], &body).await, sent.elapsed())
         })
     };
-    let handle = fleet.handle.clone();
+    let control = fleet.control.clone();
     eventually(Duration::from_secs(10), "the slow call reaches the far backend", || {
-        handle.backend("far").unwrap().inflight > 0
+        control.backend("far").unwrap().inflight > 0
     })
     .await;
 
     host.black_hole();
     let cut = Instant::now();
     let ejected = {
-        let handle = handle.clone();
+        let control = control.clone();
         tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(10);
-            while handle.backend("far").unwrap().healthy {
+            while control.backend("far").unwrap().healthy {
                 assert!(Instant::now() < deadline, "the far backend is never ejected");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -287,7 +287,7 @@ async fn a_black_holed_backend_times_out_is_ejected_loses_its_pins_only_and_come
 
     host.heal();
     eventually(Duration::from_secs(10), "the far backend is re-admitted", || {
-        handle.backend("far").unwrap().healthy
+        control.backend("far").unwrap().healthy
     })
     .await;
     println!(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use mrtr_router::handle::PinKind;
+use mrtr_router::control::PinKind;
 use serde_json::json;
 
 /// The fleet's backends with the first one weighted up: a ring that places many keys elsewhere.
@@ -17,9 +17,9 @@ fn reweighted(fleet: &Fleet) -> Vec<BackendSpec> {
 /// A key that the fleet's ring and the [`reweighted`] one give to different workers, so only a
 /// pin can keep it on its first worker across the change. Leaves the fleet on its own ring.
 fn key_moved_by_reweighting(fleet: &Fleet, prefix: &str) -> String {
-    let before = fleet.handle.view();
+    let before = fleet.control.view();
     fleet.reconfigure(&reweighted(fleet));
-    let after = fleet.handle.view();
+    let after = fleet.control.view();
     fleet.reconfigure(&fleet.specs());
     (0..1000)
         .map(|i| format!("{prefix}-{i}"))
@@ -28,7 +28,7 @@ fn key_moved_by_reweighting(fleet: &Fleet, prefix: &str) -> String {
 }
 
 fn owner(fleet: &Fleet, key: &str) -> String {
-    fleet.handle.view().ring_owner(key).unwrap()
+    fleet.control.view().ring_owner(key).unwrap()
 }
 
 #[tokio::test]
@@ -71,7 +71,7 @@ async fn a_finished_call_stays_pinned_for_the_replay_window_then_goes() {
     assert_eq!(dup.json()["result"], done.json()["result"], "answered idempotently");
     // Once the window ends the key is no longer pinned: a late duplicate goes by the ring.
     eventually(Duration::from_secs(10), "the replay window ends", || {
-        fleet.handle.pin(PinKind::Client, &mid).is_none()
+        fleet.control.pin(PinKind::Client, &mid).is_none()
     })
     .await;
     let late = fleet.post(&[], &confirm(&mid, 2)).await;
@@ -81,7 +81,7 @@ async fn a_finished_call_stays_pinned_for_the_replay_window_then_goes() {
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_route_decisions_total{source=\"pin\"}"), Some(2.0));
     assert_eq!(metric(&m, "mrtr_route_decisions_total{source=\"ring\"}"), Some(2.0));
-    assert_eq!(fleet.handle.pin_count(), 0);
+    assert_eq!(fleet.control.pin_count(), 0);
 }
 
 #[tokio::test]
@@ -90,17 +90,17 @@ async fn a_pin_that_idles_out_before_its_follow_up_counts_as_expired_once() {
     let start = fleet.post(&[], &start_call("late", 2)).await;
     assert_eq!(start.json()["result"]["pending"], true);
     eventually(Duration::from_secs(10), "the pin idles out", || {
-        fleet.handle.pin(PinKind::Client, "late").is_none()
+        fleet.control.pin(PinKind::Client, "late").is_none()
     })
     .await;
     // The late follow-up's lookup finds the entry past its deadline and drops it (the background
     // sweep, once a second, is very unlikely to get there first in the few ms between).
     let late = fleet.post(&[], &confirm("late", 2)).await;
     assert_eq!(late.json()["result"]["content"][0]["text"], "done");
-    assert_eq!(fleet.handle.pin_count(), 0);
+    assert_eq!(fleet.control.pin_count(), 0);
     // Sweeps report it, whichever removed it, and only once.
-    fleet.handle.sweep();
-    fleet.handle.sweep();
+    fleet.control.sweep();
+    fleet.control.sweep();
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_pins_expired_total{kind=\"client\"}"), Some(1.0));
 }

@@ -172,7 +172,7 @@ async fn backend_closing_idle_connections_costs_no_request() {
     eventually(
         Duration::from_secs(10),
         "closed idle connection swept from the pool",
-        || fleet.handle.backends()[0].idle_connections == 0,
+        || fleet.control.backends()[0].idle_connections == 0,
     )
     .await;
     assert_eq!(

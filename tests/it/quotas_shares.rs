@@ -55,7 +55,7 @@ async fn a_caller_at_its_open_calls_share_leaves_the_pin_table_to_others() {
         let started = fleet.post(&b, &start_call(&mid, 2)).await;
         assert_eq!(started.json()["result"]["pending"], true, "{started:?}");
         assert!(
-            fleet.handle.pin(mrtr_router::handle::PinKind::Client, &mid).is_some(),
+            fleet.control.pin(mrtr_router::control::PinKind::Client, &mid).is_some(),
             "B's call is pinned"
         );
         let done = fleet.post(&b, &confirm(&mid, 2)).await;

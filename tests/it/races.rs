@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
+use mrtr_router::control::PinKind;
 use mrtr_router::example::Worker;
-use mrtr_router::handle::PinKind;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -79,10 +79,10 @@ async fn a_call_answered_by_an_instance_already_ejected_never_follows_into_its_s
     };
     let request = read_request(&mut conn).await;
     assert!(request.contains("\"late-1\""), "{request}");
-    let epoch_at_send = fleet.handle.backend("b").unwrap().epoch;
+    let epoch_at_send = fleet.control.backend("b").unwrap().epoch;
     // It stops accepting: the router ejects it.
     drop(listener);
-    let shared = fleet.handle.clone();
+    let shared = fleet.control.clone();
     eventually(Duration::from_secs(5), "ejection", || {
         !shared.backend("b").unwrap().healthy
     })
@@ -102,14 +102,17 @@ async fn a_call_answered_by_an_instance_already_ejected_never_follows_into_its_s
     drop(conn);
     let a = start.await.unwrap();
     assert_eq!(a.json()["result"]["pending"], true, "{a:?}");
-    let pin = fleet.handle.pin(PinKind::Client, "late-1").expect("the call is pinned");
+    let pin = fleet
+        .control
+        .pin(PinKind::Client, "late-1")
+        .expect("the call is pinned");
     // The successor comes up at the same address and is re-admitted.
     let successor = Worker::start("b", TcpListener::bind(addr).await.unwrap());
     eventually(Duration::from_secs(5), "re-admission", || {
         shared.backend("b").unwrap().healthy
     })
     .await;
-    let epoch_now = fleet.handle.backend("b").unwrap().epoch;
+    let epoch_now = fleet.control.backend("b").unwrap().epoch;
     let b = fleet.post(&[], &confirm("late-1", 2)).await;
     assert_eq!(
         successor.state.unknown_followups.load(SeqCst),
@@ -135,7 +138,7 @@ async fn a_draining_backend_is_not_forgotten_while_a_call_on_it_is_still_answeri
     let holder = fleet.workers[0].state.name.clone();
     let mid = (0..)
         .map(|i| format!("slow-{i}"))
-        .find(|k| *fleet.handle.view().ring_owner(k).unwrap() == *holder)
+        .find(|k| *fleet.control.view().ring_owner(k).unwrap() == *holder)
         .unwrap();
     let req = http::Request::post(fleet.url())
         .header("content-type", "application/json")
@@ -153,8 +156,8 @@ async fn a_draining_backend_is_not_forgotten_while_a_call_on_it_is_still_answeri
     read_until(&mut body, "notifications/progress").await;
     // The holder is removed while its answer is still on the way.
     fleet.reconfigure(&fleet.specs()[1..]);
-    fleet.handle.sweep();
-    let still_known = fleet.handle.backends().iter().any(|b| *b.name == *holder && b.removed);
+    fleet.control.sweep();
+    let still_known = fleet.control.backends().iter().any(|b| *b.name == *holder && b.removed);
     fleet.workers[0].state.release();
     let text = read_until(&mut body, "\"pending\":true").await;
     assert!(text.contains(&holder), "{text}");

@@ -233,7 +233,7 @@ async fn messages_are_read_by_their_structure_not_by_the_names_in_them() {
     assert!(sealed.starts_with("mrt2."), "the real state is sealed: {text}");
     assert_eq!(text.matches("mrt2.").count(), 1, "and nothing else is: {text}");
     let pin = fleet
-        .handle
+        .control
         .pin(PinKind::RequestState, &sealed)
         .expect("the state is pinned");
     assert!(!pin.finished);
@@ -253,7 +253,7 @@ async fn messages_are_read_by_their_structure_not_by_the_names_in_them() {
     let text = String::from_utf8_lossy(&retry.body).to_string();
     assert!(!text.contains("mrt2."), "a final answer pins nothing: {text}");
     assert!(
-        fleet.handle.pin(PinKind::RequestState, &sealed).unwrap().finished,
+        fleet.control.pin(PinKind::RequestState, &sealed).unwrap().finished,
         "the final answer ends the call"
     );
     let m = fleet.metrics().await;

@@ -74,7 +74,7 @@ async fn five_hundred_concurrent_two_round_calls_never_misroute() {
 #[tokio::test]
 async fn header_key_wins_over_body_key() {
     let fleet = Fleet::start(3, "").await;
-    let snap = fleet.handle.view();
+    let snap = fleet.control.view();
     // Find a header key and a messageId that the ring places on different workers.
     let (h, m) = (0..1000)
         .map(|i| (format!("h-{i}"), format!("m-{i}")))
@@ -155,7 +155,7 @@ async fn pending_calls_survive_backends_added_and_reweighted() {
     changed[0].weight = 5;
     changed[1].weight = 2;
     fleet.reconfigure(&changed);
-    let snap = fleet.handle.view();
+    let snap = fleet.control.view();
     let moved = started
         .keys()
         .filter(|k| snap.ring_owner(k).unwrap().as_str() != started[*k])
@@ -206,7 +206,7 @@ async fn sequential_ids_spread_over_all_workers() {
     }
     assert_eq!(keyless.len(), 3);
     // Single-round traffic creates no pins.
-    assert_eq!(fleet.handle.pin_count(), 0);
+    assert_eq!(fleet.control.pin_count(), 0);
 }
 
 #[tokio::test]
@@ -214,12 +214,12 @@ async fn invalid_reload_keeps_the_running_config() {
     let fleet = Fleet::start(2, "").await;
     let before = fleet.post(&[], &start_call("keep-1", 2)).await;
     std::fs::write(&fleet.config_path, "[routing]\nvirtual_nodes = \"many\"\n").unwrap();
-    let err = fleet.handle.reload().unwrap_err();
+    let err = fleet.control.reload().unwrap_err();
     assert_eq!(err.line, Some(2), "{err}");
     let after = fleet.post(&[], &confirm("keep-1", 2)).await;
     assert_eq!(after.worker(), before.worker());
     assert_eq!(after.json()["result"]["content"][0]["text"], "done");
-    assert_eq!(fleet.handle.view().ring().len(), 2);
+    assert_eq!(fleet.control.view().ring().len(), 2);
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_config_reloads_total{result=\"error\"}"), Some(1.0));
 }
@@ -275,7 +275,7 @@ async fn debug_route_explains_keys_and_bodies_without_touching_pins() {
     assert_eq!(v["keys"]["session_id"], "s-9");
     assert_eq!(v["keys"]["method"], "tools/call");
     // Explaining never created, refreshed or finished anything.
-    assert_eq!(fleet.handle.pin_count(), 1);
+    assert_eq!(fleet.control.pin_count(), 1);
 }
 
 /// The per-request metrics docs/src/observability.md names, as an operator's dashboard reads them: counts by

@@ -25,7 +25,7 @@ async fn a_router_with_every_duration_at_its_maximum_serves_reloads_and_stops() 
         "k".repeat(32)
     );
     let fleet = Fleet::start_with(vec![worker], &extra).await;
-    let snap = fleet.handle.view();
+    let snap = fleet.control.view();
     assert_eq!(
         snap.config().routing.drain_timeout,
         mrtr_router::config::defaults::MAX_DURATION
@@ -42,7 +42,7 @@ async fn a_router_with_every_duration_at_its_maximum_serves_reloads_and_stops() 
     let b = fleet.post(&[], &confirm("max-1", 2)).await;
     assert_eq!(b.json()["result"]["content"][0]["text"], "done");
 
-    let discovered = || fleet.handle.backends().iter().any(|b| b.name.starts_with("dns:"));
+    let discovered = || fleet.control.backends().iter().any(|b| b.name.starts_with("dns:"));
     eventually(Duration::from_secs(10), "the discovered backend", discovered).await;
     // Removing the static backend drains it until now + drain_timeout; the discovered one
     // (the same worker) serves on.
@@ -110,7 +110,7 @@ async fn a_reload_changes_header_limits_and_timeouts_for_new_connections_and_the
 
     let smaller = "[server]\nmax_headers = 20\nheader_read_timeout = \"300ms\"\nshutdown_grace = \"300ms\"";
     std::fs::write(&fleet.config_path, render_config(smaller, &fleet.specs())).unwrap();
-    fleet.handle.reload().expect("reload accepted");
+    fleet.control.reload().expect("reload accepted");
 
     // A new connection gets the new header limit: 43 headers are too many.
     let mut after = TcpStream::connect(fleet.router).await.unwrap();

@@ -128,7 +128,7 @@ async fn shutdown_stops_accepting_fails_readiness_and_lets_requests_and_streams_
     .await;
 
     assert!(fleet.begin_shutdown(), "the router was running");
-    let shared = fleet.handle.clone();
+    let shared = fleet.control.clone();
     eventually(Duration::from_secs(10), "shutdown begins", || shared.shutting_down()).await;
     assert_eq!(
         readyz(&client, fleet.admin).await,

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use mrtr_router::handle::PinKind;
+use mrtr_router::control::PinKind;
 use serde_json::{json, Value};
 
 async fn open(fleet: &Fleet, body: &Value) -> http::Response<Incoming> {
@@ -121,7 +121,7 @@ async fn sse_pending_answer_is_pinned_before_the_client_reads_it() {
         let text = read_until(&mut body, "\"pending\":true").await;
         // The moment the client holds the pending event, the pin is there.
         assert!(
-            fleet.handle.pin(PinKind::Client, &mid).is_some(),
+            fleet.control.pin(PinKind::Client, &mid).is_some(),
             "pin missing after the client read: {text}"
         );
         let worker =
@@ -254,7 +254,7 @@ async fn client_disconnect_closes_the_upstream_stream() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while fleet.handle.view().ring()[0].inflight != 0 {
+    while fleet.control.view().ring()[0].inflight != 0 {
         assert!(tokio::time::Instant::now() < deadline, "in-flight count not released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

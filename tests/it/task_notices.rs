@@ -190,7 +190,7 @@ async fn every_task_id_a_client_sees_is_sealed_and_stable_through_two_replicas()
                         End::Cancel => "cancelled",
                     };
                     assert_eq!(status, want, "{what}");
-                    let pin = saw_it.handle.pin(PinKind::Task, &sealed).expect("the task's pin");
+                    let pin = saw_it.control.pin(PinKind::Task, &sealed).expect("the task's pin");
                     assert!(pin.finished, "{what}: the terminal status finished the pin");
                     // The list names it by the same sealed id (every id there is sealed).
                     let listed = second
@@ -220,7 +220,7 @@ async fn every_task_id_a_client_sees_is_sealed_and_stable_through_two_replicas()
 
 /// A routing key that `fleet`'s ring gives to `worker` (to reach one instance).
 fn routing_to(fleet: &Fleet, worker: &str) -> String {
-    let view = fleet.handle.view();
+    let view = fleet.control.view();
     (0..1000)
         .map(|i| format!("list-{i}"))
         .find(|k| view.ring_owner(k).as_deref() == Some(worker))
@@ -240,7 +240,7 @@ async fn a_terminal_status_notification_on_a_get_stream_finishes_the_tasks_pin()
             let id = created.json()["result"]["taskId"].as_str().unwrap().to_string();
             assert_eq!(id.starts_with("mrt2."), sealing, "{id}");
             let holder = created.worker();
-            let pin = fleet.handle.pin(PinKind::Task, &id).expect("a pin for the new task");
+            let pin = fleet.control.pin(PinKind::Task, &id).expect("a pin for the new task");
             assert!(!pin.finished, "a working task's pin is live");
             // The task completed in the background; the GET stream is the only one to tell.
             let key = routing_to(&fleet, &holder);
@@ -273,7 +273,7 @@ async fn a_terminal_status_notification_on_a_get_stream_finishes_the_tasks_pin()
                 only_sealed(&stream, &id, "the GET stream");
             }
             let pin = fleet
-                .handle
+                .control
                 .pin(PinKind::Task, &id)
                 .expect("the pin lingers for the replay window");
             assert!(

@@ -157,7 +157,7 @@ async fn a_task_cancelled_on_another_replica_and_its_ids_in_lists_and_notificati
 
 /// A routing token for some key that `fleet`'s ring gives to `worker` (to reach one instance).
 fn routing_to(fleet: &Fleet, worker: &str) -> String {
-    let view = fleet.handle.view();
+    let view = fleet.control.view();
     (0..1000)
         .map(|i| format!("list-{i}"))
         .find(|k| view.ring_owner(k).as_deref() == Some(worker))

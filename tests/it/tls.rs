@@ -263,7 +263,7 @@ async fn a_reload_serves_a_changed_certificate_to_new_connections_and_a_bad_one_
     let renewed = make_cert(dir.path(), "renewed");
     std::fs::copy(&renewed.cert, &first.cert).unwrap();
     std::fs::copy(&renewed.key, &first.key).unwrap();
-    fleet.handle.reload().expect("reload accepted");
+    fleet.control.reload().expect("reload accepted");
     let stream = connect(&fleet, &renewed.der, &[b"h2"])
         .await
         .expect("the renewed certificate");
@@ -276,7 +276,7 @@ async fn a_reload_serves_a_changed_certificate_to_new_connections_and_a_bad_one_
     // A broken certificate file: rejected, naming the key and the file; the renewed one stays.
     std::fs::write(&first.cert, "not a certificate").unwrap();
     let e = fleet
-        .handle
+        .control
         .reload()
         .expect_err("a bad certificate is rejected")
         .to_string();

@@ -75,7 +75,7 @@ async fn a_restarted_replica_routes_by_token() {
     let t = routing_token(&r1);
     // A fresh router process: no pins at all, same keys.
     let a2 = Fleet::start_backends(Vec::new(), &specs, &tokens(&[KEY_A])).await;
-    assert_eq!(a2.handle.pin_count(), 0);
+    assert_eq!(a2.control.pin_count(), 0);
     let r2 = a2.post(&[("mcp-routing-id", &t)], &confirm("restart-1", 2)).await;
     assert_eq!(r2.json()["result"]["content"][0]["text"], "done");
     assert_eq!(r2.worker(), r1.worker());
@@ -403,7 +403,7 @@ async fn tokens_from_before_a_backend_restart_are_lost_pins_on_every_replica() {
     let at = a.workers.iter().position(|w| w.state.name == holder).unwrap();
     let addr = a.workers[at].addr;
     a.workers.remove(at).stop().await;
-    let (ha, hb) = (a.handle.clone(), b.handle.clone());
+    let (ha, hb) = (a.control.clone(), b.control.clone());
     eventually(Duration::from_secs(10), "both replicas eject it", || {
         !ha.backend(&holder).unwrap().healthy && !hb.backend(&holder).unwrap().healthy
     })

@@ -156,7 +156,7 @@ async fn a_refused_connect_shows_two_client_spans_and_router_errors_name_their_r
     let fleet = Fleet::start_backends(vec![worker], &specs, &extra).await;
     let key = (0..1000)
         .map(|i| format!("key-{i}"))
-        .find(|k| fleet.handle.view().ring_owner(k).as_deref() == Some("dead"))
+        .find(|k| fleet.control.view().ring_owner(k).as_deref() == Some("dead"))
         .expect("some key maps to the dead backend");
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami"}});
     let a = fleet.post(&[("mcp-routing-id", &key)], &body).await;

@@ -138,9 +138,9 @@ async fn requests_beyond_the_cap_wait_for_a_connection() {
     )
     .await;
     let calls = send_calls(&fleet, &backend, 40).await;
-    let handle = fleet.handle.clone();
+    let control = fleet.control.clone();
     eventually(Duration::from_secs(10), "the other 32 wait in the router", || {
-        handle.backend("capped").unwrap().inflight == 40
+        control.backend("capped").unwrap().inflight == 40
     })
     .await;
     let m = fleet.metrics().await;
@@ -163,7 +163,7 @@ async fn requests_beyond_the_cap_wait_for_a_connection() {
     assert!(peak <= CAP + 1, "the backend saw {peak} connections at once");
     let m = fleet.metrics().await;
     assert_eq!(metric(&m, "mrtr_upstream_queued{backend=\"capped\"}"), Some(0.0));
-    assert!(handle.backend("capped").unwrap().healthy);
+    assert!(control.backend("capped").unwrap().healthy);
 }
 
 /// A request that waits `queue_timeout` without a connection coming free is answered 503
@@ -190,9 +190,9 @@ async fn a_request_that_waits_out_queue_timeout_is_answered_busy_and_ejects_noth
             "answered busy after only {waited:?}"
         );
     }
-    let handle = fleet.handle.clone();
+    let control = fleet.control.clone();
     assert!(
-        handle.backend("full").unwrap().healthy,
+        control.backend("full").unwrap().healthy,
         "busy is the router's limit, not a backend fault"
     );
     assert!(backend.open.load(Ordering::SeqCst) <= CAP + 1);
@@ -250,9 +250,9 @@ async fn a_thousand_streams_of_one_h2_client_open_at_most_the_cap_upstream() {
             })
         })
         .collect();
-    let handle = fleet.handle.clone();
+    let control = fleet.control.clone();
     eventually(Duration::from_secs(10), "the router holds 100 streams", || {
-        handle.backend("h2-target").unwrap().inflight == 100
+        control.backend("h2-target").unwrap().inflight == 100
     })
     .await;
     let held = backend.held.clone();
@@ -290,7 +290,7 @@ async fn a_reload_that_raises_the_cap_lets_waiting_requests_through() {
         render_config(&raised, std::slice::from_ref(&backend.spec)),
     )
     .unwrap();
-    fleet.handle.reload().expect("the raised cap is valid");
+    fleet.control.reload().expect("the raised cap is valid");
     let held = backend.held.clone();
     eventually(Duration::from_secs(10), "the backend holds sixteen", || {
         held.load(Ordering::SeqCst) == CAP * 2

@@ -121,8 +121,8 @@ async fn concurrent_requests_to_an_h2_backend_over_tls_share_one_connection() {
     .await;
     let text = std::fs::read_to_string(&fleet.config_path).unwrap();
     std::fs::write(&fleet.config_path, format!("{text}http2 = true\n")).unwrap();
-    fleet.handle.reload().expect("reload accepted");
-    assert!(fleet.handle.config().backends[0].http2 == Some(true));
+    fleet.control.reload().expect("reload accepted");
+    assert!(fleet.control.config().backends[0].http2 == Some(true));
     let before = front.handshakes();
     assert_eq!(front.alpn_h2(), 0, "HTTP/1.1 before the reload");
     concurrent_streams(&fleet, &fleet.workers[0], 20).await;
@@ -426,7 +426,7 @@ async fn sse_over_h2_streams_event_by_event_and_a_client_leaving_resets_the_stre
     })
     .await;
     eventually(Duration::from_secs(10), "in-flight count released", || {
-        fleet.handle.view().ring()[0].inflight == 0
+        fleet.control.view().ring()[0].inflight == 0
     })
     .await;
     // Both streams went over one connection.

@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mrtr_router::example::Worker;
-use mrtr_router::{Listeners, Router, RouterHandle};
+use mrtr_router::{Listeners, Router, RouterControl};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -42,7 +42,7 @@ pub struct BackendSpec {
 pub struct Fleet {
     pub router: SocketAddr,
     pub admin: SocketAddr,
-    pub handle: RouterHandle,
+    pub control: RouterControl,
     pub workers: Vec<Worker>,
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
@@ -129,7 +129,7 @@ impl Fleet {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, render_config(&extra, specs)).unwrap();
         let router = Router::from_file(&config_path).expect("valid test config");
-        let handle = router.handle();
+        let control = router.control();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (router_addr, admin_addr) = (proxy.local_addr().unwrap(), admin.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -139,7 +139,7 @@ impl Fleet {
         Fleet {
             router: router_addr,
             admin: admin_addr,
-            handle,
+            control,
             workers,
             dir,
             config_path,
@@ -157,7 +157,7 @@ impl Fleet {
     /// Rewrites the config file with these backends and reloads it.
     pub fn reconfigure(&self, backends: &[BackendSpec]) {
         std::fs::write(&self.config_path, render_config(&self.extra, backends)).unwrap();
-        self.handle.reload().expect("reload accepted");
+        self.control.reload().expect("reload accepted");
     }
 
     pub fn specs(&self) -> Vec<BackendSpec> {

@@ -1,4 +1,4 @@
-//! [`RouterHandle`]: what a running router lets its owner do and see from outside the request
+//! [`RouterControl`]: what a running router lets its owner do and see from outside the request
 //! path: reload, run a round of upkeep now, and look at its backends, ring and pins. The tests
 //! use it to observe the router; none of it changes routing except `reload` and `sweep`.
 
@@ -13,9 +13,9 @@ use crate::upstream::Backend;
 pub use crate::pins::PinKind;
 pub use crate::upstream::Resolver;
 
-/// A handle on a running router (cheap to clone).
+/// The controls of a running router (cheap to clone).
 #[derive(Clone)]
-pub struct RouterHandle {
+pub struct RouterControl {
     shared: Arc<Shared>,
 }
 
@@ -73,9 +73,9 @@ fn state_of(b: &Backend, removed: bool) -> BackendState {
     }
 }
 
-impl RouterHandle {
-    pub(crate) fn new(shared: Arc<Shared>) -> RouterHandle {
-        RouterHandle { shared }
+impl RouterControl {
+    pub(crate) fn new(shared: Arc<Shared>) -> RouterControl {
+        RouterControl { shared }
     }
 
     /// Re-reads the config file (as SIGHUP does); an invalid file leaves the running config.
