@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::auth::Resource;
 use crate::body::ProxyBody;
-use crate::dialect::{RequestKeys, Unreadable};
+use crate::dialect::{RequestHandles, Unreadable};
 use crate::route;
 use crate::state::Shared;
 use crate::token::PrincipalTag;
@@ -232,27 +232,27 @@ pub fn explain(
     let snap = shared.snapshot();
     let routing = &snap.config.routing;
     let body = Some(body).filter(|b| !b.is_empty());
-    let mut keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body)?;
+    let mut handles = RequestHandles::read(headers, &routing.header, &routing.body_field, body)?;
     if let Some(k) = key {
-        keys.set_header_key(k);
+        handles.set_header_key(k);
     }
     let found = json!({
-        "method": keys.method,
-        "client_key": keys.client_key(),
-        "header_key": keys.header_key,
-        "message_id": keys.message_id,
-        "request_state": keys.request_state.as_ref().map(|s| format!("<{} bytes>", s.len())),
-        "task_id": keys.task_id,
-        "session_id": keys.session_id,
+        "method": handles.method,
+        "client_key": handles.client_key(),
+        "header_key": handles.header_key,
+        "message_id": handles.message_id,
+        "request_state": handles.request_state.as_ref().map(|s| format!("<{} bytes>", s.len())),
+        "task_id": handles.task_id,
+        "session_id": handles.session_id,
     });
     let (auth, tag) = match &snap.auth {
         Some(resource) => {
-            let (auth, tag) = explain_auth(shared, resource, &keys, token);
+            let (auth, tag) = explain_auth(shared, resource, &handles, token);
             (Some(auth), tag)
         }
         None => (None, None),
     };
-    let mut explained = match route::resolve(&snap, &shared.pins, &keys, tag.as_ref(), route::Lookup::Peek) {
+    let mut explained = match route::resolve(&snap, &shared.pins, &handles, tag.as_ref(), route::Lookup::Peek) {
         Ok((d, _)) => json!({
             "backend": &*d.backend.name,
             "url": d.backend.url(),
@@ -278,10 +278,10 @@ pub fn explain(
 fn explain_auth(
     shared: &Shared,
     resource: &Resource,
-    keys: &RequestKeys,
+    handles: &RequestHandles,
     token: Option<&str>,
 ) -> (Value, Option<PrincipalTag>) {
-    let needed = resource.needed(keys.messages());
+    let needed = resource.needed(handles.messages());
     let Some(token) = token else {
         return (json!({"needed_scopes": needed, "result": "missing"}), None);
     };

@@ -11,7 +11,7 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use memchr::memmem;
 
-use crate::dialect::{self, Message, Outcome, RequestKeys, TaskState, SESSION_HEADER};
+use crate::dialect::{self, Message, Outcome, RequestHandles, TaskState, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
 use crate::quotas::OpenCall;
 use crate::route::{Decision, Matched};
@@ -77,27 +77,27 @@ impl Call {
     pub fn new(
         shared: &Arc<Shared>,
         snap: &Arc<Snapshot>,
-        keys: &RequestKeys,
+        handles: &RequestHandles,
         decision: &Decision,
         target: Incarnation,
         method: &Method,
         unsealed: Option<&Unsealed>,
     ) -> Call {
         let mut client_keys = [None, None];
-        for (slot, key) in client_keys.iter_mut().zip(keys.client_pin_keys()) {
+        for (slot, key) in client_keys.iter_mut().zip(handles.client_pin_keys()) {
             *slot = Some(key);
         }
         // A call known only by the routing token it echoes: its pin here is under the key
         // the token names, so that its rounds count on this replica too, however old the
         // token it echoes.
         if client_keys[0].is_none() {
-            client_keys[0] = unsealed.and_then(|u| u.token_call_key(keys));
+            client_keys[0] = unsealed.and_then(|u| u.token_call_key(handles));
         }
         let token_call = unsealed.and_then(|u| u.routing_call);
         let tags = snap
             .sealing
             .as_ref()
-            .map(|_| (keys.call_tag().or(token_call), keys.tool_tag()));
+            .map(|_| (handles.call_tag().or(token_call), handles.tool_tag()));
         Call {
             shared: shared.clone(),
             snap: snap.clone(),
@@ -109,15 +109,15 @@ impl Call {
                 Some(_) => SystemTime::now(),
                 None => SystemTime::UNIX_EPOCH,
             },
-            session: keys.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
+            session: handles.session_id.map(|s| PinKey::new(PinKind::Session, s.as_bytes())),
             is_delete: *method == Method::DELETE,
-            is_task_cancel: keys.method.as_deref() == Some("tasks/cancel"),
-            observes_body: *method == Method::POST && keys.method.is_some() && keys.id.is_some(),
-            may_create_pin: keys.may_create_pin(),
-            client_session: keys.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
+            is_task_cancel: handles.method.as_deref() == Some("tasks/cancel"),
+            observes_body: *method == Method::POST && handles.method.is_some() && handles.id.is_some(),
+            may_create_pin: handles.may_create_pin(),
+            client_session: handles.session_id.and_then(|s| HeaderValue::from_str(s).ok()),
             client_task: unsealed
                 .and_then(|u| u.task_id.clone())
-                .zip(keys.task_id.as_deref().map(str::to_string)),
+                .zip(handles.task_id.as_deref().map(str::to_string)),
             pins_seen: None,
             caller: None,
             tags,
@@ -260,7 +260,7 @@ impl Call {
         let is_task = outcome == Outcome::Task;
         match outcome {
             Outcome::NotAResponse => {}
-            // The call goes on as a task (pinned below): its earlier keys are done with.
+            // The call goes on as a task (pinned below): its earlier handles are done with.
             Outcome::Task => self.finish_call(prior, None),
             Outcome::Pending => {
                 for key in c.client_keys.iter().flatten() {

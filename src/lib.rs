@@ -7,8 +7,8 @@
 //!   listener's server config, the backends' client configs), `error`
 //!   (the router's own errors, rendered in one place, docs/src/errors.md) and `metrics` (the
 //!   Prometheus registry and the label values users see) sit beside it at the bottom.
-//! - `dialect`   reading the three MCP dialects (docs/src/dialects.md): the keys a request carries
-//!   (`RequestKeys`, one validating scan of the body) and the outcome an answer reports
+//! - `dialect`   reading the three MCP dialects (docs/src/dialects.md): the handles a request carries
+//!   (`RequestHandles`, one validating scan of the body) and the outcome an answer reports
 //! - `pins`      the pin table of in-flight calls (docs/src/pins.md), on an injectable clock
 //! - `quotas/`   fair shares between callers: who a caller is, GCRA rates, in-flight and
 //!   open-call counts per caller and per tool, each bounded
@@ -25,7 +25,7 @@
 //! - `route`     the routing decision (docs/src/routing.md): `route::resolve` serves the proxy,
 //!   `/debug/route` and `mrtr-router route`
 //! - `calls`     the call lifecycle: what each dialect's answer does to the pins
-//! - `proxy/`    the request path as phases: read → keys → decide → forward → observe
+//! - `proxy/`    the request path as phases: read → handles → decide → forward → observe
 //! - `admin`     `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`
 //! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining,
 //!   the issuer's keys kept fresh

@@ -1,4 +1,4 @@
-//! The routing decision (docs/src/routing.md): which backend a request's keys choose, and why. One
+//! The routing decision (docs/src/routing.md): which backend a request's handles choose, and why. One
 //! [`resolve`] (unseal, then decide) serves the proxy, `mrtr-router route` and `/debug/route`,
 //! so all three explain the same logic.
 
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::OnPinLost;
-use crate::dialect::RequestKeys;
+use crate::dialect::RequestHandles;
 use crate::error::RouterError;
 use crate::pins::{Pin, PinKey, PinKind, PinTable};
 use crate::sealing::{Refused, Unsealed};
@@ -74,36 +74,36 @@ pub struct Decision {
 /// A request that only carries a session is a new call; so is one that carries another call's
 /// handle, and one whose call has ended here (its pin finished: a repeat of its last round is
 /// routed to the same backend, but it is no longer a call a limiter could strand).
-pub fn is_follow_up(keys: &RequestKeys, matched: Option<Matched>, unsealed: Option<&Unsealed>) -> bool {
+pub fn is_follow_up(handles: &RequestHandles, matched: Option<Matched>, unsealed: Option<&Unsealed>) -> bool {
     // Most requests carry no handle at all.
-    if matched.is_none() && unsealed.is_none() && keys.session_id.is_none() {
+    if matched.is_none() && unsealed.is_none() && handles.session_id.is_none() {
         return false;
     }
     if matched.is_some_and(|m| m.pin.finished) {
         return false;
     }
-    let starts = keys.starts_a_call();
+    let starts = handles.starts_a_call();
     let pinned = matched.is_some_and(|m| match m.pin.kind {
         PinKind::Client => !starts,
-        PinKind::RequestState => keys.takes_request_state(),
-        PinKind::Task => keys.follows_tasks(),
+        PinKind::RequestState => handles.takes_request_state(),
+        PinKind::Task => handles.follows_tasks(),
         PinKind::Session => false,
     });
     let sealed = unsealed.is_some_and(|u| {
         let state = u.request_state.is_some()
-            && keys.takes_request_state()
-            && u.state_call.is_some_and(|c| c == keys.tool_tag());
-        let tasks = (u.task_id.is_some() || u.task_ids.iter().any(Option::is_some)) && keys.follows_tasks();
-        let routed = u.routing_token && !starts && u.routing_call.is_some_and(|c| names_this_call(c, keys));
+            && handles.takes_request_state()
+            && u.state_call.is_some_and(|c| c == handles.tool_tag());
+        let tasks = (u.task_id.is_some() || u.task_ids.iter().any(Option::is_some)) && handles.follows_tasks();
+        let routed = u.routing_token && !starts && u.routing_call.is_some_and(|c| names_this_call(c, handles));
         state || tasks || routed
     });
-    pinned || sealed || (keys.session_id.is_some() && keys.is_response())
+    pinned || sealed || (handles.session_id.is_some() && handles.is_response())
 }
 
 /// Whether a routing token issued for `call` is this request's call: the same `messageId`, or,
 /// for a call known by its routing id, a request without one (the token stands for the id).
-fn names_this_call(call: CallTag, keys: &RequestKeys) -> bool {
-    match keys.message_id.as_deref() {
+fn names_this_call(call: CallTag, handles: &RequestHandles) -> bool {
+    match handles.message_id.as_deref() {
         Some(m) => !call.by_routing_id && PinKey::new(PinKind::Client, m.as_bytes()).digest() == call.digest,
         None => call.by_routing_id,
     }
@@ -143,13 +143,13 @@ impl fmt::Display for Decision {
 pub fn resolve(
     snap: &Snapshot,
     pins: &PinTable,
-    keys: &RequestKeys,
+    handles: &RequestHandles,
     caller: Option<&PrincipalTag>,
     lookup: Lookup,
 ) -> Result<(Decision, Option<Unsealed>), RouterError> {
     let unsealed = match &snap.sealing {
         Some(s) => s
-            .unseal(keys, SystemTime::now(), caller)
+            .unseal(handles, SystemTime::now(), caller)
             .map_err(|refused| match refused {
                 Refused::Principal => RouterError::HandlePrincipalMismatch,
                 Refused::Clear(kind) => RouterError::HandleNotSealed { kind },
@@ -159,8 +159,8 @@ pub fn resolve(
             })?,
         None => None,
     };
-    let mut decision = decide(snap, pins, keys, unsealed.as_ref(), lookup == Lookup::Refresh)?;
-    decision.follow_up = is_follow_up(keys, decision.matched, unsealed.as_ref());
+    let mut decision = decide(snap, pins, handles, unsealed.as_ref(), lookup == Lookup::Refresh)?;
+    decision.follow_up = is_follow_up(handles, decision.matched, unsealed.as_ref());
     Ok((decision, unsealed))
 }
 
@@ -170,7 +170,7 @@ pub fn resolve(
 pub fn decide(
     snap: &Snapshot,
     pins: &PinTable,
-    keys: &RequestKeys,
+    handles: &RequestHandles,
     unsealed: Option<&Unsealed>,
     refresh: bool,
 ) -> Result<Decision, RouterError> {
@@ -196,11 +196,11 @@ pub fn decide(
     // pinned here passes: its pins are already counted, and refusing it would break the call (a
     // sealed handle alone does not say its pins are here).
     let full = |call: Option<Matched>| {
-        refresh && !is_follow_up(keys, call, None) && keys.may_create_pin() && pins.len() >= routing.max_pins
+        refresh && !is_follow_up(handles, call, None) && handles.may_create_pin() && pins.len() >= routing.max_pins
     };
     // What a request routed by a pin or a token must pass: its call's rounds, and the table's room.
     let admit = |call: Option<Matched>, token_rounds: Option<u32>| {
-        let rounds = check_rounds(call, token_rounds, keys, routing.max_rounds)?;
+        let rounds = check_rounds(call, token_rounds, handles, routing.max_rounds)?;
         match full(call) {
             true => Err(RouterError::PinCapacity { max: routing.max_pins }),
             false => Ok(rounds),
@@ -209,14 +209,14 @@ pub fn decide(
     if let Some(u) = unsealed {
         let key = BackendKey::of(&u.backend);
         // The local pin, if this replica has one, still counts rounds and finishes the call.
-        let mut candidates = keys.pin_candidates();
+        let mut candidates = handles.pin_candidates();
         let on_backend = |k: PinKey| {
             let pin = find(k)?;
             (pin.backend == key).then_some(Matched { key: k, pin })
         };
         // A call known by its routing id is pinned here under that id's key, which the token
         // stands for once the client echoes only the token.
-        let token_call = u.token_call_key(keys);
+        let token_call = u.token_call_key(handles);
         let matched = candidates
             .find_map(|(k, _)| on_backend(k))
             .or_else(|| token_call.and_then(on_backend));
@@ -237,7 +237,11 @@ pub fn decide(
                 });
             }
             None if routing.on_pin_lost == OnPinLost::Strict => {
-                let handle = keys.client_key().or(keys.session_id).unwrap_or("<sealed>").to_string();
+                let handle = handles
+                    .client_key()
+                    .or(handles.session_id)
+                    .unwrap_or("<sealed>")
+                    .to_string();
                 return Err(RouterError::PinnedBackendUnavailable {
                     key: handle,
                     backend: u.backend.clone(),
@@ -250,7 +254,7 @@ pub fn decide(
         }
     }
     if !pin_lost && !pins.is_empty() {
-        let mut candidates = keys.pin_candidates();
+        let mut candidates = handles.pin_candidates();
         while let Some((key, handle)) = candidates.next() {
             let Some(pin) = find(key) else { continue };
             let matched = Matched { key, pin };
@@ -276,7 +280,7 @@ pub fn decide(
                 None => {
                     pin_lost = true;
                     // A lost call pin outranks a lost session: rehashed, the call re-pins
-                    // its own keys.
+                    // its own handles.
                     if lost.is_none_or(|l: Matched| l.pin.kind == PinKind::Session) {
                         lost = Some(matched);
                     }
@@ -287,7 +291,7 @@ pub fn decide(
     if full(lost) {
         return Err(RouterError::PinCapacity { max: routing.max_pins });
     }
-    let (backend, source) = match keys.client_key() {
+    let (backend, source) = match handles.client_key() {
         Some(k) => (snap.ring.pick(k), Source::Ring),
         None => (snap.ring.pick_keyless(), Source::Keyless),
     };
@@ -329,7 +333,7 @@ fn call_in_session<'k>(
 fn check_rounds(
     matched: Option<Matched>,
     token_rounds: Option<u32>,
-    keys: &RequestKeys,
+    handles: &RequestHandles,
     max_rounds: u32,
 ) -> Result<u32, RouterError> {
     let call = matched.filter(|m| matches!(m.pin.kind, PinKind::Client | PinKind::RequestState));
@@ -338,9 +342,9 @@ fn check_rounds(
     }
     let rounds = call.map_or(0, |m| m.pin.rounds).max(token_rounds.unwrap_or(0));
     if rounds >= max_rounds {
-        let key = keys
+        let key = handles
             .client_key()
-            .or(keys.request_state.as_deref())
+            .or(handles.request_state.as_deref())
             .unwrap_or("<call>")
             .to_string();
         return Err(RouterError::TooManyRounds { key, max: max_rounds });

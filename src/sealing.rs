@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
-use crate::dialect::{self, RequestKeys};
+use crate::dialect::{self, RequestHandles};
 use crate::token::{self, CallTag, Claims, Kind, PrincipalTag, Rejected, TokenKeys};
 
 /// The keys for each kind of sealed value.
@@ -53,10 +53,10 @@ pub struct Unsealed {
 impl Unsealed {
     /// The pin key of the call the request's routing token stands for: a call known by its
     /// routing id, whose follow-ups carry the token in its place (and no `messageId`).
-    pub fn token_call_key(&self, keys: &RequestKeys) -> Option<crate::pins::PinKey> {
+    pub fn token_call_key(&self, handles: &RequestHandles) -> Option<crate::pins::PinKey> {
         let call = self
             .routing_call
-            .filter(|c| c.by_routing_id && keys.message_id.is_none())?;
+            .filter(|c| c.by_routing_id && handles.message_id.is_none())?;
         Some(crate::pins::PinKey::from_digest(
             crate::pins::PinKind::Client,
             call.digest,
@@ -169,7 +169,7 @@ impl Sealing {
     /// the backend's own, which would reach the backend bound to no one.
     pub fn unseal(
         &self,
-        keys: &RequestKeys,
+        handles: &RequestHandles,
         now: SystemTime,
         caller: Option<&PrincipalTag>,
     ) -> Result<Option<Unsealed>, Refused> {
@@ -199,15 +199,15 @@ impl Sealing {
             false if must_be_sealed => Err(Refused::Clear(kind)),
             false => Ok(false),
         };
-        let routing_token = keys.header_key.is_some_and(token::is_token);
+        let routing_token = handles.header_key.is_some_and(token::is_token);
         let mut routing_call = None;
-        if let Some(h) = keys.header_key.filter(|_| routing_token) {
+        if let Some(h) = handles.header_key.filter(|_| routing_token) {
             let claims = self.calls.verify(Kind::RoutingId, h, now)?;
             routing_call = claims.call;
             note(claims, true, true)?;
         }
         let (mut request_state, mut state_call) = (None, None);
-        if let Some(s) = keys.request_state.as_deref() {
+        if let Some(s) = handles.request_state.as_deref() {
             if sealed(s, "requestState")? {
                 let (original, claims) = self.calls.open_value(Kind::RequestState, s, now)?;
                 state_call = claims.call;
@@ -216,7 +216,7 @@ impl Sealing {
             }
         }
         let mut session_id = None;
-        if let Some(s) = keys.session_id {
+        if let Some(s) = handles.session_id {
             if sealed(s, "session id")? {
                 let (original, claims) = self.sessions.open_value(Kind::Session, s, now)?;
                 note(claims, false, true)?;
@@ -231,8 +231,8 @@ impl Sealing {
             note(claims, false, false)?;
             Ok(Some(original.into_owned()))
         };
-        let task_id = keys.task_id.as_deref().map(&mut open_task).transpose()?.flatten();
-        let task_ids = keys
+        let task_id = handles.task_id.as_deref().map(&mut open_task).transpose()?.flatten();
+        let task_ids = handles
             .task_ids()
             .iter()
             .map(|t| open_task(t))
@@ -370,8 +370,8 @@ mod tests {
         );
         let env = crate::dialect::parse_request(retry.as_bytes(), "messageId").unwrap();
         let headers = http::HeaderMap::new();
-        let keys = RequestKeys::new(&headers, &http::HeaderName::from_static("mcp-routing-id"), env);
-        let u = s.unseal(&keys, SystemTime::now(), None).unwrap().unwrap();
+        let handles = RequestHandles::new(&headers, &http::HeaderName::from_static("mcp-routing-id"), env);
+        let u = s.unseal(&handles, SystemTime::now(), None).unwrap().unwrap();
         assert_eq!(u.backend, "w1");
         assert_eq!(u.request_state.as_deref(), Some(request_state.as_str()));
         let restored = restore_originals(&Bytes::from(retry.clone()), "messageId", &u);
@@ -445,12 +445,12 @@ mod tests {
                 .unwrap(),
         );
         let name = http::HeaderName::from_static("mcp-routing-id");
-        let keys = RequestKeys::new(&headers, &name, Default::default());
-        let u = s.unseal(&keys, SystemTime::now(), Some(&alice)).unwrap().unwrap();
+        let handles = RequestHandles::new(&headers, &name, Default::default());
+        let u = s.unseal(&handles, SystemTime::now(), Some(&alice)).unwrap().unwrap();
         assert_eq!((u.backend.as_str(), u.session_id.as_deref()), ("w2", Some("0123abcd")));
         for caller in [Some(&bob), None] {
             assert_eq!(
-                s.unseal(&keys, SystemTime::now(), caller),
+                s.unseal(&handles, SystemTime::now(), caller),
                 Err(Refused::Principal),
                 "{caller:?}"
             );
@@ -463,8 +463,8 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        let keys = RequestKeys::new(&headers, &name, Default::default());
-        assert!(s.unseal(&keys, SystemTime::now(), Some(&bob)).unwrap().is_some());
+        let handles = RequestHandles::new(&headers, &name, Default::default());
+        assert!(s.unseal(&handles, SystemTime::now(), Some(&bob)).unwrap().is_some());
     }
 
     #[test]
@@ -474,31 +474,31 @@ mod tests {
         let bad = good.replace("0123abcd", "0123abce");
         let mut headers = http::HeaderMap::new();
         headers.insert("mcp-session-id", bad.parse().unwrap());
-        let keys = RequestKeys::new(
+        let handles = RequestHandles::new(
             &headers,
             &http::HeaderName::from_static("mcp-routing-id"),
             Default::default(),
         );
         assert_eq!(
-            s.unseal(&keys, SystemTime::now(), None),
+            s.unseal(&handles, SystemTime::now(), None),
             Err(Refused::Token(Rejected::BadSignature))
         );
         headers.insert("mcp-session-id", good.parse().unwrap());
-        let keys = RequestKeys::new(
+        let handles = RequestHandles::new(
             &headers,
             &http::HeaderName::from_static("mcp-routing-id"),
             Default::default(),
         );
-        let u = s.unseal(&keys, SystemTime::now(), None).unwrap().unwrap();
+        let u = s.unseal(&handles, SystemTime::now(), None).unwrap().unwrap();
         assert_eq!((u.backend.as_str(), u.session_id.as_deref()), ("w2", Some("0123abcd")));
         // Values that are not ours pass untouched.
         let mut plain = http::HeaderMap::new();
         plain.insert("mcp-routing-id", "r-77".parse().unwrap());
-        let keys = RequestKeys::new(
+        let handles = RequestHandles::new(
             &plain,
             &http::HeaderName::from_static("mcp-routing-id"),
             Default::default(),
         );
-        assert_eq!(s.unseal(&keys, SystemTime::now(), None), Ok(None));
+        assert_eq!(s.unseal(&handles, SystemTime::now(), None), Ok(None));
     }
 }

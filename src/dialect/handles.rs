@@ -1,4 +1,4 @@
-//! The keys a request carries: every handle in its headers and body that can choose a backend
+//! The handles a request carries: every handle in its headers and body that can choose a backend
 //! (docs/src/dialects.md, docs/src/routing.md), read once and borrowed from the request.
 
 use std::borrow::Cow;
@@ -11,7 +11,7 @@ use crate::token::CallTag;
 
 /// Every handle in a request that can choose a backend, and what its body asks for.
 #[derive(Debug, Default, Clone)]
-pub struct RequestKeys<'a> {
+pub struct RequestHandles<'a> {
     /// JSON-RPC method (absent for GET/DELETE).
     pub method: Option<Cow<'a, str>>,
     /// The request's raw JSON-RPC id, for error answers.
@@ -33,17 +33,17 @@ pub struct RequestKeys<'a> {
 
     /// `Mcp-Name` disagrees with the body.
     names_disagree: bool,
-    /// What few requests carry (a listener's task ids, a batch): boxed, so that the keys every
+    /// What few requests carry (a listener's task ids, a batch): boxed, so that the handles every
     /// request moves around stay small.
     rare: Option<Box<Rare<'a>>>,
 }
 
-/// The keys of the few requests that carry more than one message or handle of a kind.
+/// The handles of the few requests that carry more than one message or handle of a kind.
 #[derive(Debug, Default, Clone)]
 struct Rare<'a> {
     /// `params.notifications.taskIds` of `subscriptions/listen`: tasks the request follows.
     task_ids: Box<[Cow<'a, str>]>,
-    /// A batch's elements after the first (the first is the fields of [`RequestKeys`]).
+    /// A batch's elements after the first (the first is the fields of [`RequestHandles`]).
     rest: Box<[RequestEnvelope<'a>]>,
     /// Why a batch cannot be routed or judged as one request.
     batch_refused: Option<&'static str>,
@@ -76,10 +76,10 @@ fn header_text(v: &http::HeaderValue) -> Option<&str> {
     std::str::from_utf8(v.as_bytes()).ok().filter(|s| !s.is_empty())
 }
 
-impl<'a> RequestKeys<'a> {
-    /// The keys of a request with these headers and, when there is one to read, this JSON-RPC
+impl<'a> RequestHandles<'a> {
+    /// The handles of a request with these headers and, when there is one to read, this JSON-RPC
     /// body (`None`: a GET or DELETE; a body that is not JSON, or reads two ways, is an error).
-    /// The one way keys are read: by the proxy, `/debug/route` and `mrtr-router route` alike.
+    /// The one way handles are read: by the proxy, `/debug/route` and `mrtr-router route` alike.
     pub fn read(
         headers: &'a HeaderMap,
         routing_header: &HeaderName,
@@ -90,7 +90,7 @@ impl<'a> RequestKeys<'a> {
             Some(body) => parse_request(body, body_field)?,
             None => Envelopes::default(),
         };
-        Ok(RequestKeys::new(headers, routing_header, envelopes))
+        Ok(RequestHandles::new(headers, routing_header, envelopes))
     }
 
     pub fn new(headers: &'a HeaderMap, routing_header: &HeaderName, envelopes: Envelopes<'a>) -> Self {
@@ -152,7 +152,7 @@ impl<'a> RequestKeys<'a> {
         let message_id = envelope
             .message_id
             .or_else(|| rest.iter().find_map(|e| e.message_id.clone()));
-        RequestKeys {
+        RequestHandles {
             method: envelope.method,
             id: envelope.id,
             header_key: header_key.and_then(header_text),
@@ -356,13 +356,13 @@ mod tests {
         headers.insert(routing.clone(), HeaderValue::from_static("k-1"));
         let body = br#"{"id":1,"method":"tools/call","messageId":"k-1"}"#;
         let env = parse_request(body, "messageId").unwrap();
-        let keys = RequestKeys::new(&headers, &routing, env);
-        assert_eq!(keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(), ["k-1"]);
+        let handles = RequestHandles::new(&headers, &routing, env);
+        assert_eq!(handles.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(), ["k-1"]);
         let other = br#"{"id":1,"method":"tools/call","messageId":"k-2"}"#;
         let env = parse_request(other, "messageId").unwrap();
-        let keys = RequestKeys::new(&headers, &routing, env);
+        let handles = RequestHandles::new(&headers, &routing, env);
         assert_eq!(
-            keys.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(),
+            handles.pin_candidates().map(|(_, s)| s).collect::<Vec<_>>(),
             ["k-1", "k-2"]
         );
     }
@@ -376,7 +376,7 @@ mod tests {
                 map.append(HeaderName::from_static(n), HeaderValue::from_static(v));
             }
             let env = parse_request(body, "messageId").unwrap();
-            let k = RequestKeys::new(&map, &routing, env);
+            let k = RequestHandles::new(&map, &routing, env);
             (
                 k.names_disagree(),
                 k.session_id.map(str::to_owned),
@@ -414,6 +414,6 @@ mod tests {
         let mut get = HeaderMap::new();
         get.insert(METHOD_HEADER, HeaderValue::from_static("GET"));
         get.insert(NAME_HEADER, HeaderValue::from_static("x"));
-        assert!(!RequestKeys::new(&get, &routing, Envelopes::default()).names_disagree());
+        assert!(!RequestHandles::new(&get, &routing, Envelopes::default()).names_disagree());
     }
 }

@@ -1,8 +1,8 @@
-//! Reading the three MCP dialects (docs/src/dialects.md): the keys a request carries and the outcome an
+//! Reading the three MCP dialects (docs/src/dialects.md): the handles a request carries and the outcome an
 //! answer reports. Only the envelope fields the router uses are parsed; everything else is
 //! skipped without allocating.
 
-mod keys;
+mod handles;
 mod outcome;
 mod scan;
 
@@ -14,7 +14,7 @@ use serde::de::Deserializer;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-pub use keys::RequestKeys;
+pub use handles::RequestHandles;
 pub use outcome::{parse_message, Message, Outcome, TaskState};
 pub use scan::{Ambiguity, Envelopes, HandlesAt, NotJson, Reading, Unreadable};
 

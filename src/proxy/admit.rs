@@ -9,14 +9,14 @@ use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderValue};
 
-use crate::dialect::RequestKeys;
+use crate::dialect::RequestHandles;
 use crate::error::{QuotaRefusal, RouterError};
 use crate::quotas::{Admission, CallerKey, NotAdmitted, Quotas, Request};
 use crate::token::PrincipalTag;
 
 /// What the request asks of its caller's quotas.
 pub struct Ask<'a> {
-    pub keys: &'a RequestKeys<'a>,
+    pub handles: &'a RequestHandles<'a>,
     /// The request continues a call under way (`route::is_follow_up`).
     pub follow_up: bool,
     /// A `DELETE` that ends a session: it starts nothing, and frees what the quotas guard.
@@ -47,7 +47,7 @@ pub async fn admit(quotas: &Quotas, caller: CallerKey, ask: Ask<'_>) -> Result<A
     // Each `tools/call`'s tool, when a tool has quotas of its own (a batch may call several).
     let tools: Vec<&str> = match quotas.names_tools() {
         true => ask
-            .keys
+            .handles
             .messages()
             .filter(|(method, _)| *method == Some("tools/call"))
             .filter_map(|(_, tool)| tool)
@@ -58,9 +58,9 @@ pub async fn admit(quotas: &Quotas, caller: CallerKey, ask: Ask<'_>) -> Result<A
         tools: &tools,
         new_calls: match ask.follow_up || ask.ends_a_session {
             true => 0,
-            false => ask.keys.messages().count() as u32,
+            false => ask.handles.messages().count() as u32,
         },
-        may_open_call: ask.keys.may_create_pin(),
+        may_open_call: ask.handles.may_create_pin(),
     };
     quotas
         .admit(caller, &request, Instant::now())

@@ -12,7 +12,7 @@ use http::request::Parts;
 
 use crate::auth::{AuthFailure, Caller, Resource};
 use crate::config::{AuthConfig, Forward};
-use crate::dialect::RequestKeys;
+use crate::dialect::RequestHandles;
 use crate::error::{Challenge, RouterError};
 use crate::state::Shared;
 
@@ -92,8 +92,8 @@ pub async fn authenticate(
 /// batch's every element), the JSON-RPC method's and, for `tools/call`, the tool's (read from
 /// the verified body, never from `Mcp-Name` alone). A refusal names every scope the whole
 /// request needs, so one re-authorization is enough.
-pub fn authorize(resource: &Resource, caller: &Caller, keys: &RequestKeys) -> Result<(), RouterError> {
-    let needed = resource.needed(keys.messages());
+pub fn authorize(resource: &Resource, caller: &Caller, handles: &RequestHandles) -> Result<(), RouterError> {
+    let needed = resource.needed(handles.messages());
     if needed.iter().all(|s| caller.verified.scopes.satisfies(s)) {
         return Ok(());
     }

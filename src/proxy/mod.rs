@@ -1,7 +1,7 @@
 //! The request path: a pipeline of named phases over one request context (`phases`), driven in
 //! their order by `run_phases`:
 //!
-//! authenticate → caller → read → keys → authorize → decide → admit → connect → forward → answer
+//! authenticate → caller → read → handles → authorize → decide → admit → connect → forward → answer
 //!
 //! Around them: `path` (the path every reader will take), `gate` (`[auth]`'s checks and what
 //! backends receive instead of the token), `admit` (`[quotas]`), `read` (bodies within their
@@ -136,18 +136,18 @@ async fn run_phases(
     }
     cx.caller(&parts.headers);
     let read = cx.read(&parts.method, body).await?;
-    let keys = cx.keys(&parts.headers, &read)?;
-    cx.authorize(&keys)?;
-    let routed = cx.decide(&keys)?;
-    let open_call = cx.admit(&keys, &routed, &parts.method).await?;
+    let handles = cx.handles(&parts.headers, &read)?;
+    cx.authorize(&handles)?;
+    let routed = cx.decide(&handles)?;
+    let open_call = cx.admit(&handles, &routed, &parts.method).await?;
     // One deadline bounds the whole exchange with the backend, up to a JSON answer's last byte.
     let at = tokio::time::Instant::now() + cx.snap.config.server.upstream_timeout;
     let mut own_timer = std::pin::pin!(None);
     let mut deadline = Deadline::new(at, connection.timer, own_timer.as_mut());
     let connected = cx
-        .connect(&keys, &routed, &parts.method, open_call, deadline.reborrow())
+        .connect(&handles, &routed, &parts.method, open_call, deadline.reborrow())
         .await?;
-    drop(keys);
+    drop(handles);
     let answered = cx.forward(parts, read, routed, connected, deadline.reborrow()).await?;
     cx.answer(answered, deadline).await
 }

@@ -1,10 +1,10 @@
 //! The phases of one request, in the order `run_phases` runs them, each a method over the one
 //! request context ([`Exchange`], Pingora's CTX) returning `Result<_, RouterError>`:
 //!
-//! authenticate → caller → read → keys → authorize → decide → admit → connect → forward → answer
+//! authenticate → caller → read → handles → authorize → decide → admit → connect → forward → answer
 //!
 //! The order is what keeps the edge's invariants: who calls is known from the head before any
-//! body is read; the keys are read only from a body the read phase produced ([`Read`]); whether
+//! body is read; the handles are read only from a body the read phase produced ([`Read`]); whether
 //! a request is a follow-up is one function (`route::is_follow_up`), asked by `decide`, whose
 //! answer `admit` uses; identity headers are written by `forward`, which builds the upstream
 //! request, after the hop-by-hop headers are removed.
@@ -27,7 +27,7 @@ use super::{admit, answer, gate, headers, join_the_write_burst, method_label, Co
 use crate::auth::Caller;
 use crate::body::ProxyBody;
 use crate::calls::Call;
-use crate::dialect::{Reading, RequestKeys, Unreadable};
+use crate::dialect::{Reading, RequestHandles, Unreadable};
 use crate::error::RouterError;
 use crate::quotas::{CallerKey, OpenCall};
 use crate::route::{self, Decision};
@@ -169,29 +169,33 @@ impl<'c> Exchange<'c> {
     /// Every handle the headers and the read body carry, and what the body asks for; a body
     /// that reads two ways, a batch that cannot be one request and headers that disagree with
     /// the body are refused here.
-    pub fn keys<'r>(&mut self, headers: &'r HeaderMap, read: &'r Read<'_>) -> Result<RequestKeys<'r>, RouterError> {
+    pub fn handles<'r>(
+        &mut self,
+        headers: &'r HeaderMap,
+        read: &'r Read<'_>,
+    ) -> Result<RequestHandles<'r>, RouterError> {
         let routing = &self.snap.config.routing;
         let body = match read {
             Read::Whole(bytes, _) => Some(&bytes[..]),
             Read::Streamed(_) => None,
         };
-        let keys = RequestKeys::read(headers, &routing.header, &routing.body_field, body).map_err(unreadable)?;
+        let handles = RequestHandles::read(headers, &routing.header, &routing.body_field, body).map_err(unreadable)?;
         if let Some(obs) = &mut self.record.obs {
-            obs.keys(keys.method.as_deref(), keys.name.as_deref());
+            obs.mcp(handles.method.as_deref(), handles.name.as_deref());
         }
-        self.record.id = keys.id.map(RpcId::new);
-        if let Some(why) = keys.batch_refused() {
+        self.record.id = handles.id.map(RpcId::new);
+        if let Some(why) = handles.batch_refused() {
             return Err(RouterError::BatchRefused { why });
         }
-        Ok(keys)
+        Ok(handles)
     }
 
     /// Whether the caller's scopes cover what the body asks for (every message of a batch).
-    pub fn authorize(&self, keys: &RequestKeys) -> Result<(), RouterError> {
+    pub fn authorize(&self, handles: &RequestHandles) -> Result<(), RouterError> {
         if let (Some(resource), Some(caller)) = (&self.snap.auth, &self.caller) {
-            gate::authorize(resource, caller, keys)?;
+            gate::authorize(resource, caller, handles)?;
         }
-        match keys.names_disagree() {
+        match handles.names_disagree() {
             true => Err(RouterError::HeaderMismatch),
             false => Ok(()),
         }
@@ -199,10 +203,10 @@ impl<'c> Exchange<'c> {
 
     /// The backend: sealed handles first (verified, and bound to the caller), then pins, then
     /// the ring (docs/src/routing.md).
-    pub fn decide(&self, keys: &RequestKeys) -> Result<Routed, RouterError> {
+    pub fn decide(&self, handles: &RequestHandles) -> Result<Routed, RouterError> {
         let tag = self.caller.as_ref().map(|c| c.tag);
         let lookup = route::Lookup::Refresh;
-        let (decision, unsealed) = route::resolve(&self.snap, &self.shared.pins, keys, tag.as_ref(), lookup)?;
+        let (decision, unsealed) = route::resolve(&self.snap, &self.shared.pins, handles, tag.as_ref(), lookup)?;
         if self.caller.is_some() {
             // Accepted: its token, its scopes, and every handle it presents are its own.
             self.shared.metrics.count_auth("ok");
@@ -215,7 +219,7 @@ impl<'c> Exchange<'c> {
     /// its call.
     pub async fn admit(
         &mut self,
-        keys: &RequestKeys<'_>,
+        handles: &RequestHandles<'_>,
         routed: &Routed,
         method: &Method,
     ) -> Result<Option<OpenCall>, RouterError> {
@@ -223,9 +227,9 @@ impl<'c> Exchange<'c> {
             return Ok(None);
         };
         let ask = admit::Ask {
-            keys,
+            handles,
             follow_up: routed.decision.follow_up,
-            ends_a_session: *method == Method::DELETE && keys.session_id.is_some(),
+            ends_a_session: *method == Method::DELETE && handles.session_id.is_some(),
         };
         let mut admitted = admit::admit(quotas, caller, ask).await?;
         let open_call = admitted.take_open_call();
@@ -238,7 +242,7 @@ impl<'c> Exchange<'c> {
     /// ejection while it is in flight voids any pin its answer makes.
     pub async fn connect(
         &mut self,
-        keys: &RequestKeys<'_>,
+        handles: &RequestHandles<'_>,
         routed: &Routed,
         method: &Method,
         open_call: Option<OpenCall>,
@@ -261,17 +265,17 @@ impl<'c> Exchange<'c> {
             snap: &self.snap,
         };
         let trace = self.record.obs.as_mut().and_then(|o| o.trace.as_mut());
-        let (conn, backend, guard) = forward.connect(decision, keys.client_key(), deadline, trace).await?;
+        let (conn, backend, guard) = forward.connect(decision, handles.client_key(), deadline, trace).await?;
         let unsealed = routed.unsealed.as_ref();
         let incarnation = backend.incarnation();
-        let mut call = Call::new(shared, &self.snap, keys, decision, incarnation, method, unsealed);
+        let mut call = Call::new(shared, &self.snap, handles, decision, incarnation, method, unsealed);
         call.issue_to(self.caller.as_ref().map(|c| c.tag));
         call.hold(open_call);
         if let Some(obs) = &mut self.record.obs {
             obs.sent_to(&backend.name);
             call.note_pins_in(obs.pins_created.clone());
         }
-        let method = method_label(method, keys.method.as_deref());
+        let method = method_label(method, handles.method.as_deref());
         Ok(Connected {
             conn,
             backend,

@@ -136,8 +136,9 @@ impl Observation {
         self.client_id = client_id.map(|c| cut(c, access::MAX_SUBJECT));
     }
 
-    /// The JSON-RPC method and `params.name` the body scan found.
-    pub fn keys(&mut self, method: Option<&str>, name: Option<&str>) {
+    /// The MCP method and what it acts on (`params.name`, a `resources/read`'s `params.uri`), as
+    /// the body scan found them.
+    pub fn mcp(&mut self, method: Option<&str>, name: Option<&str>) {
         self.mcp_method = method.map(|m| cut(m, access::MAX_MCP_METHOD));
         self.mcp_name = name.map(|n| cut(n, access::MAX_MCP_NAME));
         let Some(trace) = &self.trace else { return };
