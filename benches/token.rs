@@ -5,11 +5,11 @@ use std::hint::black_box;
 use std::time::{Duration, SystemTime};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mrtr_router::internals::{LegacyTokenKeys, TokenKeys, TokenKind};
+use mrtr_router::internals::{LegacySealingKeys, SealingKeys, TokenKind};
 
 fn token(c: &mut Criterion) {
     let raw = vec![vec![7; 32], vec![9; 32]];
-    let keys = TokenKeys::new(raw.clone(), Duration::from_secs(3600)).unwrap();
+    let keys = SealingKeys::new(raw.clone(), Duration::from_secs(3600)).unwrap();
     let now = SystemTime::now();
     // A typical requestState: base64 text with '.', '/', '+' and '=' (carried as is).
     let state: String = "eyJjYWxsIjoiNDIiLCJyb3VuZCI6Mn0./+="
@@ -19,7 +19,7 @@ fn token(c: &mut Criterion) {
         .collect();
     let token = keys.seal(TokenKind::RoutingId, "worker-1", 1, now);
     let wrapped = keys.seal_value(TokenKind::RequestState, &state, "worker-1", 1, now);
-    let legacy = LegacyTokenKeys::new(raw, Duration::from_secs(3600))
+    let legacy = LegacySealingKeys::new(raw, Duration::from_secs(3600))
         .unwrap()
         .seal("worker-1", now);
 

@@ -28,11 +28,11 @@ fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>)
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Need {
     /// Anyone who reaches the listener: `/metrics`, `/healthz`, `/readyz` (Prometheus and
-    /// probes carry no token).
+    /// probes carry no credential).
     Nothing,
-    /// `/backends`, `/debug/route`: the token when `admin.protect_reads` is on.
+    /// `/backends`, `/debug/route`: `admin.token` when `admin.protect_reads` is on.
     Read,
-    /// `POST /backends/*`: the token; with none configured, a loopback listener.
+    /// `POST /backends/*`: `admin.token`; with none configured, a loopback listener.
     Change,
 }
 
@@ -44,7 +44,7 @@ fn refuse(shared: &Shared, headers: &HeaderMap, need: Need, loopback: bool) -> O
     }
     let snap = shared.snapshot();
     let admin = &snap.config.admin;
-    let Some(token) = &admin.token else {
+    let Some(secret) = &admin.token else {
         return (need == Need::Change && !loopback).then(|| {
             reply(
                 StatusCode::FORBIDDEN,
@@ -58,7 +58,7 @@ fn refuse(shared: &Shared, headers: &HeaderMap, need: Need, loopback: bool) -> O
     }
     let presented = headers.get(header::AUTHORIZATION).and_then(|v| bearer(v.as_bytes()));
     let challenge = match presented {
-        Some(p) if token.matches(p) => return None,
+        Some(p) if secret.matches(p) => return None,
         Some(_) => "Bearer realm=\"mrtr-router admin\", error=\"invalid_token\"",
         None => "Bearer realm=\"mrtr-router admin\"",
     };
@@ -72,7 +72,7 @@ fn refuse(shared: &Shared, headers: &HeaderMap, need: Need, loopback: bool) -> O
     Some(resp)
 }
 
-/// The token of an `Authorization: Bearer <token>` value (the scheme in any case).
+/// The secret of an `Authorization: Bearer <secret>` value (the scheme in any case).
 fn bearer(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at_checked(7)?;
     scheme
@@ -94,7 +94,7 @@ pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> R
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             shared.update_pin_gauges();
-            let age = shared.auth_keys.age().map_or(0, |a| a.as_secs());
+            let age = shared.issuer_keys.age().map_or(0, |a| a.as_secs());
             shared.metrics.jwks_age.set(i64::try_from(age).unwrap_or(i64::MAX));
             let stats = shared.snapshot().quotas.as_ref().map(|q| q.stats()).unwrap_or_default();
             let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -109,7 +109,7 @@ pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> R
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "shutting down\n")
             } else if snap.ring.is_empty() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no backend available\n")
-            } else if snap.auth.is_some() && shared.auth_keys.current().is_none() {
+            } else if snap.auth.is_some() && shared.issuer_keys.current().is_none() {
                 // Every request would be 503 auth_unavailable: no traffic until the keys are in.
                 reply(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -203,9 +203,9 @@ async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyB
             )
         }
     };
-    let token = parts.headers.get(EXPLAIN_TOKEN_HEADER).and_then(|v| v.to_str().ok());
-    let token = token.map(|t| t.strip_prefix("Bearer ").unwrap_or(t));
-    match explain(shared, &parts.headers, query_key.as_deref(), token, &body) {
+    let bearer = parts.headers.get(EXPLAIN_BEARER_HEADER).and_then(|v| v.to_str().ok());
+    let bearer = bearer.map(|t| t.strip_prefix("Bearer ").unwrap_or(t));
+    match explain(shared, &parts.headers, query_key.as_deref(), bearer, &body) {
         Ok(out) => reply(StatusCode::OK, "application/json", format!("{out:#}\n")),
         Err(e) => reply(
             StatusCode::BAD_REQUEST,
@@ -217,16 +217,16 @@ async fn debug_route(shared: &Shared, req: Request<Incoming>) -> Response<ProxyB
 
 /// The header of a `/debug/route` request that carries the access token to explain (the
 /// request's own `Authorization` is the admin's).
-pub const EXPLAIN_TOKEN_HEADER: &str = "x-explain-token";
+pub const EXPLAIN_BEARER_HEADER: &str = "x-explain-bearer";
 
 /// The JSON explanation of how a request with these headers and this JSON-RPC body (may be
 /// empty) would be routed; `key`, when given, stands in the routing header. With `[auth]` on,
-/// also what it would need and what `token` (if any) grants. Also printed by `mrtr-router route`.
+/// also what it would need and what `bearer` (if any) grants. Also printed by `mrtr-router route`.
 pub fn explain(
     shared: &Shared,
     headers: &HeaderMap,
     key: Option<&str>,
-    token: Option<&str>,
+    bearer: Option<&str>,
     body: &[u8],
 ) -> Result<Value, Unreadable> {
     let snap = shared.snapshot();
@@ -247,7 +247,7 @@ pub fn explain(
     });
     let (auth, tag) = match &snap.auth {
         Some(resource) => {
-            let (auth, tag) = explain_auth(shared, resource, &handles, token);
+            let (auth, tag) = explain_auth(shared, resource, &handles, bearer);
             (Some(auth), tag)
         }
         None => (None, None),
@@ -273,22 +273,22 @@ pub fn explain(
     Ok(explained)
 }
 
-/// What `[auth]` would make of a request of `method` (and `tool`) with `token`, checked
-/// against the keys in use now (an unknown key is not fetched for an explanation).
+/// What `[auth]` would make of a request of `method` (and `tool`) with `bearer` (an access token),
+/// checked against the keys in use now (an unknown key is not fetched for an explanation).
 fn explain_auth(
     shared: &Shared,
     resource: &Resource,
     handles: &RequestHandles,
-    token: Option<&str>,
+    bearer: Option<&str>,
 ) -> (Value, Option<PrincipalTag>) {
     let needed = resource.needed(handles.messages());
-    let Some(token) = token else {
+    let Some(bearer) = bearer else {
         return (json!({"needed_scopes": needed, "result": "missing"}), None);
     };
-    let Some(keys) = shared.auth_keys.current() else {
+    let Some(keys) = shared.issuer_keys.current() else {
         return (json!({"needed_scopes": needed, "result": "jwks_unavailable"}), None);
     };
-    match resource.policy.verify(token, &keys, std::time::SystemTime::now()) {
+    match resource.policy.verify(bearer, &keys, std::time::SystemTime::now()) {
         Err(failure) => (
             json!({"needed_scopes": needed, "result": failure.result(), "why": failure.description()}),
             None,

@@ -127,7 +127,7 @@ impl QuotaRefusal {
 /// (RFC 6750 §3, RFC 9728 §5.1): where the resource's metadata is, and what went wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
-    /// `invalid_token`, `invalid_request` or `insufficient_scope`; none when no token was sent.
+    /// `invalid_token`, `invalid_request` or `insufficient_scope`; none when no bearer was sent.
     pub error: Option<&'static str>,
     pub description: Option<&'static str>,
     /// The scopes the request needs, space-separated (all of them, so one re-authorization is
@@ -145,7 +145,7 @@ impl Challenge {
             if !out.ends_with(' ') {
                 out.push_str(", ");
             }
-            // The values are the router's own words and scope tokens (RFC 6749 §3.3): no `"`
+            // The values are the router's own words and scopes (RFC 6749 §3.3): no `"`
             // or `\` to escape.
             let _ = write!(out, "{name}=\"{value}\"");
         };

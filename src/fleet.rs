@@ -151,5 +151,5 @@ pub async fn jwks(shared: Arc<Shared>) {
             tls: snapshot.config.upstream.tls.clients.as_ref().map(|c| c.http1.clone()),
         })
     };
-    keep_fresh(&shared.auth_keys, config, shared.metrics.jwks_refreshes.clone()).await;
+    keep_fresh(&shared.issuer_keys, config, shared.metrics.jwks_refreshes.clone()).await;
 }

@@ -81,9 +81,9 @@ use state::Shared;
 /// The inner types benches, fuzz targets and tests exercise directly. Not a stable interface.
 pub mod internals {
     pub use crate::auth::{
-        is_scope_token, keep_fresh, Algorithm, AlgorithmSet, AuthFailure, FetchOutcome, InvalidScope, JwksConfig,
-        JwksError, Key, KeySet, KeyStore, ParsedKeySet, Part as TokenPart, Policy as AuthPolicy, Principal, Scopes,
-        SkippedKey, Verified, AUTH_RESULTS, MAX_JWKS_BYTES, MAX_KEYS, MAX_TOKEN_BYTES, REFRESH_RESULTS,
+        is_valid_scope, keep_fresh, Algorithm, AlgorithmSet, AuthFailure, FetchOutcome, InvalidScope, IssuerKeys,
+        JwksConfig, JwksError, Key, KeySet, ParsedKeySet, Part as BearerPart, Policy as AuthPolicy, Principal, Scopes,
+        SkippedKey, Verified, AUTH_RESULTS, MAX_BEARER_BYTES, MAX_JWKS_BYTES, MAX_KEYS, REFRESH_RESULTS,
     };
     pub use crate::balance::HashRing;
     pub use crate::body::split_sse;
@@ -96,7 +96,7 @@ pub mod internals {
         rate_limit_headers, Admission, CallerKey, CallerRule, OpenCall, OpenCalls, PerCaller, Quota, Quotas,
         RateLimiter, Refusal, Request as QuotaRequest, RetryAfter, Scope as QuotaScope, Stats as QuotaStats,
     };
-    pub use crate::token::{Claims, Kind as TokenKind, LegacyTokenKeys, Rejected, TokenKeys};
+    pub use crate::token::{Claims, Kind as TokenKind, LegacySealingKeys, Rejected, SealingKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }
 
@@ -174,14 +174,15 @@ impl Router {
     }
 
     /// How a request would be routed, as JSON (what `/debug/route` answers): `key` stands in
-    /// the routing header; `body` is a JSON-RPC request body, or empty.
+    /// the routing header; `bearer`, with `[auth]` on, an access token to explain; `body` is a
+    /// JSON-RPC request body, or empty.
     pub fn explain(
         &self,
         key: Option<&str>,
-        token: Option<&str>,
+        bearer: Option<&str>,
         body: &[u8],
     ) -> Result<serde_json::Value, dialect::Unreadable> {
-        admin::explain(&self.shared, &http::HeaderMap::new(), key, token, body)
+        admin::explain(&self.shared, &http::HeaderMap::new(), key, bearer, body)
     }
 
     /// Serves until `shutdown` resolves, then drains in-flight requests (bounded) and returns.

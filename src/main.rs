@@ -40,8 +40,8 @@ enum Command {
         #[arg(long)]
         body: Option<String>,
         /// With `[auth]` on: the access token to explain (what it grants, what the request needs).
-        #[arg(long)]
-        token: Option<String>,
+        #[arg(long = "token", value_name = "TOKEN")]
+        bearer: Option<String>,
     },
     /// The config file's keys: their reference, or a complete example file.
     Config {
@@ -102,11 +102,11 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("{}: ok", cli.config.display());
                 Ok(())
             }
-            (Some(Command::Route { key, body, token }), _) => {
+            (Some(Command::Route { key, body, bearer }), _) => {
                 let router = Router::from_file(&cli.config)?;
                 let body = body.unwrap_or_default();
                 let explained = router
-                    .explain(key.as_deref(), token.as_deref(), body.as_bytes())
+                    .explain(key.as_deref(), bearer.as_deref(), body.as_bytes())
                     .context("--body is not JSON")?;
                 println!("{explained:#}");
                 Ok(())

@@ -10,14 +10,14 @@ use bytes::{Bytes, BytesMut};
 
 use crate::config::TokensConfig;
 use crate::dialect::{self, RequestHandles};
-use crate::token::{self, CallTag, Claims, Kind, PrincipalTag, Rejected, TokenKeys};
+use crate::token::{self, CallTag, Claims, Kind, PrincipalTag, Rejected, SealingKeys};
 
 /// The keys for each kind of sealed value.
 pub struct Sealing {
     /// Routing tokens and wrapped `requestState`s (`tokens.token_ttl`).
-    calls: Arc<TokenKeys>,
+    calls: Arc<SealingKeys>,
     /// Wrapped session ids (`tokens.session_ttl`): they live as long as the session.
-    sessions: Arc<TokenKeys>,
+    sessions: Arc<SealingKeys>,
     /// `tokens.accept_clear_handles`: a verified caller's clear handles are taken too.
     accept_clear: bool,
 }
@@ -344,7 +344,7 @@ mod tests {
     use std::time::Duration;
 
     fn sealing() -> Sealing {
-        let keys = |ttl| Arc::new(TokenKeys::new(vec![vec![7u8; 32]], Duration::from_secs(ttl)).unwrap());
+        let keys = |ttl| Arc::new(SealingKeys::new(vec![vec![7u8; 32]], Duration::from_secs(ttl)).unwrap());
         Sealing {
             calls: keys(60),
             sessions: keys(600),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::auth::{KeyStore, Resource};
+use crate::auth::{IssuerKeys, Resource};
 use crate::balance::HashRing;
 use crate::config::{Config, ConfigError, ConfigFile, DiscoveryConfig, Reread};
 use crate::metrics::Metrics;
@@ -60,7 +60,7 @@ pub struct Shared {
     pub(crate) pins: PinTable,
     pub(crate) metrics: Metrics,
     /// The issuer's keys when `[auth]` is on (kept across reloads that keep its issuer).
-    pub(crate) auth_keys: KeyStore,
+    pub(crate) issuer_keys: IssuerKeys,
     membership: Mutex<Membership>,
     /// How `[discovery]` resolves its name.
     pub(crate) lookup: Lookup,
@@ -72,10 +72,10 @@ impl Shared {
     pub fn new(config: Config, config_file: Option<ConfigFile>) -> Arc<Shared> {
         let metrics = Metrics::new();
         let mut membership = Membership::default();
-        let auth_keys = KeyStore::new(config.auth.as_ref());
+        let issuer_keys = IssuerKeys::new(config.auth.as_ref());
         let snapshot = build_snapshot(config, &mut membership, &metrics, None);
         Arc::new(Shared {
-            auth_keys,
+            issuer_keys,
             config_file,
             snapshot: ArcSwap::from_pointee(snapshot),
             pins: PinTable::new(),
@@ -98,7 +98,7 @@ impl Shared {
             tracing::warn!("listen addresses changed in the config; they take effect only after a restart");
         }
         if let Some(auth) = &config.auth {
-            if let Err(e) = self.auth_keys.apply(auth) {
+            if let Err(e) = self.issuer_keys.apply(auth) {
                 tracing::warn!(error = %e, "auth.jwks_file: keys not loaded; the last good set stays in use");
             }
         }

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mrtr_router::internals::{
     parse_outcome, parse_request, request_state_at, split_sse, AlgorithmSet, AuthFailure, AuthPolicy, KeySet,
-    LegacyTokenKeys, Outcome, Reading, RequestEnvelope, TokenKeys, TokenKind, Unreadable, AUTH_RESULTS, MAX_KEYS,
-    MAX_TOKEN_BYTES,
+    LegacySealingKeys, Outcome, Reading, RequestEnvelope, SealingKeys, TokenKind, Unreadable, AUTH_RESULTS,
+    MAX_BEARER_BYTES, MAX_KEYS,
 };
 use mrtr_router::Config;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -522,8 +522,8 @@ pub fn now() -> SystemTime {
 }
 
 /// The keys of the token checks: two (the first seals), in both formats.
-pub fn token_keys() -> &'static (TokenKeys, LegacyTokenKeys) {
-    static KEYS: OnceLock<(TokenKeys, LegacyTokenKeys)> = OnceLock::new();
+pub fn sealing_keys() -> &'static (SealingKeys, LegacySealingKeys) {
+    static KEYS: OnceLock<(SealingKeys, LegacySealingKeys)> = OnceLock::new();
     KEYS.get_or_init(|| {
         let keys = vec![
             b"fuzz-key-one-0123456789abcdef0123".to_vec(),
@@ -531,8 +531,8 @@ pub fn token_keys() -> &'static (TokenKeys, LegacyTokenKeys) {
         ];
         let ttl = Duration::from_secs(3600);
         (
-            TokenKeys::new(keys.clone(), ttl).expect("valid keys"),
-            LegacyTokenKeys::new(keys, ttl).expect("valid keys"),
+            SealingKeys::new(keys.clone(), ttl).expect("valid keys"),
+            LegacySealingKeys::new(keys, ttl).expect("valid keys"),
         )
     })
 }
@@ -542,7 +542,7 @@ pub fn token_keys() -> &'static (TokenKeys, LegacyTokenKeys) {
 /// format, which named no kind, excepted). Returns whether some kind accepted it.
 pub fn check_token_text(data: &[u8]) -> bool {
     let text = String::from_utf8_lossy(data);
-    let (keys, legacy) = token_keys();
+    let (keys, legacy) = sealing_keys();
     let kind_bound = !text.starts_with("mrt1.");
     let mut accepted = false;
     for kind in KINDS {
@@ -581,7 +581,7 @@ pub fn check_token_bit_flips(
     previous: bool,
     bits: Option<&[usize]>,
 ) {
-    let (keys, legacy) = token_keys();
+    let (keys, legacy) = sealing_keys();
     let token = match (previous, value) {
         (false, None) => keys.seal(kind, backend, rounds, now()),
         (false, Some(v)) => keys.seal_value(kind, v, backend, rounds, now()),
@@ -775,7 +775,7 @@ pub fn check_jwt_text(data: &[u8]) -> bool {
     let policy = jwt_policy(&[JWT_AUDIENCE.to_owned()], JWT_LEEWAY);
     match policy.verify(&text, &jwt_keys().set, now()) {
         Ok(v) => {
-            assert!(text.len() <= MAX_TOKEN_BYTES, "{text:?}");
+            assert!(text.len() <= MAX_BEARER_BYTES, "{text:?}");
             assert_eq!(v.issuer, JWT_ISSUER, "{text:?}");
             assert!(!v.subject.is_empty(), "{text:?}");
             assert!(v.expires_at + Duration::from_secs(JWT_LEEWAY) > now(), "{text:?}");
@@ -788,7 +788,7 @@ pub fn check_jwt_text(data: &[u8]) -> bool {
                 d.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\'),
                 "{d:?}"
             );
-            if text.len() > MAX_TOKEN_BYTES {
+            if text.len() > MAX_BEARER_BYTES {
                 assert_eq!(failure, AuthFailure::TooLong { len: text.len() });
             }
             false

@@ -1,14 +1,15 @@
-//! Access tokens already verified, with what the request path made of them (docs/src/authorization.md, "Cost"). A client sends the same
-//! token on every request until it expires, and checking its signature costs 20 times what
+//! Access tokens (bearers) already verified, with what the request path made of them
+//! (docs/src/authorization.md, "Cost"). A client sends the same bearer on every request until
+//! it expires, and checking its signature costs 20 times what
 //! routing the request does (ES256: ~780k instructions): the router checks it once, and after
-//! that compares the token's text.
+//! that compares the bearer's text.
 //!
-//! An entry holds while the token has not expired (`exp` plus the leeway, checked on every
+//! An entry holds while the bearer has not expired (`exp` plus the leeway, checked on every
 //! hit) and while the key set it was verified with is the one in use: the entry keeps that set
 //! alive and is honoured only for the very same set, so a key dropped from the issuer's set
-//! stops verifying its tokens at the next fetch. A change of `[auth]` makes a new cache. Only
-//! tokens that verified are kept: a refusal is never remembered. The text is compared whole,
-//! so nothing but the same token can hit.
+//! stops verifying its bearers at the next fetch. A change of `[auth]` makes a new cache. Only
+//! bearers that verified are kept: a refusal is never remembered. The text is compared whole,
+//! so nothing but the same bearer can hit.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -23,12 +24,12 @@ use super::jwks::KeySet;
 /// Shards, so that requests on other cores rarely wait for one another.
 const SHARDS: usize = 16;
 
-/// Tokens by their text.
+/// Bearers by their text.
 type Shard<T> = Mutex<HashMap<Box<str>, Entry<T>>>;
 
-/// Verified tokens, each with a `T`: what the request path built from the verified claims once
+/// Verified bearers, each with a `T`: what the request path built from the verified claims once
 /// (the caller, its principal's tag, the identity headers), so a hit rebuilds nothing.
-pub struct VerifiedTokens<T> {
+pub struct VerifiedBearers<T> {
     shards: Box<[Shard<T>]>,
     per_shard: usize,
     hasher: RandomState,
@@ -37,16 +38,16 @@ pub struct VerifiedTokens<T> {
 
 struct Entry<T> {
     value: Arc<T>,
-    /// The token's `exp`.
+    /// The bearer's `exp`.
     expires_at: SystemTime,
     keys: Arc<KeySet>,
 }
 
-impl<T> VerifiedTokens<T> {
-    /// Room for about `capacity` tokens (0: none kept).
-    pub fn new(capacity: usize, leeway: Duration) -> VerifiedTokens<T> {
+impl<T> VerifiedBearers<T> {
+    /// Room for about `capacity` bearers (0: none kept).
+    pub fn new(capacity: usize, leeway: Duration) -> VerifiedBearers<T> {
         let per_shard = capacity.div_ceil(SHARDS);
-        VerifiedTokens {
+        VerifiedBearers {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard,
             hasher: RandomState::new(),
@@ -54,28 +55,28 @@ impl<T> VerifiedTokens<T> {
         }
     }
 
-    /// `token` as verified with `keys`, if it was and still holds at `now`.
-    pub fn get(&self, token: &str, keys: &Arc<KeySet>, now: SystemTime) -> Option<Arc<T>> {
+    /// `bearer` as verified with `keys`, if it was and still holds at `now`.
+    pub fn get(&self, bearer: &str, keys: &Arc<KeySet>, now: SystemTime) -> Option<Arc<T>> {
         if self.per_shard == 0 {
             return None;
         }
-        let mut shard = self.shard(token).lock();
-        let entry = shard.get(token)?;
+        let mut shard = self.shard(bearer).lock();
+        let entry = shard.get(bearer)?;
         if Arc::ptr_eq(&entry.keys, keys) && now < entry.expires_at + self.leeway {
             return Some(entry.value.clone());
         }
-        shard.remove(token);
+        shard.remove(bearer);
         None
     }
 
-    /// Remembers that `token`, expiring at `expires_at`, verified with `keys`. A full shard
+    /// Remembers that `bearer`, expiring at `expires_at`, verified with `keys`. A full shard
     /// first drops what has expired, and if that frees nothing, everything it holds: bounded,
-    /// whatever tokens come.
-    pub fn put(&self, token: &str, keys: &Arc<KeySet>, value: Arc<T>, expires_at: SystemTime, now: SystemTime) {
+    /// whatever bearers come.
+    pub fn put(&self, bearer: &str, keys: &Arc<KeySet>, value: Arc<T>, expires_at: SystemTime, now: SystemTime) {
         if self.per_shard == 0 {
             return;
         }
-        let mut shard = self.shard(token).lock();
+        let mut shard = self.shard(bearer).lock();
         if shard.len() >= self.per_shard {
             let leeway = self.leeway;
             shard.retain(|_, e| now < e.expires_at + leeway && Arc::ptr_eq(&e.keys, keys));
@@ -85,7 +86,7 @@ impl<T> VerifiedTokens<T> {
         }
         let keys = keys.clone();
         shard.insert(
-            token.into(),
+            bearer.into(),
             Entry {
                 value,
                 expires_at,
@@ -94,14 +95,14 @@ impl<T> VerifiedTokens<T> {
         );
     }
 
-    /// Tokens held.
+    /// Bearers held.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
-    fn shard(&self, token: &str) -> &Shard<T> {
-        &self.shards[self.hasher.hash_one(token) as usize % SHARDS]
+    fn shard(&self, bearer: &str) -> &Shard<T> {
+        &self.shards[self.hasher.hash_one(bearer) as usize % SHARDS]
     }
 }
 
@@ -114,9 +115,9 @@ mod tests {
     }
 
     #[test]
-    fn a_token_holds_for_its_set_until_it_expires() {
+    fn a_bearer_holds_for_its_set_until_it_expires() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let cache = VerifiedTokens::new(100, Duration::from_secs(30));
+        let cache = VerifiedBearers::new(100, Duration::from_secs(30));
         let (set, other) = (keys(), keys());
         let exp = now + Duration::from_secs(60);
         cache.put("t1", &set, Arc::new("alice"), exp, now);
@@ -139,14 +140,14 @@ mod tests {
     #[test]
     fn the_cache_stays_within_its_capacity_and_can_be_off() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let cache = VerifiedTokens::new(64, Duration::ZERO);
+        let cache = VerifiedBearers::new(64, Duration::ZERO);
         let set = keys();
         let exp = now + Duration::from_secs(60);
         for i in 0..10_000 {
-            cache.put(&format!("token-{i}"), &set, Arc::new(i), exp, now);
+            cache.put(&format!("bearer-{i}"), &set, Arc::new(i), exp, now);
         }
         assert!(cache.len() <= 64, "{}", cache.len());
-        let off = VerifiedTokens::new(0, Duration::ZERO);
+        let off = VerifiedBearers::new(0, Duration::ZERO);
         off.put("t", &set, Arc::new(0), exp, now);
         assert!(off.get("t", &set, now).is_none());
     }

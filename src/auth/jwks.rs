@@ -1,6 +1,6 @@
-//! An issuer's JSON Web Key Set (RFC 7517 §5) as the immutable [`KeySet`] tokens are verified
-//! against (docs/src/authorization.md, "The issuer's keys"). The router swaps a whole new set
-//! in when it fetches one; a set is never changed in place.
+//! An issuer's JSON Web Key Set (RFC 7517 §5) as the immutable [`KeySet`] access tokens are
+//! verified against (docs/src/authorization.md, "The issuer's keys"). The router swaps a whole new
+//! set in when it fetches one; a set is never changed in place.
 //!
 //! Which keys are kept, each for the algorithms it may verify:
 //! - `kty` `RSA` (`n`, `e`): RS256 and PS256, or only the one its `alg` names; a modulus of
@@ -15,10 +15,11 @@
 //! with a `keys` array, or not UTF-8), or is larger than [`MAX_JWKS_BYTES`], is an error. At most
 //! [`MAX_KEYS`] keys are read; the rest are skipped.
 //!
-//! A token's `kid` picks the keys of that `kid`; a key without `kid` serves only tokens without
-//! one. Of the keys a `kid` picks, the first (in the document's order) that may verify the
-//! token's algorithm verifies it: one signature check per token at most, whatever the set
-//! holds. Several keys may share a `kid` (RFC 7517 §4.5 allows it for keys of different types).
+//! An access token's `kid` picks the keys of that `kid`; a key without `kid` serves only access
+//! tokens without one. Of the keys a `kid` picks, the first (in the document's order) that may
+//! verify the access token's algorithm verifies it: one signature check per access token at most,
+//! whatever the set holds. Several keys may share a `kid` (RFC 7517 §4.5 allows it for keys of
+//! different types).
 
 use std::fmt;
 
@@ -103,10 +104,10 @@ enum Public {
     Ed25519([u8; 32]),
 }
 
-/// What a token's `kid` and algorithm find in a set.
+/// What an access token's `kid` and algorithm find in a set.
 pub(super) enum Lookup<'a> {
     Found(&'a Key),
-    /// No key has that `kid` (or, for a token without `kid`, no key lacks one).
+    /// No key has that `kid` (or, for an access token without `kid`, no key lacks one).
     NoKey,
     /// Keys have that `kid`, but none may verify the algorithm (another key type, or another
     /// `alg`).
@@ -162,7 +163,7 @@ impl KeySet {
         self.keys.iter()
     }
 
-    /// The key that verifies a token with this `kid` and algorithm (see the module doc).
+    /// The key that verifies an access token with this `kid` and algorithm (see the module doc).
     pub(super) fn find(&self, kid: Option<&str>, alg: Algorithm) -> Lookup<'_> {
         let from = self.keys.partition_point(|k| k.kid.as_deref() < kid);
         let same_kid = self.keys[from..].iter().take_while(|k| k.kid.as_deref() == kid);

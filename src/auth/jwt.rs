@@ -4,17 +4,17 @@
 //!
 //! A failed authentication costs little, as anyone can send one: the checks go from the
 //! cheapest to the dearest and stop at the first that fails.
-//! 1. The length: at most [`MAX_TOKEN_BYTES`], before anything is decoded.
+//! 1. The length: at most [`MAX_BEARER_BYTES`], before anything is decoded.
 //! 2. The form: three base64url parts (a JWE's five are refused, and so is an empty signature).
 //! 3. The header: `alg` is one of the [`Policy`]'s (never `none`, never an HMAC algorithm);
 //!    no `crit` (the router understands no extension) and no `enc`; `typ`, if present, is
 //!    `at+jwt`, `application/at+jwt` or `JWT` (any case).
 //! 4. The claims, none needing a signature check: `iss` is the policy's issuer, exactly; `aud`
-//!    (a string or an array) holds one of the policy's audiences, exactly (RFC 8707: a token
-//!    minted for another resource is refused); `exp` is present and `now < exp + leeway`;
+//!    (a string or an array) holds one of the policy's audiences, exactly (RFC 8707: an access
+//!    token minted for another resource is refused); `exp` is present and `now < exp + leeway`;
 //!    `nbf` and `iat`, when present, are at most `now + leeway`; a subject is named (`sub`, or
-//!    else `client_id`); the scopes (`scope`, or else `scp`) are scope tokens. Before the key:
-//!    a token that could never be valid never makes the router fetch the issuer's keys.
+//!    else `client_id`); the scopes (`scope`, or else `scp`) are valid scopes. Before the key:
+//!    an access token that could never be valid never makes the router fetch the issuer's keys.
 //! 5. The key: `kid` names a key of the set that may verify `alg` (an unknown `kid` is
 //!    [`AuthFailure::UnknownKey`], on which the router may fetch the issuer's keys again).
 //! 6. Only then the signature, one check with the one key `kid` picks.
@@ -36,9 +36,9 @@ use super::principal::Principal;
 use super::scopes::Scopes;
 use crate::config::{Algorithm, AlgorithmSet};
 
-/// The longest token read: 8 KiB. Access tokens are a few hundred bytes to 2 KiB; 8 KiB is
-/// also the size of the head hyper reads a header in.
-pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+/// The longest access token read: 8 KiB. Access tokens are a few hundred bytes to 2 KiB; 8 KiB
+/// is also the size of the head hyper reads a header in.
+pub const MAX_BEARER_BYTES: usize = 8 * 1024;
 
 /// The longest signature: an RSA-8192 one (decoded on the stack).
 const MAX_SIGNATURE_BYTES: usize = 8192 / 8;
@@ -46,7 +46,7 @@ const MAX_SIGNATURE_BYTES: usize = 8192 / 8;
 /// The latest `exp` kept as a time (year 9999): a later one is taken as this.
 const LATEST_EXPIRY_SECS: f64 = 253_402_300_799.0;
 
-/// What makes a token this resource's.
+/// What makes an access token this resource's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// The issuer's identifier: `iss` must be exactly this.
@@ -59,7 +59,7 @@ pub struct Policy {
     pub leeway: Duration,
 }
 
-/// A token that verified: who presented it, what it grants, until when.
+/// An access token that verified: who presented it, what it grants, until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
     pub issuer: String,
@@ -67,7 +67,7 @@ pub struct Verified {
     pub subject: String,
     /// `client_id` (RFC 9068), or else `azp`.
     pub client_id: Option<String>,
-    /// The token had no `sub`: `subject` is the client's id.
+    /// The access token had no `sub`: `subject` is the client's id.
     pub subject_is_client: bool,
     pub scopes: Scopes,
     pub expires_at: SystemTime,
@@ -83,20 +83,20 @@ impl Verified {
     }
 }
 
-/// A part of a token.
+/// A part of a bearer (a compact JWS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
     /// The whole: not three base64url parts.
-    Token,
+    Whole,
     Header,
     Claims,
     Signature,
 }
 
-/// Why a token is refused.
+/// Why an access token is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthFailure {
-    /// Longer than [`MAX_TOKEN_BYTES`].
+    /// Longer than [`MAX_BEARER_BYTES`].
     TooLong {
         len: usize,
     },
@@ -108,13 +108,13 @@ pub enum AuthFailure {
     UnsupportedHeader,
     /// `typ` says it is not an access token.
     Type,
-    /// No key of the set has the token's `kid` (`None`: the token has none, and no key lacks
-    /// one).
+    /// No key of the set has the access token's `kid` (`None`: the access token has none, and no
+    /// key lacks one).
     UnknownKey {
         kid: Option<String>,
     },
     /// The key `kid` names may not verify `alg` (another key type, or another `alg`): an RS256
-    /// token against an EC key, say.
+    /// access token against an EC key, say.
     KeyMismatch,
     Issuer,
     Audience,
@@ -142,7 +142,7 @@ impl AuthFailure {
     pub fn description(&self) -> &'static str {
         match self {
             AuthFailure::TooLong { .. } => "the token is too long",
-            AuthFailure::Malformed(Part::Token) => "the token is not a compact JWS",
+            AuthFailure::Malformed(Part::Whole) => "the token is not a compact JWS",
             AuthFailure::Malformed(Part::Header) => "the token header is malformed",
             AuthFailure::Malformed(Part::Claims) => "the token claims are malformed",
             AuthFailure::Malformed(Part::Signature) => "the token signature is malformed",
@@ -270,16 +270,16 @@ impl OneOrMany<'_> {
 }
 
 impl Policy {
-    /// Verifies `token` (the bearer credential, without `Bearer `) against the issuer's `keys`
+    /// Verifies `bearer` (the access token, without `Bearer `) against the issuer's `keys`
     /// at `now`, in the order of the module doc.
-    pub fn verify(&self, token: &str, keys: &KeySet, now: SystemTime) -> Result<Verified, AuthFailure> {
-        if token.len() > MAX_TOKEN_BYTES {
-            return Err(AuthFailure::TooLong { len: token.len() });
+    pub fn verify(&self, bearer: &str, keys: &KeySet, now: SystemTime) -> Result<Verified, AuthFailure> {
+        if bearer.len() > MAX_BEARER_BYTES {
+            return Err(AuthFailure::TooLong { len: bearer.len() });
         }
-        let (signed, signature) = token.rsplit_once('.').ok_or(AuthFailure::Malformed(Part::Token))?;
-        let (header, payload) = signed.split_once('.').ok_or(AuthFailure::Malformed(Part::Token))?;
+        let (signed, signature) = bearer.rsplit_once('.').ok_or(AuthFailure::Malformed(Part::Whole))?;
+        let (header, payload) = signed.split_once('.').ok_or(AuthFailure::Malformed(Part::Whole))?;
         if payload.contains('.') {
-            return Err(AuthFailure::Malformed(Part::Token));
+            return Err(AuthFailure::Malformed(Part::Whole));
         }
 
         let header = URL_SAFE_NO_PAD.decode(header).map_err(malformed(Part::Header))?;
@@ -350,7 +350,7 @@ impl Policy {
         let scopes = match (claims.scope, claims.scp) {
             (Some(scope), _) => Scopes::parse(&scope),
             (None, Some(OneOrMany::One(scp))) => Scopes::parse(&scp),
-            (None, Some(scp)) => Scopes::from_tokens(scp.iter()),
+            (None, Some(scp)) => Scopes::from_values(scp.iter()),
             (None, None) => Ok(Scopes::default()),
         }
         .map_err(|_| AuthFailure::Malformed(Part::Claims))?;

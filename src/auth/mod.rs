@@ -7,11 +7,12 @@
 //!   [`Policy`] and a [`KeySet`] → [`Verified`] or an [`AuthFailure`]
 //! - `scopes`    the granted [`Scopes`] and what an operation's required scopes lack, with
 //!   scope hierarchies (`files` implies `files:write`)
-//! - `keys`      the issuer's key set in use, loaded from a file or fetched (one fetch at a
+//! - `issuer_keys` the issuer's key set in use, loaded from a file or fetched (one fetch at a
 //!   time, shared by whoever waits for it), the last good set kept
 //! - `fetch`     GETting the key set, or the issuer's metadata naming it, over HTTPS, bounded
 //! - `refresh`   the loop that fetches the keys again as their `Cache-Control` says
-//! - `cache`     tokens already verified, so a signature is checked once per token
+//! - `cache`     access tokens already verified (bearers), so a signature is checked once per
+//!   access token
 //! - `resource`  this resource as `[auth]` describes it: the policy, the metadata, the scopes
 //!   each operation needs
 //! - `principal` who the caller is ([`Principal`]: issuer + subject) and its stable digest,
@@ -22,28 +23,28 @@
 
 mod cache;
 mod fetch;
+mod issuer_keys;
 mod jwks;
 mod jwt;
-mod keys;
 mod principal;
 mod refresh;
 mod resource;
 mod scopes;
 
 pub use crate::config::{Algorithm, AlgorithmSet};
+pub use issuer_keys::{FetchOutcome, IssuerKeys, REFRESH_RESULTS};
 pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
-pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_TOKEN_BYTES};
-pub use keys::{FetchOutcome, KeyStore, REFRESH_RESULTS};
+pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_BEARER_BYTES};
 pub use principal::{Caller, Principal};
 pub use refresh::{keep_fresh, JwksConfig};
 pub use resource::Resource;
-pub use scopes::{is_scope_token, InvalidScope, Scopes};
+pub use scopes::{is_valid_scope, InvalidScope, Scopes};
 
-/// The values of the `result` label of `mrtr_auth_total`, every one a request can end with:
-/// `ok` (verified and sufficient), `missing` (no bearer token), `invalid`, `expired`,
-/// `audience` (a token for another resource), `scope` (insufficient), `jwks_unavailable` (the
-/// issuer's keys cannot be loaded), `origin` (an `Origin` not allowed), `principal` (a sealed
-/// handle presented by another principal).
+/// The values of the `result` label of `mrtr_auth_total`, every one a request can end with: `ok`
+/// (verified and sufficient), `missing` (no bearer token), `invalid`, `expired`, `audience` (an
+/// access token for another resource), `scope` (insufficient), `jwks_unavailable` (the issuer's
+/// keys cannot be loaded), `origin` (an `Origin` not allowed), `principal` (a sealed handle
+/// presented by another principal).
 pub const AUTH_RESULTS: [&str; 9] = [
     "ok",
     "missing",

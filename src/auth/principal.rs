@@ -1,19 +1,20 @@
 //! Who a verified caller is: its issuer and subject, and the fixed-size digest of the two that
 //! sealed handles carry (docs/src/authorization.md, "Handles bound to their principal"; docs/src/tokens.md).
 //!
-//! The digest names the principal, never the token: a step-up or a refresh issues a new access
-//! token (other scopes, another `jti`, another expiry) for the same principal, and the calls it
-//! holds stay its own.
+//! The digest names the principal, never the access token: a step-up or a refresh issues a new
+//! access token (other scopes, another `jti`, another expiry) for the same principal, and the calls
+//! it holds stay its own.
 //!
 //! ```text
 //! digest = SHA-256( "mrtr-principal-v1" 0x00 | len(issuer) u64 | issuer | len(subject) u64 | subject
 //!                   [| 0x01 when the subject is a client id] )
 //! ```
 //!
-//! (lengths big-endian, in bytes of UTF-8). The lengths keep `("ab", "c")` and `("a", "bc")`
-//! apart. A token without `sub` names its client as the subject; the trailing byte keeps that
-//! client apart from a user whose `sub` happens to be the same string. The format is stable: changing it makes every sealed handle in flight refused as
-//! another principal's, so a new one takes a new tag.
+//! (lengths big-endian, in bytes of UTF-8). The lengths keep `("ab", "c")` and `("a", "bc")` apart.
+//! An access token without `sub` names its client as the subject; the trailing byte keeps that
+//! client apart from a user whose `sub` happens to be the same string. The format is stable:
+//! changing it makes every sealed handle in flight refused as another principal's, so a new one
+//! takes a new tag.
 
 use ring::digest::{Context, SHA256};
 
@@ -25,7 +26,7 @@ const DIGEST_TAG: &[u8] = b"mrtr-principal-v1\0";
 pub struct Principal {
     pub issuer: String,
     pub subject: String,
-    /// The subject is the client's id: the token had no `sub` (a client acting for itself).
+    /// The subject is the client's id: the access token had no `sub` (a client acting for itself).
     pub is_client: bool,
 }
 
@@ -38,7 +39,7 @@ impl Principal {
         }
     }
 
-    /// A client acting for itself: a token without `sub`, named by its `client_id`.
+    /// A client acting for itself: an access token without `sub`, named by its `client_id`.
     pub fn client(issuer: impl Into<String>, client_id: impl Into<String>) -> Principal {
         Principal {
             is_client: true,
@@ -70,8 +71,9 @@ impl Principal {
     }
 }
 
-/// A caller whose token verified, with what every request of that token needs from it, made
-/// once per token (`cache`): its principal's tag, and the identity headers backends receive.
+/// A caller whose access token verified, with what every request of that access token needs from
+/// it, made once per access token (`cache`): its principal's tag, and the identity headers backends
+/// receive.
 pub struct Caller {
     pub verified: super::Verified,
     /// What the handles sealed for it carry (a `token::PrincipalTag`).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use prometheus::IntCounterVec;
 use tokio::time::Instant;
 
-use super::keys::{FetchOutcome, KeyStore, Source};
+use super::issuer_keys::{FetchOutcome, IssuerKeys, Source};
 use crate::config::{AuthConfig, JwksSource};
 
 /// What the loop reads from the running config each round.
@@ -33,7 +33,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(250);
 /// Keeps `store` fresh until dropped (the router aborts it at shutdown). `config` gives the
 /// running config, `None` while there is nothing to fetch (auth off, or its keys in a file);
 /// each fetch counts into `refreshes` (labels `REFRESH_RESULTS`).
-pub async fn keep_fresh(store: &KeyStore, config: impl Fn() -> Option<JwksConfig>, refreshes: IntCounterVec) {
+pub async fn keep_fresh(store: &IssuerKeys, config: impl Fn() -> Option<JwksConfig>, refreshes: IntCounterVec) {
     store.count_into(refreshes);
     // What the last fetch was for: another source, or the set dropped since, fetches at once.
     let mut fetched_for: Option<(Source, u64)> = None;

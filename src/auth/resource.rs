@@ -1,12 +1,12 @@
-//! This resource as `[auth]` describes it, built once per config: the token [`Policy`], the
-//! Protected Resource Metadata document (RFC 9728) and where it is served, and the scopes each
-//! operation needs (docs/src/authorization.md, "Scopes and step-up").
+//! This resource as `[auth]` describes it, built once per config: the access token
+//! [`Policy`], the Protected Resource Metadata document (RFC 9728) and where it is served, and
+//! the scopes each operation needs (docs/src/authorization.md, "Scopes and step-up").
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::cache::VerifiedTokens;
+use super::cache::VerifiedBearers;
 use super::jwt::Policy;
 use super::principal::Caller;
 use crate::config::{AuthConfig, Scoped};
@@ -16,8 +16,8 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
 pub struct Resource {
     pub policy: Policy,
-    /// The tokens this policy accepted, as long as they hold.
-    pub tokens: VerifiedTokens<Caller>,
+    /// The bearers this policy accepted, as long as they hold.
+    pub bearers: VerifiedBearers<Caller>,
     /// The config it was built from: a snapshot with the same one keeps this resource (and
     /// its cache).
     pub config: AuthConfig,
@@ -47,7 +47,7 @@ impl Resource {
                 algorithms: cfg.algorithms,
                 leeway: cfg.leeway,
             },
-            tokens: VerifiedTokens::new(cfg.token_cache, cfg.leeway),
+            bearers: VerifiedBearers::new(cfg.token_cache, cfg.leeway),
             config: cfg.clone(),
             metadata_url: meta.url().into(),
             metadata: Bytes::from(document.to_string()),
@@ -90,7 +90,7 @@ impl Resource {
         all
     }
 
-    /// The scopes a request without a token is told it needs: the required ones.
+    /// The scopes a request without an access token is told it needs: the required ones.
     pub fn required(&self) -> Option<String> {
         (!self.required.is_empty()).then(|| self.required.join(" "))
     }

@@ -1,8 +1,8 @@
 //! The scopes an access token grants, and which of an operation's required scopes they lack
 //! (docs/src/authorization.md, "Scopes and step-up").
 //!
-//! A scope token is RFC 6749 §3.3's: one or more printable ASCII characters other than space,
-//! `"` and `\` (`%x21 / %x23-5B / %x5D-7E`).
+//! A scope is RFC 6749 §3.3's scope-token: one or more printable ASCII characters other than
+//! space, `"` and `\` (`%x21 / %x23-5B / %x5D-7E`).
 //!
 //! Hierarchy (the MCP authorization specification: "a broader scope implies narrower ones"):
 //! the scopes form a tree by `:`. A granted scope `a` satisfies a required scope `r` when
@@ -13,12 +13,12 @@
 
 use std::fmt;
 
-/// Whether `s` is one RFC 6749 scope token.
-pub fn is_scope_token(s: &str) -> bool {
+/// Whether `s` is one scope, as RFC 6749 writes one (its scope-token).
+pub fn is_valid_scope(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| matches!(b, 0x21 | 0x23..=0x5B | 0x5D..=0x7E))
 }
 
-/// A text that is not a scope token (the first such, in a list).
+/// A text that is not a scope (the first such, in a list).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidScope(pub String);
 
@@ -44,17 +44,17 @@ impl Scopes {
     /// The scopes of a space-delimited `scope` value (RFC 6749 §3.3; runs of spaces are taken
     /// as one, as some issuers write them).
     pub fn parse(text: &str) -> Result<Scopes, InvalidScope> {
-        Scopes::from_tokens(text.split(' ').filter(|s| !s.is_empty()))
+        Scopes::from_values(text.split(' ').filter(|s| !s.is_empty()))
     }
 
-    /// The scopes of a list of scope tokens (an `scp` array); each must be one token.
-    pub fn from_tokens<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Result<Scopes, InvalidScope> {
+    /// The scopes of a list (an `scp` array); each must be one scope.
+    pub fn from_values<'a>(values: impl IntoIterator<Item = &'a str>) -> Result<Scopes, InvalidScope> {
         let mut granted = Vec::new();
-        for token in tokens {
-            if !is_scope_token(token) {
-                return Err(InvalidScope(token.to_owned()));
+        for scope in values {
+            if !is_valid_scope(scope) {
+                return Err(InvalidScope(scope.to_owned()));
             }
-            granted.push(Box::from(token));
+            granted.push(Box::from(scope));
         }
         granted.sort_unstable();
         granted.dedup();

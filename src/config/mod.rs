@@ -31,7 +31,7 @@ pub use log::{LogConfig, LogFormat};
 pub use quotas::{CallerSource, QuotaStore, QuotasConfig, Rate, StoreFailure, ToolQuota};
 pub use reference::{KeyDefault, KeyDoc, Kind, Reference, SectionDoc, REGENERATE};
 pub use routing::{OnPinLost, RoutingConfig};
-pub use server::{AdminConfig, AdminToken, ServerConfig, TlsConfig};
+pub use server::{AdminConfig, AdminSecret, ServerConfig, TlsConfig};
 pub use tokens::TokensConfig;
 pub use tracing::TracingConfig;
 pub use upstream::{TlsClients, UpstreamConfig, UpstreamTls};

@@ -83,7 +83,7 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// The bearer token `POST /backends/*` needs (and, with `protect_reads`, `/backends` and
     /// `/debug/route`). Unset: the mutating endpoints answer only on a loopback listener.
-    pub token: Option<AdminToken>,
+    pub token: Option<AdminSecret>,
     /// The token is required for `/backends` and `/debug/route` too.
     pub protect_reads: bool,
     /// Admin connections open at once; past it, the oldest is closed to make room.
@@ -98,13 +98,13 @@ pub struct AdminConfig {
 /// `admin.token`: only its SHA-256 is kept, and a presented token is compared with it in
 /// constant time; never printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct AdminToken {
+pub struct AdminSecret {
     digest: [u8; 32],
 }
 
-impl AdminToken {
-    pub fn new(token: &[u8]) -> AdminToken {
-        AdminToken {
+impl AdminSecret {
+    pub fn new(token: &[u8]) -> AdminSecret {
+        AdminSecret {
             digest: digest(&[token]),
         }
     }
@@ -122,9 +122,9 @@ impl AdminToken {
     }
 }
 
-impl fmt::Debug for AdminToken {
+impl fmt::Debug for AdminSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AdminToken(<redacted>)")
+        f.write_str("AdminSecret(<redacted>)")
     }
 }
 
@@ -387,7 +387,7 @@ pub(super) fn admin(mut s: Section, server: &ServerConfig) -> Result<AdminConfig
                 return s.err(secret.span, "admin.token: empty (unset the key to have no token)");
             }
             s.print("token", format!("{}   # value hidden", quoted("<redacted>")));
-            Some(AdminToken::new(secret.value.as_bytes()))
+            Some(AdminSecret::new(secret.value.as_bytes()))
         }
     };
     let protect_reads = s.bool(protect_reads, defaults::ADMIN_PROTECT_READS)?;

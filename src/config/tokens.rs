@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::reader::{key, quoted, Section};
 use super::{defaults, ConfigError};
-use crate::token::TokenKeys;
+use crate::token::SealingKeys;
 
 #[derive(Clone)]
 pub struct TokensConfig {
@@ -16,9 +16,9 @@ pub struct TokensConfig {
     /// Lifetime of wrapped `Mcp-Session-Id` values.
     pub session_ttl: Duration,
     /// The keys, ready to seal routing tokens and `requestState`s (`token_ttl`).
-    pub calls: Arc<TokenKeys>,
+    pub calls: Arc<SealingKeys>,
     /// The same keys for wrapped session ids (`session_ttl`).
-    pub sessions: Arc<TokenKeys>,
+    pub sessions: Arc<SealingKeys>,
     /// With `[auth]` on too, handles of the kinds the router seals are still taken in the clear
     /// (while a fleet switches `[tokens]` on; docs/src/authorization.md).
     pub accept_clear_handles: bool,
@@ -85,7 +85,7 @@ pub(super) fn tokens(mut s: Section) -> Result<Option<TokensConfig>, ConfigError
     let token_ttl = s.duration(token_ttl, defaults::TOKEN_TTL)?;
     let session_ttl = s.duration(session_ttl, defaults::SESSION_TOKEN_TTL)?;
     let accept_clear_handles = s.bool(accept_clear, defaults::ACCEPT_CLEAR_HANDLES)?;
-    let calls = TokenKeys::build(&keys, token_ttl).or_else(|p| {
+    let calls = SealingKeys::build(&keys, token_ttl).or_else(|p| {
         let span = p.index.and_then(|i| secrets[i].span.clone()).or(list_span.clone());
         s.err(span, p.message)
     })?;

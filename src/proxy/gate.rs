@@ -1,7 +1,8 @@
 //! The `[auth]` phases of a request (docs/src/authorization.md): who calls, from the head alone
-//! and before any body is read (`authenticate`: the `Origin`, the public paths, the bearer
-//! token), and whether the call may do what its body asks (`authorize`: the scopes of its
-//! method and tool). Then what backends receive instead of the token (`forward_identity`).
+//! and before any body is read (`authenticate`: the `Origin`, the public paths, the bearer, as
+//! the access token is called here), and whether the call may do what its body asks
+//! (`authorize`: the scopes of its method and tool). Then what backends receive instead of the
+//! bearer (`forward_identity`).
 //! Without `[auth]` none of it runs.
 
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use crate::state::Shared;
 /// What every identity header's name starts with: any such header a client sent is removed.
 const IDENTITY_PREFIX: &str = "x-mcp-auth-";
 
-/// Authenticates a request from its head: `Ok(None)` for a public path (no token checked).
+/// Authenticates a request from its head: `Ok(None)` for a public path (no bearer checked).
 pub async fn authenticate(
     shared: &Shared,
     cfg: &AuthConfig,
@@ -45,15 +46,15 @@ pub async fn authenticate(
             result,
         }))
     };
-    if names_a_token(&parts.uri) {
+    if names_a_bearer(&parts.uri) {
         return Err(refuse(
             Some("invalid_request"),
-            Some("the access token goes in the Authorization header, never in the URL"),
+            Some("the access bearer goes in the Authorization header, never in the URL"),
             "invalid",
         ));
     }
     let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
-    let token = match (values.next().map(bearer), values.next()) {
+    let bearer = match (values.next().map(bearer_of), values.next()) {
         (None, _) => return Err(refuse(None, None, "missing")),
         (Some(_), Some(_)) => {
             return Err(refuse(
@@ -63,20 +64,20 @@ pub async fn authenticate(
             ))
         }
         (Some(None), None) => return Err(refuse(None, None, "missing")),
-        (Some(Some(token)), None) => token,
+        (Some(Some(bearer)), None) => bearer,
     };
-    let Some(keys) = shared.auth_keys.current() else {
+    let Some(keys) = shared.issuer_keys.current() else {
         return Err(RouterError::AuthUnavailable);
     };
     let now = SystemTime::now();
-    if let Some(caller) = resource.tokens.get(token, &keys, now) {
+    if let Some(caller) = resource.bearers.get(bearer, &keys, now) {
         return Ok(Some(caller));
     }
-    let (verified, keys) = match resource.policy.verify(token, &keys, now) {
-        Err(AuthFailure::UnknownKey { .. }) => match shared.auth_keys.refetch(cfg, &keys).await {
+    let (verified, keys) = match resource.policy.verify(bearer, &keys, now) {
+        Err(AuthFailure::UnknownKey { .. }) => match shared.issuer_keys.refetch(cfg, &keys).await {
             // The issuer may have rotated its keys: once more with the set fetched now.
-            Some(fresh) => (resource.policy.verify(token, &fresh, now), fresh),
-            None => (resource.policy.verify(token, &keys, now), keys),
+            Some(fresh) => (resource.policy.verify(bearer, &fresh, now), fresh),
+            None => (resource.policy.verify(bearer, &keys, now), keys),
         },
         verified => (verified, keys),
     };
@@ -84,7 +85,7 @@ pub async fn authenticate(
         verified.map_err(|failure| refuse(Some("invalid_token"), Some(failure.description()), failure.result()))?;
     let expires_at = verified.expires_at;
     let caller = Arc::new(Caller::new(verified));
-    resource.tokens.put(token, &keys, caller.clone(), expires_at, now);
+    resource.bearers.put(bearer, &keys, caller.clone(), expires_at, now);
     Ok(Some(caller))
 }
 
@@ -157,18 +158,18 @@ pub fn metadata(resource: &Arc<Resource>) -> http::Response<bytes::Bytes> {
     resp
 }
 
-/// `Bearer <token>` → the token; the scheme is case-insensitive (RFC 7235 §2.1).
-fn bearer(value: &HeaderValue) -> Option<&str> {
+/// `Bearer <access token>` → the bearer; the scheme is case-insensitive (RFC 7235 §2.1).
+fn bearer_of(value: &HeaderValue) -> Option<&str> {
     let text = value.to_str().ok()?;
-    let (scheme, token) = text.split_once(' ')?;
-    let token = token.trim_start_matches(' ');
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+    let (scheme, bearer) = text.split_once(' ')?;
+    let bearer = bearer.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !bearer.is_empty()).then_some(bearer)
 }
 
 /// Whether a URI carries an access token (RFC 6750 §2.3's `access_token`): a parameter of the
 /// query (split at `&` or `;`) or of a path segment (after its `;`), named `access_token` in any
 /// case, percent-encoded or not, or `access_token[…]` as some frameworks read arrays.
-fn names_a_token(uri: &http::Uri) -> bool {
+fn names_a_bearer(uri: &http::Uri) -> bool {
     let query = uri.query().into_iter().flat_map(|q| q.split(['&', ';']));
     let path_params = uri.path().split('/').flat_map(|segment| segment.split(';').skip(1));
     query.chain(path_params).any(|pair| {
@@ -219,13 +220,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bearer_tokens_are_read_from_the_header_form_only() {
+    fn bearers_are_read_from_the_header_form_only() {
         let v = |s: &'static str| HeaderValue::from_static(s);
-        assert_eq!(bearer(&v("Bearer abc.def.ghi")), Some("abc.def.ghi"));
-        assert_eq!(bearer(&v("bearer  abc")), Some("abc"));
-        assert_eq!(bearer(&v("Basic dXNlcjpw")), None);
-        assert_eq!(bearer(&v("Bearer")), None);
-        assert_eq!(bearer(&v("Bearer ")), None);
+        assert_eq!(bearer_of(&v("Bearer abc.def.ghi")), Some("abc.def.ghi"));
+        assert_eq!(bearer_of(&v("bearer  abc")), Some("abc"));
+        assert_eq!(bearer_of(&v("Basic dXNlcjpw")), None);
+        assert_eq!(bearer_of(&v("Bearer")), None);
+        assert_eq!(bearer_of(&v("Bearer ")), None);
         let uri = |u: &'static str| http::Uri::from_static(u);
         for carries in [
             "/mcp?a=1&access_token=x",
@@ -237,7 +238,7 @@ mod tests {
             "/mcp;access_token=x",
             "/a;b=1;Access_Token=x/mcp",
         ] {
-            assert!(names_a_token(&uri(carries)), "{carries}");
+            assert!(names_a_bearer(&uri(carries)), "{carries}");
         }
         for not in [
             "/mcp?access_token_hint=1&x=access_token",
@@ -245,7 +246,7 @@ mod tests {
             "/mcp?a=%zz",
             "/access_token",
         ] {
-            assert!(!names_a_token(&uri(not)), "{not}");
+            assert!(!names_a_bearer(&uri(not)), "{not}");
         }
         assert!(is_under("/health/live", "/health/*"));
         assert!(is_under("/status", "/status"));

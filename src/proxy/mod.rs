@@ -4,7 +4,7 @@
 //! authenticate → caller → read → handles → authorize → decide → admit → connect → forward → answer
 //!
 //! Around them: `path` (the path every reader will take), `gate` (`[auth]`'s checks and what
-//! backends receive instead of the token), `admit` (`[quotas]`), `read` (bodies within their
+//! backends receive instead of the bearer), `admit` (`[quotas]`), `read` (bodies within their
 //! limits), `headers` (the upstream request), `forward` (connections and answer heads), `answer`
 //! (the answer's body, handed to the call's lifecycle in `crate::calls`), `deadline`.
 //! [`serve`] is the one place where a [`RouterError`] becomes an answer and where each request

@@ -208,7 +208,7 @@ impl<'c> Exchange<'c> {
         let lookup = route::Lookup::Refresh;
         let (decision, unsealed) = route::resolve(&self.snap, &self.shared.pins, handles, tag.as_ref(), lookup)?;
         if self.caller.is_some() {
-            // Accepted: its token, its scopes, and every handle it presents are its own.
+            // Accepted: its bearer, its scopes, and every handle it presents are its own.
             self.shared.metrics.count_auth("ok");
         }
         Ok(Routed { decision, unsealed })

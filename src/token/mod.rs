@@ -5,8 +5,8 @@
 //! Two forms, both visible ASCII (a valid header value, and valid in a JSON string unescaped):
 //!
 //! ```text
-//! token   = "mrt2." B64(body)                 ; Mcp-Routing-Id header           (TokenKeys::seal)
-//! wrapped = "mrt2." B64(body) "." value-seg   ; requestState, session, task id  (TokenKeys::seal_value)
+//! token   = "mrt2." B64(body)                 ; Mcp-Routing-Id header           (SealingKeys::seal)
+//! wrapped = "mrt2." B64(body) "." value-seg   ; requestState, session, task id  (SealingKeys::seal_value)
 //!
 //! body      = key_id u32 | flags u8 | nonce [12] | sealed          (big-endian)
 //! sealed    = ChaCha20-Poly1305(aead_key, nonce, plaintext, aad)   (ciphertext, then the 16-byte tag)
@@ -46,8 +46,8 @@ use std::time::Duration;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
-pub use sealing_keys::TokenKeys;
-pub use v1::TokenKeys as LegacyTokenKeys;
+pub use sealing_keys::SealingKeys;
+pub use v1::SealingKeys as LegacySealingKeys;
 
 /// Text every token and wrapped value of this format starts with.
 pub const PREFIX: &str = "mrt2.";

@@ -18,25 +18,25 @@ use super::{
 };
 
 /// The keys (the first seals, all open) and the lifetime of the tokens they issue.
-pub struct TokenKeys {
+pub struct SealingKeys {
     keys: Vec<Key>,
     ttl_secs: u32,
     /// The same keys, for tokens of the previous format.
-    legacy: v1::TokenKeys,
+    legacy: v1::SealingKeys,
 }
 
 struct Key {
     id: u32,
     aead: LessSafeKey,
-    /// Derives the nonce of a stable token from what it seals ([`TokenKeys::seal_stable`]).
+    /// Derives the nonce of a stable token from what it seals ([`SealingKeys::seal_stable`]).
     nonces: ring::hmac::Key,
 }
 
-impl fmt::Debug for TokenKeys {
+impl fmt::Debug for SealingKeys {
     /// Key ids and ttl only, never key material.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ids: Vec<String> = self.keys.iter().map(|k| format!("{:08x}", k.id)).collect();
-        f.debug_struct("TokenKeys")
+        f.debug_struct("SealingKeys")
             .field("key_ids", &ids)
             .field("ttl_secs", &self.ttl_secs)
             .finish()
@@ -60,29 +60,29 @@ fn derive(id: u32, key: &[u8]) -> Key {
     }
 }
 
-impl TokenKeys {
+impl SealingKeys {
     /// Keys in config order (the first seals) and the lifetime of new tokens. The error names
     /// the offending setting, e.g. `tokens.keys[1]: must be at least 32 bytes (got 5)`.
-    pub fn new(keys: Vec<Vec<u8>>, ttl: Duration) -> Result<TokenKeys, String> {
-        TokenKeys::build(&keys, ttl).map_err(|p| p.message)
+    pub fn new(keys: Vec<Vec<u8>>, ttl: Duration) -> Result<SealingKeys, String> {
+        SealingKeys::build(&keys, ttl).map_err(|p| p.message)
     }
 
-    /// [`TokenKeys::new`], with the key at fault.
-    pub fn build(keys: &[Vec<u8>], ttl: Duration) -> Result<TokenKeys, KeyProblem> {
+    /// [`SealingKeys::new`], with the key at fault.
+    pub fn build(keys: &[Vec<u8>], ttl: Duration) -> Result<SealingKeys, KeyProblem> {
         let ids = check_keys(keys)?;
         let ttl_secs = ttl_secs(ttl).map_err(|message| KeyProblem { index: None, message })?;
         let built = ids.iter().zip(keys).map(|(&id, key)| derive(id, key)).collect();
-        Ok(TokenKeys {
+        Ok(SealingKeys {
             keys: built,
             ttl_secs,
-            legacy: v1::TokenKeys::from_checked(keys, &ids, ttl_secs),
+            legacy: v1::SealingKeys::from_checked(keys, &ids, ttl_secs),
         })
     }
 
     /// The same keys issuing tokens with another lifetime.
-    pub fn with_ttl(&self, ttl: Duration) -> Result<TokenKeys, String> {
+    pub fn with_ttl(&self, ttl: Duration) -> Result<SealingKeys, String> {
         let ttl_secs = ttl_secs(ttl)?;
-        Ok(TokenKeys {
+        Ok(SealingKeys {
             keys: self
                 .keys
                 .iter()
@@ -107,7 +107,7 @@ impl TokenKeys {
         self.seal_for(None, None, kind, backend, rounds, now)
     }
 
-    /// [`TokenKeys::seal`], bound to the caller `principal` and to its `call` when known.
+    /// [`SealingKeys::seal`], bound to the caller `principal` and to its `call` when known.
     pub fn seal_for(
         &self,
         principal: Option<&PrincipalTag>,
@@ -121,13 +121,13 @@ impl TokenKeys {
     }
 
     /// Wraps a value the client echoes (a `requestState`, a session or task id) so that it also
-    /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
+    /// names the backend. Any string round-trips byte for byte through [`SealingKeys::open_value`],
     /// the empty one included.
     pub fn seal_value(&self, kind: Kind, value: &str, backend: &str, rounds: u32, now: SystemTime) -> String {
         self.seal_value_for(None, None, kind, value, backend, rounds, now)
     }
 
-    /// [`TokenKeys::seal_value`], bound to the caller `principal` and to its `call` when known.
+    /// [`SealingKeys::seal_value`], bound to the caller `principal` and to its `call` when known.
     #[allow(clippy::too_many_arguments)]
     pub fn seal_value_for(
         &self,
@@ -149,7 +149,7 @@ impl TokenKeys {
         )
     }
 
-    /// Wraps `value` as [`TokenKeys::seal_value`] does, but the same value, backend and key give
+    /// Wraps `value` as [`SealingKeys::seal_value`] does, but the same value, backend and key give
     /// the same token every time, on every replica: for a handle that must stay one string for
     /// as long as it lives (a task id appears again in every answer about the task). The nonce
     /// is a keyed digest of what is sealed, so equal tokens tell only that they are equal; the
@@ -158,7 +158,7 @@ impl TokenKeys {
         self.seal_stable_for(None, kind, value, backend)
     }
 
-    /// [`TokenKeys::seal_stable`], bound to the caller `principal` when there is one: stable for
+    /// [`SealingKeys::seal_stable`], bound to the caller `principal` when there is one: stable for
     /// that caller, and another caller's token for the same value differs (the principal is in
     /// the nonce's derivation, as everything sealed is, so no two plaintexts share a nonce).
     pub fn seal_stable_for(&self, principal: Option<&PrincipalTag>, kind: Kind, value: &str, backend: &str) -> String {
@@ -178,7 +178,7 @@ impl TokenKeys {
         self.issue(kind, backend, 0, Some(value), (principal, None), Stamp::Stable(nonce))
     }
 
-    /// Checks a token from [`TokenKeys::seal`] made for `kind`.
+    /// Checks a token from [`SealingKeys::seal`] made for `kind`.
     pub fn verify(&self, kind: Kind, token: &str, now: SystemTime) -> Result<Claims, Rejected> {
         if token.starts_with(v1::PREFIX) {
             return self.legacy.verify(token, now).map(v1::Claims::upgrade);
@@ -190,7 +190,7 @@ impl TokenKeys {
         with_body(body, |body| self.open(kind, body, 0, b"", now))
     }
 
-    /// Checks a value from [`TokenKeys::seal_value`] made for `kind`, and returns the original
+    /// Checks a value from [`SealingKeys::seal_value`] made for `kind`, and returns the original
     /// value and the claims. The value is borrowed from `wrapped` when it was carried as is.
     pub fn open_value<'a>(
         &self,
@@ -355,7 +355,7 @@ impl TokenKeys {
 }
 
 /// When a token is made: now, with a random nonce and the configured lifetime; or stably (see
-/// [`TokenKeys::seal_stable`]), with the nonce given, no issue time and no expiry.
+/// [`SealingKeys::seal_stable`]), with the nonce given, no issue time and no expiry.
 enum Stamp {
     Issued(SystemTime),
     Stable([u8; NONCE_LEN]),

@@ -14,8 +14,8 @@ fn key(b: u8) -> Vec<u8> {
     vec![b; 32]
 }
 
-fn keys(list: &[u8]) -> TokenKeys {
-    TokenKeys::new(list.iter().map(|&b| key(b)).collect(), TTL).unwrap()
+fn keys(list: &[u8]) -> SealingKeys {
+    SealingKeys::new(list.iter().map(|&b| key(b)).collect(), TTL).unwrap()
 }
 
 fn at(secs: u64) -> SystemTime {
@@ -217,25 +217,25 @@ fn arbitrary_input_never_panics() {
 
 #[test]
 fn keys_are_checked_in_one_place() {
-    let e = TokenKeys::new(vec![key(1), vec![7; 31]], TTL).unwrap_err();
+    let e = SealingKeys::new(vec![key(1), vec![7; 31]], TTL).unwrap_err();
     assert_eq!(e, "tokens.keys[1]: must be at least 32 bytes (got 31)");
-    assert!(TokenKeys::new(vec![], TTL).unwrap_err().starts_with("tokens.keys:"));
-    assert!(TokenKeys::new(vec![key(1)], Duration::from_millis(500)).is_err());
-    assert!(TokenKeys::new(vec![key(1)], Duration::from_secs(1 << 33)).is_err());
-    let p = TokenKeys::build(&[key(1), key(2), key(1)], TTL).unwrap_err();
+    assert!(SealingKeys::new(vec![], TTL).unwrap_err().starts_with("tokens.keys:"));
+    assert!(SealingKeys::new(vec![key(1)], Duration::from_millis(500)).is_err());
+    assert!(SealingKeys::new(vec![key(1)], Duration::from_secs(1 << 33)).is_err());
+    let p = SealingKeys::build(&[key(1), key(2), key(1)], TTL).unwrap_err();
     assert_eq!(
         (p.index, p.message.as_str()),
         (Some(2), "tokens.keys[2]: same key as tokens.keys[0]")
     );
     // Long keys are fine; Debug never shows key material.
-    let k = TokenKeys::new(vec![vec![0xab; 200]], TTL).unwrap();
+    let k = SealingKeys::new(vec![vec![0xab; 200]], TTL).unwrap();
     assert!(!format!("{k:?}").contains("171"), "{k:?}");
     assert_eq!(k.ttl(), TTL);
 }
 
 #[test]
 fn tokens_of_the_previous_format_are_accepted_for_their_lifetime() {
-    let legacy = LegacyTokenKeys::new(vec![key(1)], TTL).unwrap();
+    let legacy = LegacySealingKeys::new(vec![key(1)], TTL).unwrap();
     let k = keys(&[1]);
     let t = legacy.seal("worker-1", at(NOW));
     let c = k.verify(Kind::RoutingId, &t, at(NOW + 5)).unwrap();

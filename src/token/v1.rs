@@ -37,7 +37,7 @@ const FLAG_WRAPPED_BASE64: u8 = FLAG_WRAPPED | FLAG_BASE64;
 
 /// The keys (the first signs, all verify) and the lifetime of the tokens they issue.
 #[derive(Clone)]
-pub struct TokenKeys {
+pub struct SealingKeys {
     keys: Vec<Key>,
     ttl_secs: u32,
 }
@@ -77,27 +77,27 @@ impl Claims {
     }
 }
 
-impl fmt::Debug for TokenKeys {
+impl fmt::Debug for SealingKeys {
     /// Key ids and ttl only, never key material.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ids: Vec<String> = self.keys.iter().map(|k| format!("{:08x}", k.id)).collect();
-        f.debug_struct("TokenKeys")
+        f.debug_struct("SealingKeys")
             .field("key_ids", &ids)
             .field("ttl_secs", &self.ttl_secs)
             .finish()
     }
 }
 
-impl TokenKeys {
+impl SealingKeys {
     /// Keys in config order (the first signs) and the lifetime of new tokens: for the tests of
     /// a rolling upgrade, which need tokens of the previous release.
-    pub fn new(keys: Vec<Vec<u8>>, ttl: std::time::Duration) -> Result<TokenKeys, String> {
+    pub fn new(keys: Vec<Vec<u8>>, ttl: std::time::Duration) -> Result<SealingKeys, String> {
         let ids = super::check_keys(&keys).map_err(|p| p.message)?;
-        Ok(TokenKeys::from_checked(&keys, &ids, super::ttl_secs(ttl)?))
+        Ok(SealingKeys::from_checked(&keys, &ids, super::ttl_secs(ttl)?))
     }
 
     /// Keys [`super::check_keys`] accepted, with their ids.
-    pub fn from_checked(keys: &[Vec<u8>], ids: &[u32], ttl_secs: u32) -> TokenKeys {
+    pub fn from_checked(keys: &[Vec<u8>], ids: &[u32], ttl_secs: u32) -> SealingKeys {
         let keys = keys
             .iter()
             .zip(ids)
@@ -106,7 +106,7 @@ impl TokenKeys {
                 mac: hmac::Key::new(hmac::HMAC_SHA256, key),
             })
             .collect();
-        TokenKeys { keys, ttl_secs }
+        SealingKeys { keys, ttl_secs }
     }
 
     /// Lifetime of the tokens this issues.
@@ -120,14 +120,14 @@ impl TokenKeys {
     }
 
     /// Wraps a value the client echoes (a requestState or an Mcp-Session-Id) so that it also
-    /// names the backend. Any string round-trips byte for byte through [`TokenKeys::open_value`],
+    /// names the backend. Any string round-trips byte for byte through [`SealingKeys::open_value`],
     /// the empty one included; the MAC covers the value too, so the token cannot be moved onto
     /// another value and any changed byte is detected.
     pub fn seal_value(&self, value: &str, backend: &str, now: SystemTime) -> String {
         self.issue(backend, Some(value), now)
     }
 
-    /// Checks a token from [`TokenKeys::seal`].
+    /// Checks a token from [`SealingKeys::seal`].
     pub fn verify(&self, token: &str, now: SystemTime) -> Result<Claims, Rejected> {
         let (body, value) = split(token, PREFIX, MAX_BODY_CHARS)?;
         if value.is_some() {
@@ -143,7 +143,7 @@ impl TokenKeys {
         })
     }
 
-    /// Checks a value from [`TokenKeys::seal_value`] and returns the original value and the claims.
+    /// Checks a value from [`SealingKeys::seal_value`] and returns the original value and the claims.
     /// The value is borrowed from `wrapped` when it was carried as is.
     pub fn open_value<'a>(&self, wrapped: &'a str, now: SystemTime) -> Result<(Cow<'a, str>, Claims), Rejected> {
         let (body, value) = split(wrapped, PREFIX, MAX_BODY_CHARS)?;
@@ -214,7 +214,7 @@ impl TokenKeys {
     }
 }
 
-/// A decoded body; nothing in it is trusted before [`TokenKeys::check`].
+/// A decoded body; nothing in it is trusted before [`SealingKeys::check`].
 struct Parsed<'b> {
     key_id: u32,
     flags: u8,
@@ -272,8 +272,8 @@ mod tests {
         vec![b; 32]
     }
 
-    fn keys(list: &[u8]) -> TokenKeys {
-        TokenKeys::new(list.iter().map(|&b| key(b)).collect(), TTL).unwrap()
+    fn keys(list: &[u8]) -> SealingKeys {
+        SealingKeys::new(list.iter().map(|&b| key(b)).collect(), TTL).unwrap()
     }
 
     fn at(secs: u64) -> SystemTime {

@@ -1,4 +1,4 @@
-//! The issuer's keys fetched and kept fresh (src/auth/keys.rs, fetch.rs, refresh.rs) against an
+//! The issuer's keys fetched and kept fresh (src/auth/issuer_keys.rs, fetch.rs, refresh.rs) against an
 //! issuer on 127.0.0.1 whose every answer the test chooses: key sets made by
 //! tests/fixtures/jwt/signer.rs, metadata documents, failures (500, a redirect, garbage, a
 //! body over the limit, a hang), and keys rotated while the router runs. The issuer counts
@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 use mrtr_router::internals::{
-    keep_fresh, AlgorithmSet, AuthPolicy, FetchOutcome, JwksConfig, KeySet, KeyStore, MAX_JWKS_BYTES,
+    keep_fresh, AlgorithmSet, AuthPolicy, FetchOutcome, IssuerKeys, JwksConfig, KeySet, MAX_JWKS_BYTES,
 };
 use mrtr_router::Config;
 use prometheus::{IntCounterVec, Opts};
@@ -215,8 +215,8 @@ fn counter() -> IntCounterVec {
 }
 
 /// A store for `c` that counts into `refreshes`, as the router's refresh loop sets it up.
-fn store_for(c: &Config, refreshes: &IntCounterVec) -> KeyStore {
-    let store = KeyStore::new(c.auth.as_ref());
+fn store_for(c: &Config, refreshes: &IntCounterVec) -> IssuerKeys {
+    let store = IssuerKeys::new(c.auth.as_ref());
     store.verify_with(jwks_config(c).tls);
     store.count_into(refreshes.clone());
     store
@@ -254,7 +254,7 @@ async fn the_first_fetch_is_at_once_then_max_age_within_the_bounds_or_else_the_m
             issuer.answer("/jwks", Answer::Json { body, cache_control });
             let more = format!("jwks_refresh_min = \"{min}s\"\njwks_refresh_max = \"{max}s\"\n");
             let c = from_uri(&issuer.url("/jwks"), &more);
-            let store = Arc::new(KeyStore::new(c.auth.as_ref()));
+            let store = Arc::new(IssuerKeys::new(c.auth.as_ref()));
             let jc = jwks_config(&c);
             let started = Instant::now();
             let task = tokio::spawn({
@@ -648,7 +648,7 @@ async fn another_issuer_or_source_drops_the_set_and_a_file_is_read_at_each_apply
         );
         Config::parse(Path::new("test.toml"), &text).unwrap().auth.unwrap()
     };
-    let filed = KeyStore::new(Some(&from_file(&keys_of(&[&a]))));
+    let filed = IssuerKeys::new(Some(&from_file(&keys_of(&[&a]))));
     assert_eq!(kids(&filed.current().unwrap()), ["a"]);
     filed.apply(&from_file(&keys_of(&[&b]))).unwrap();
     let from_b = filed.current().unwrap();

@@ -515,7 +515,7 @@ fn sse_events_do_not_depend_on_chunking() {
 #[test]
 fn any_text_opens_as_one_kind_at_most_and_never_panics() {
     // Tokens sealed for the checks' keys, damaged, beside random text shaped like tokens.
-    let (keys, _) = checks::token_keys();
+    let (keys, _) = checks::sealing_keys();
     let sealed = keys.seal_value(checks::KINDS[1], "state-1", "worker-1", 1, checks::now());
     let strategy = (
         prop_oneof![
@@ -659,7 +659,7 @@ fn any_text_as_a_jwt_never_panics() {
                 .unwrap()
                 .prop_map(String::into_bytes),
             accepted_token().prop_map(String::into_bytes),
-            Just(vec![b'e'; mrtr_router::internals::MAX_TOKEN_BYTES + 1]),
+            Just(vec![b'e'; mrtr_router::internals::MAX_BEARER_BYTES + 1]),
         ],
         prop_oneof![Just(vec![]), vec(damage(), 1..3)],
     );

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use crate::support::*;
 use bytes::Bytes;
 use http::Method;
-use mrtr_router::internals::{LegacyTokenKeys, TokenKeys, TokenKind};
+use mrtr_router::internals::{LegacySealingKeys, SealingKeys, TokenKind};
 use serde_json::json;
 
 const KEY_A: &str = "key-a-0123456789abcdef0123456789abcdef";
@@ -111,7 +111,7 @@ async fn key_rotation_old_key_verifies_new_key_signs() {
     let r2 = rotated.post(&[("mcp-routing-id", &t_old)], &confirm("rot-1", 2)).await;
     assert_eq!(r2.worker(), r1.worker(), "a token signed with the old key still routes");
     let t_new = routing_token(&r2);
-    let new_only = TokenKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let new_only = SealingKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
     assert!(
         new_only.verify(TokenKind::RoutingId, &t_new, SystemTime::now()).is_ok(),
         "the first key signs"
@@ -133,8 +133,8 @@ async fn key_rotation_old_key_verifies_new_key_signs() {
 async fn bad_tokens_are_refused_and_never_choose_a_backend() {
     let fleet = Fleet::start(2, &tokens(&[KEY_A])).await;
     let good = routing_token(&fleet.post(&[], &start_call("bad-1", 2)).await);
-    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
-    let foreign = TokenKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let keys = SealingKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let foreign = SealingKeys::new(vec![KEY_B.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
     let mut tampered = good.clone().into_bytes();
     let mid = tampered.len() / 2;
     tampered[mid] = if tampered[mid] == b'A' { b'B' } else { b'A' };
@@ -219,7 +219,7 @@ fn truncate_to_invalid_length(token: &str) -> String {
 #[tokio::test]
 async fn backends_see_their_own_bytes() {
     let fleet = Fleet::start(1, &tokens(&[KEY_A])).await;
-    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let keys = SealingKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
     let session = keys.seal_value(TokenKind::Session, "0123456789abcdef", "worker-0", 0, SystemTime::now());
     let state = keys.seal_value(
         TokenKind::RequestState,
@@ -299,7 +299,7 @@ async fn a_token_for_a_backend_this_replica_does_not_know_is_a_lost_pin() {
 #[tokio::test]
 async fn a_wrapped_handle_of_one_kind_is_refused_as_another() {
     let fleet = Fleet::start(2, &tokens(&[KEY_A])).await;
-    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let keys = SealingKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
     let state = keys.seal_value(TokenKind::RequestState, "0123abcd", "worker-0", 1, SystemTime::now());
     let session = keys.seal_value(TokenKind::Session, "0123abcd", "worker-0", 0, SystemTime::now());
     let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
@@ -366,7 +366,7 @@ async fn tokens_of_the_previous_release_route_for_their_lifetime() {
     let fleet = Fleet::start(3, &tokens(&[KEY_A])).await;
     let r1 = fleet.post(&[], &start_call("upgrade-1", 2)).await;
     let holder = r1.worker();
-    let previous = LegacyTokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(3600)).unwrap();
+    let previous = LegacySealingKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(3600)).unwrap();
     let t = previous.seal(&holder, SystemTime::now());
     assert!(t.starts_with("mrt1."));
     let r2 = fleet.post(&[("mcp-routing-id", &t)], &confirm("upgrade-1", 2)).await;
@@ -456,7 +456,7 @@ fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
 #[tokio::test]
 async fn sealed_handles_that_name_different_backends_are_refused() {
     let fleet = Fleet::start(2, &tokens(&[KEY_A])).await;
-    let keys = TokenKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
+    let keys = SealingKeys::new(vec![KEY_A.as_bytes().to_vec()], Duration::from_secs(60)).unwrap();
     let now = SystemTime::now();
     let to = |backend: &str| keys.seal(TokenKind::RoutingId, backend, 1, now);
     let session_on = |backend: &str| keys.seal_value(TokenKind::Session, "0123abcd", backend, 0, now);

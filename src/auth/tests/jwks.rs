@@ -47,8 +47,8 @@ fn keys_sharing_a_kid_serve_their_own_algorithms() {
     let rsa = Signer::rsa(Some("shared"));
     let ec = Signer::p256(Some("shared"));
     let set = KeySet::parse(jwks(&[ec.jwk(), rsa.jwk()]).as_bytes()).unwrap().keys;
-    for token in [rsa.token(&claims()), ec.token(&claims())] {
-        assert!(policy().verify(&token, &set, now()).is_ok());
+    for bearer in [rsa.token(&claims()), ec.token(&claims())] {
+        assert!(policy().verify(&bearer, &set, now()).is_ok());
     }
     // Two keys of one type under one kid: the first is the one, a second is never tried.
     let ec2 = Signer::p256(Some("shared"));
@@ -145,8 +145,8 @@ fn the_key_set_skips_what_it_cannot_use() {
         .collect();
     assert_eq!(parsed.skipped, expected);
     // The key with a leading zero in `n` verifies like the other.
-    let token = Signer::rsa(Some("zero")).token(&claims());
-    assert!(policy().verify(&token, &parsed.keys, now()).is_ok());
+    let bearer = Signer::rsa(Some("zero")).token(&claims());
+    assert!(policy().verify(&bearer, &parsed.keys, now()).is_ok());
 }
 
 #[test]

@@ -12,14 +12,14 @@ fn every_algorithm_verifies() {
         &json!({"alg": "PS256", "kid": "rsa-1", "typ": "at+jwt"}).to_string(),
         &claims().to_string(),
     );
-    let tokens = [
+    let bearers = [
         ("RS256", k.rsa.token(&claims())),
         ("PS256", pss),
         ("ES256", k.p256.token(&claims())),
         ("EdDSA", k.ed25519.token(&claims())),
     ];
-    for (alg, token) in tokens {
-        let v = verify(&token).unwrap_or_else(|e| panic!("{alg}: {e}"));
+    for (alg, bearer) in bearers {
+        let v = verify(&bearer).unwrap_or_else(|e| panic!("{alg}: {e}"));
         assert_eq!(v.issuer, ISSUER);
         assert_eq!(v.subject, "user-42");
         assert_eq!(v.client_id.as_deref(), Some("client-7"));
@@ -31,7 +31,7 @@ fn every_algorithm_verifies() {
             algorithms: AlgorithmSet::of(&[Algorithm::from_name(alg).unwrap()]),
             ..policy()
         };
-        assert!(only_other.verify(&token, &k.set, now()).is_ok(), "{alg}");
+        assert!(only_other.verify(&bearer, &k.set, now()).is_ok(), "{alg}");
     }
 }
 
@@ -44,32 +44,32 @@ fn pkcs1_and_pss_are_not_interchangeable() {
     let claims = claims().to_string();
     for (header, pss) in [(&ps_header, false), (&rs_header, true)] {
         let input = format!("{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()));
-        let token = format!("{input}.{}", b64(&k.rsa.signature(pss, input.as_bytes())));
-        assert_eq!(verify(&token).unwrap_err(), AuthFailure::BadSignature, "{header}");
+        let bearer = format!("{input}.{}", b64(&k.rsa.signature(pss, input.as_bytes())));
+        assert_eq!(verify(&bearer).unwrap_err(), AuthFailure::BadSignature, "{header}");
     }
 }
 
 #[test]
 fn subject_falls_back_to_the_client() {
-    let v = verify(&ec_token(json!({}), claims_with(json!({"sub": null})))).unwrap();
+    let v = verify(&ec_bearer(json!({}), claims_with(json!({"sub": null})))).unwrap();
     assert_eq!(
         (v.subject.as_str(), v.client_id.as_deref()),
         ("client-7", Some("client-7"))
     );
     let azp = claims_with(json!({"sub": "", "client_id": null, "azp": "client-9"}));
-    let v = verify(&ec_token(json!({}), azp)).unwrap();
+    let v = verify(&ec_bearer(json!({}), azp)).unwrap();
     assert_eq!(
         (v.subject.as_str(), v.client_id.as_deref()),
         ("client-9", Some("client-9"))
     );
     let none = claims_with(json!({"sub": null, "client_id": null}));
-    assert_eq!(verify(&ec_token(json!({}), none)), Err(AuthFailure::NoSubject));
+    assert_eq!(verify(&ec_bearer(json!({}), none)), Err(AuthFailure::NoSubject));
 }
 
 #[test]
 fn scopes_come_from_scope_or_else_scp() {
     let scopes = |changes: Value| {
-        let v = verify(&ec_token(json!({}), claims_with(changes)))?;
+        let v = verify(&ec_bearer(json!({}), claims_with(changes)))?;
         Ok::<_, AuthFailure>(v.scopes.to_string())
     };
     assert_eq!(scopes(json!({"scope": "b  a b"})), Ok("a b".to_owned()));
@@ -94,7 +94,7 @@ fn scopes_come_from_scope_or_else_scp() {
 
 #[test]
 fn accepted_shapes_of_the_header_and_claims() {
-    let ok = |header: Value, changes: Value| verify(&ec_token(header.clone(), claims_with(changes.clone())));
+    let ok = |header: Value, changes: Value| verify(&ec_bearer(header.clone(), claims_with(changes.clone())));
     for typ in [
         json!(null),
         json!("at+jwt"),
@@ -130,7 +130,7 @@ fn accepted_shapes_of_the_header_and_claims() {
 #[test]
 fn refusals() {
     let k = keys();
-    let good = ec_token(json!({}), claims());
+    let good = ec_bearer(json!({}), claims());
     assert!(verify(&good).is_ok());
     let (h, rest) = good.split_once('.').unwrap();
     let (c, s) = rest.split_once('.').unwrap();
@@ -145,8 +145,8 @@ fn refusals() {
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, hmac_secret.as_bytes());
         format!("{input}.{}", b64(ring::hmac::sign(&key, input.as_bytes()).as_ref()))
     };
-    let long_claims = claims_with(json!({"pad": "x".repeat(MAX_TOKEN_BYTES)}));
-    let long = ec_token(json!({}), long_claims);
+    let long_claims = claims_with(json!({"pad": "x".repeat(MAX_BEARER_BYTES)}));
+    let long = ec_bearer(json!({}), long_claims);
     let mut flipped_sig = s.as_bytes().to_vec();
     flipped_sig[10] = if flipped_sig[10] == b'A' { b'B' } else { b'A' };
     let flipped_sig = format!("{h}.{c}.{}", String::from_utf8(flipped_sig).unwrap());
@@ -156,10 +156,10 @@ fn refusals() {
     use AuthFailure as F;
     let table: Vec<(&str, String, AuthFailure)> = vec![
         ("too long", long.clone(), F::TooLong { len: long.len() }),
-        ("empty", String::new(), F::Malformed(Part::Token)),
-        ("two parts", format!("{h}.{c}"), F::Malformed(Part::Token)),
-        ("four parts", format!("{h}.{c}.{s}.{s}"), F::Malformed(Part::Token)),
-        ("a JWE", format!("{h}.{c}.{s}.{s}.{s}"), F::Malformed(Part::Token)),
+        ("empty", String::new(), F::Malformed(Part::Whole)),
+        ("two parts", format!("{h}.{c}"), F::Malformed(Part::Whole)),
+        ("four parts", format!("{h}.{c}.{s}.{s}"), F::Malformed(Part::Whole)),
+        ("a JWE", format!("{h}.{c}.{s}.{s}.{s}"), F::Malformed(Part::Whole)),
         (
             "header not base64url",
             format!("{h}*.{c}.{s}"),
@@ -206,17 +206,17 @@ fn refusals() {
         ),
         (
             "exp a string",
-            ec_token(json!({}), claims_with(json!({"exp": "soon"}))),
+            ec_bearer(json!({}), claims_with(json!({"exp": "soon"}))),
             F::Malformed(Part::Claims),
         ),
         (
             "aud a number",
-            ec_token(json!({}), claims_with(json!({"aud": 5}))),
+            ec_bearer(json!({}), claims_with(json!({"aud": 5}))),
             F::Malformed(Part::Claims),
         ),
         (
             "aud an array in an array",
-            ec_token(json!({}), claims_with(json!({"aud": [[AUDIENCE]]}))),
+            ec_bearer(json!({}), claims_with(json!({"aud": [[AUDIENCE]]}))),
             F::Malformed(Part::Claims),
         ),
         (
@@ -236,12 +236,12 @@ fn refusals() {
         ("claims of another token", format!("{h}.{}.{s}", b64(b"{}")), F::Issuer),
         (
             "unknown kid",
-            ec_token(json!({"kid": "ec-2"}), claims()),
+            ec_bearer(json!({"kid": "ec-2"}), claims()),
             unknown(Some("ec-2")),
         ),
         (
             "no kid, every key has one",
-            ec_token(json!({"kid": null}), claims()),
+            ec_bearer(json!({"kid": null}), claims()),
             unknown(None),
         ),
         (
@@ -249,31 +249,31 @@ fn refusals() {
             format!("{}.{c}.", b64(br#"{"alg":"none","kid":"ec-1"}"#)),
             F::Algorithm,
         ),
-        ("alg missing", ec_token(json!({"alg": null}), claims()), F::Algorithm),
+        ("alg missing", ec_bearer(json!({"alg": null}), claims()), F::Algorithm),
         (
             "alg lower case",
-            ec_token(json!({"alg": "es256"}), claims()),
+            ec_bearer(json!({"alg": "es256"}), claims()),
             F::Algorithm,
         ),
         (
             "alg unsupported",
-            ec_token(json!({"alg": "ES384"}), claims()),
+            ec_bearer(json!({"alg": "ES384"}), claims()),
             F::Algorithm,
         ),
         ("HS256 keyed by the RSA public key", hs256, F::Algorithm),
         (
             "RS256 against an EC key",
-            ec_token(json!({"alg": "RS256"}), claims()),
+            ec_bearer(json!({"alg": "RS256"}), claims()),
             F::KeyMismatch,
         ),
         (
             "EdDSA against an RSA key",
-            ec_token(json!({"alg": "EdDSA", "kid": "rsa-1"}), claims()),
+            ec_bearer(json!({"alg": "EdDSA", "kid": "rsa-1"}), claims()),
             F::KeyMismatch,
         ),
         (
             "crit",
-            ec_token(json!({"crit": ["b64"], "b64": false}), claims()),
+            ec_bearer(json!({"crit": ["b64"], "b64": false}), claims()),
             F::UnsupportedHeader,
         ),
         (
@@ -283,78 +283,78 @@ fn refusals() {
         ),
         (
             "enc",
-            ec_token(json!({"enc": "A256GCM"}), claims()),
+            ec_bearer(json!({"enc": "A256GCM"}), claims()),
             F::UnsupportedHeader,
         ),
-        ("typ JOSE", ec_token(json!({"typ": "JOSE"}), claims()), F::Type),
+        ("typ JOSE", ec_bearer(json!({"typ": "JOSE"}), claims()), F::Type),
         (
             "typ an ID token's",
-            ec_token(json!({"typ": "id+jwt"}), claims()),
+            ec_bearer(json!({"typ": "id+jwt"}), claims()),
             F::Type,
         ),
         (
             "wrong issuer",
-            ec_token(json!({}), claims_with(json!({"iss": "https://evil.example"}))),
+            ec_bearer(json!({}), claims_with(json!({"iss": "https://evil.example"}))),
             F::Issuer,
         ),
         (
             "issuer with a slash",
-            ec_token(json!({}), claims_with(json!({"iss": format!("{ISSUER}/")}))),
+            ec_bearer(json!({}), claims_with(json!({"iss": format!("{ISSUER}/")}))),
             F::Issuer,
         ),
         (
             "no issuer",
-            ec_token(json!({}), claims_with(json!({"iss": null}))),
+            ec_bearer(json!({}), claims_with(json!({"iss": null}))),
             F::Issuer,
         ),
         (
             "wrong audience",
-            ec_token(json!({}), claims_with(json!({"aud": "https://api.example"}))),
+            ec_bearer(json!({}), claims_with(json!({"aud": "https://api.example"}))),
             F::Audience,
         ),
         (
             "audience of another case",
-            ec_token(json!({}), claims_with(json!({"aud": AUDIENCE.to_uppercase()}))),
+            ec_bearer(json!({}), claims_with(json!({"aud": AUDIENCE.to_uppercase()}))),
             F::Audience,
         ),
         (
             "empty audience list",
-            ec_token(json!({}), claims_with(json!({"aud": []}))),
+            ec_bearer(json!({}), claims_with(json!({"aud": []}))),
             F::Audience,
         ),
         (
             "no audience",
-            ec_token(json!({}), claims_with(json!({"aud": null}))),
+            ec_bearer(json!({}), claims_with(json!({"aud": null}))),
             F::Audience,
         ),
         (
             "no exp",
-            ec_token(json!({}), claims_with(json!({"exp": null}))),
+            ec_bearer(json!({}), claims_with(json!({"exp": null}))),
             F::MissingExpiry,
         ),
         (
             "expired",
-            ec_token(json!({}), claims_with(json!({"exp": NOW_SECS - LEEWAY}))),
+            ec_bearer(json!({}), claims_with(json!({"exp": NOW_SECS - LEEWAY}))),
             F::Expired,
         ),
         (
             "expired long ago",
-            ec_token(json!({}), claims_with(json!({"exp": 0}))),
+            ec_bearer(json!({}), claims_with(json!({"exp": 0}))),
             F::Expired,
         ),
         (
             "not yet valid",
-            ec_token(json!({}), claims_with(json!({"nbf": NOW_SECS + LEEWAY + 1}))),
+            ec_bearer(json!({}), claims_with(json!({"nbf": NOW_SECS + LEEWAY + 1}))),
             F::NotYetValid,
         ),
         (
             "issued in the future",
-            ec_token(json!({}), claims_with(json!({"iat": NOW_SECS + LEEWAY + 1}))),
+            ec_bearer(json!({}), claims_with(json!({"iat": NOW_SECS + LEEWAY + 1}))),
             F::NotYetValid,
         ),
     ];
-    for (what, token, failure) in table {
-        assert_eq!(verify(&token).err(), Some(failure.clone()), "{what}: {token}");
+    for (what, bearer, failure) in table {
+        assert_eq!(verify(&bearer).err(), Some(failure.clone()), "{what}: {bearer}");
         assert!(AUTH_RESULTS.contains(&failure.result()), "{what}");
         let d = failure.description();
         assert!(
@@ -437,8 +437,8 @@ fn the_policy_limits_the_algorithms() {
         ..policy()
     };
     assert!(rs_only.verify(&k.rsa.token(&claims()), &k.set, now()).is_ok());
-    for token in [k.p256.token(&claims()), k.ed25519.token(&claims())] {
-        assert_eq!(rs_only.verify(&token, &k.set, now()), Err(AuthFailure::Algorithm));
+    for bearer in [k.p256.token(&claims()), k.ed25519.token(&claims())] {
+        assert_eq!(rs_only.verify(&bearer, &k.set, now()), Err(AuthFailure::Algorithm));
     }
     assert_eq!(
         AlgorithmSet::from_names(&["RS256", "EdDSA"]),

@@ -85,8 +85,8 @@ fn claims_with(changes: Value) -> Value {
     c
 }
 
-fn verify(token: &str) -> Result<Verified, AuthFailure> {
-    policy().verify(token, &keys().set, now())
+fn verify(bearer: &str) -> Result<Verified, AuthFailure> {
+    policy().verify(bearer, &keys().set, now())
 }
 
 /// A header of the EC key with `changes` (a `null` removes the member).
@@ -101,6 +101,6 @@ fn ec_header(changes: Value) -> String {
     h.to_string()
 }
 
-fn ec_token(header: Value, claims: Value) -> String {
+fn ec_bearer(header: Value, claims: Value) -> String {
     keys().p256.sign(&ec_header(header), &claims.to_string())
 }

@@ -33,13 +33,13 @@ fn scope_hierarchies() {
 #[test]
 fn scope_tokens() {
     for ok in ["a", "files:read", "!#[]~", "https://x.example/scope"] {
-        assert!(is_scope_token(ok), "{ok}");
+        assert!(is_valid_scope(ok), "{ok}");
     }
     for bad in ["", "a b", "a\"b", "a\\b", "é", "a\tb", "\x7f"] {
-        assert!(!is_scope_token(bad), "{bad:?}");
+        assert!(!is_valid_scope(bad), "{bad:?}");
     }
     assert_eq!(Scopes::parse("ok bad\\"), Err(InvalidScope("bad\\".into())));
-    let s = Scopes::from_tokens(["b", "a", "b"]).unwrap();
+    let s = Scopes::from_values(["b", "a", "b"]).unwrap();
     assert_eq!((s.len(), s.to_string()), (2, "a b".to_owned()));
     assert!(Scopes::parse("   ").unwrap().is_empty());
 }

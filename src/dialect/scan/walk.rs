@@ -110,7 +110,7 @@ pub(super) enum Text {
     Escaped,
 }
 
-/// A string token: its literal (quotes included), and what it holds.
+/// A string as the walk found it: its literal (quotes included), and what it holds.
 #[derive(Clone, Copy)]
 pub(super) struct RawStr<'a> {
     pub quoted: &'a [u8],

@@ -1,13 +1,13 @@
 //! The issuer's keys as the request path reads them: one swappable [`KeySet`], loaded from
 //! `jwks_file` or fetched (docs/src/authorization.md, "The issuer's keys").
 //!
-//! `current` is one atomic load per request. A fetch runs as a task of its own that everyone
-//! who needs it awaits (the refresh loop, the requests whose token names an unknown `kid`):
+//! `current` is one atomic load per request. A fetch runs as a task of its own that everyone who
+//! needs it awaits (the refresh loop, the requests whose access token names an unknown `kid`):
 //! never two at once, and none cancelled because one waiter gave up or its client left.
 //!
-//! The last good set stays in use when a fetch fails or brings no usable key. It is dropped
-//! only when a reload names another issuer or another source of keys: a token must never
-//! verify against the keys of an issuer the config no longer names.
+//! The last good set stays in use when a fetch fails or brings no usable key. It is dropped only
+//! when a reload names another issuer or another source of keys: an access token must never verify
+//! against the keys of an issuer the config no longer names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use super::jwks::{JwksError, KeySet, MAX_JWKS_BYTES};
 use crate::config::{AuthConfig, JwksSource};
 
 /// The key set in use, and how it is kept.
-pub struct KeyStore {
+pub struct IssuerKeys {
     inner: Arc<Inner>,
 }
 
@@ -83,7 +83,7 @@ struct State {
     generation: u64,
     loaded_at: Option<Instant>,
     /// SHA-256 of the document `set` was read from: the same document again keeps the same
-    /// set, so that [`KeyStore::refetch`] can tell a changed set by pointer.
+    /// set, so that [`IssuerKeys::refetch`] can tell a changed set by pointer.
     document: Option<[u8; 32]>,
     /// The `jwks_uri` the issuer's metadata named (`JwksSource::Discovered`).
     discovered: Option<Uri>,
@@ -107,10 +107,10 @@ impl State {
     }
 }
 
-impl KeyStore {
+impl IssuerKeys {
     /// A store for `cfg`: a `jwks_file`'s keys loaded now, fetched ones empty until the first fetch.
-    pub fn new(cfg: Option<&AuthConfig>) -> KeyStore {
-        let store = KeyStore {
+    pub fn new(cfg: Option<&AuthConfig>) -> IssuerKeys {
+        let store = IssuerKeys {
             inner: Arc::new(Inner {
                 set: ArcSwapOption::empty(),
                 state: Mutex::new(State::default()),
@@ -164,7 +164,7 @@ impl KeyStore {
         self.inner.state.lock().loaded_at.map(|t| t.elapsed())
     }
 
-    /// A token named a key `seen` lacks: the keys are fetched again (at most once per
+    /// An access token named a key `seen` lacks: the keys are fetched again (at most once per
     /// `jwks_kid_refetch`, one fetch shared by every request that waits for it, each waiting
     /// at most `jwks_timeout`), and the set to try again with is returned if it changed.
     pub async fn refetch(&self, cfg: &AuthConfig, seen: &Arc<KeySet>) -> Option<Arc<KeySet>> {
