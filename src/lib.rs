@@ -1,42 +1,14 @@
 //! `mrtr-router`: a reverse proxy for fleets of MCP servers that sends every round of a
-//! multi-round call to the instance holding it (ARCHITECTURE.md has the code map; docs/ is the book).
+//! multi-round call to the instance holding it.
 //!
-//! The modules, bottom up; arrows go one way, down (`tests/it/architecture.rs` checks it):
-//! - [`config`]  TOML → validated [`Config`], one folder by section; every default in
-//!   [`config::defaults`]. `token` (the sealed token format), `tls` (PEM → rustls: the
-//!   listener's server config, the backends' client configs), `error`
-//!   (the router's own errors, rendered in one place, docs/src/errors.md) and `metrics` (the
-//!   Prometheus registry and the label values users see) sit beside it at the bottom.
-//! - `dialect`   reading the three MCP dialects (docs/src/dialects.md): the handles a request carries
-//!   (`RequestHandles`, one validating scan of the body) and the outcome an answer reports
-//! - `pins`      the pin table of in-flight calls (docs/src/pins.md), on an injectable clock
-//! - `quotas/`   fair shares between callers: who a caller is, GCRA rates, in-flight and
-//!   open-call counts per caller and per tool, each bounded
-//! - `upstream/` the backends: the `Backend` type, its keep-alive pool (HTTP/1.1, plain or
-//!   TLS) and its HTTP/2 connections, membership (configured, discovered, draining), DNS
-//!   lookups, active health checks
-//! - `balance`   consistent-hash ring, bounded load, keyless least-outstanding choice
-//! - `sealing`   where tokens travel: unsealing requests, sealing what answers hand out
-//! - `body`      response bodies: buffered, streamed, SSE split into events
-//! - `telemetry` the access log, OpenTelemetry traces, and the bounded non-blocking writer
-//!   both logs go through (`Observation`: one request as the log and the trace see it)
-//! - `state`     the hot snapshot (config + backends + ring) swapped as one, beside the pin
-//!   table, the metrics and the membership
-//! - `route`     the routing decision (docs/src/routing.md): `route::resolve` serves the proxy,
-//!   `/debug/route` and `mrtr-router route`
-//! - `calls`     the call lifecycle: what each dialect's answer does to the pins
-//! - `proxy/`    the request path as phases: read → handles → decide → forward → observe
-//! - `admin`     `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`
-//! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining,
-//!   the issuer's keys kept fresh
-//! - `server/`   listeners, HTTP/1.1 + h2c (or TLS) connections, the connection watchdog
-//!   (head timeout, a client that left or stopped reading), parked idle connections,
-//!   graceful shutdown
-//! - [`control`] [`RouterControl`]: what operators' tools and the tests may look at
-//! - [`example`], [`demo`]  built-in example MCP workers and the `demo` command
+//! ARCHITECTURE.md is the map: the problem, one request through the phases of `proxy`, each
+//! top-level module with its key types, the invariants, the words the code uses. docs/ is the
+//! book. Each module's own `//!` lines say what it owns.
 //!
-//! [`internals`] re-exports the few inner types the benches, fuzz targets and tests exercise
-//! directly; it is not a stable interface.
+//! This file is the surface: [`Router`] (built from a file or a [`Config`], run on bound
+//! [`Listeners`]), [`RouterControl`] (reload, and a look at backends, ring and pins), and
+//! [`internals`], the few inner types the benches, fuzz targets and tests exercise directly;
+//! it is not a stable interface.
 
 mod admin;
 mod auth;

@@ -7,8 +7,9 @@
 //! may name each other (it declares them and re-exports what they define, they use what it
 //! defines) but sibling files may not form a circle.
 //!
-//! The code map is whole: ARCHITECTURE.md's "Code map" names every module of `src/` (each file
-//! and folder, as a module path) in a heading of its own, and no module that does not exist.
+//! The code map is whole: ARCHITECTURE.md's "Code map" names every top-level module of `src/`
+//! (each file as `name.rs`, each folder as `name/`) in its headings, and nothing that is not
+//! there. What is inside a folder is its own `//!` lines' to say.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,23 +18,25 @@ use std::path::{Path, PathBuf};
 /// `src/upstream/pool.rs`.
 type Module = Vec<String>;
 
-/// Every `.rs` file and every folder below `src`, each with the module it is: `lib.rs` is `[]`,
-/// `upstream/pool.rs` is `["upstream", "pool"]`, `upstream/mod.rs` and the folder `upstream/` are
-/// `["upstream"]`, `main.rs` (the binary's root) is `["main"]`.
-fn source_tree(src: &Path) -> Vec<(Module, PathBuf)> {
+/// Every `.rs` file below `src`, with the module it is: `lib.rs` is `[]`, `upstream/pool.rs`
+/// is `["upstream", "pool"]`, `upstream/mod.rs` is `["upstream"]`, `main.rs` (the binary's
+/// root) is `["main"]`.
+fn source_files(src: &Path) -> Vec<(Module, PathBuf)> {
     let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                stack.push(path.clone());
-            } else if path.extension().is_none_or(|e| e != "rs") {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
             let rel = path.strip_prefix(src).unwrap().with_extension("");
             let mut module: Module = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            if (path.is_file() && module.last().is_some_and(|l| l == "mod")) || module == ["lib"] {
+            if module.last().is_some_and(|l| l == "mod") || module == ["lib"] {
                 module.pop();
             }
             out.push((module, path));
@@ -44,9 +47,9 @@ fn source_tree(src: &Path) -> Vec<(Module, PathBuf)> {
 
 /// The module each source file of the library is.
 fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
-    source_tree(src)
+    source_files(src)
         .into_iter()
-        .filter(|(module, path)| path.is_file() && module.as_slice() != ["main"])
+        .filter(|(module, _)| module.as_slice() != ["main"])
         .collect()
 }
 
@@ -339,26 +342,25 @@ fn the_check_finds_a_circle() {
     );
 }
 
-/// Every module of `src/` by its module path (`crate` for `lib.rs`, `main` for the binary's
-/// root, `upstream::pool`), with the file or folder it is (a folder before its `mod.rs`).
-fn source_modules(src: &Path) -> BTreeMap<String, PathBuf> {
+/// Every top-level entry of `src/` as the code map names it: a file as `name.rs`, a folder as
+/// `name/`, with its path.
+fn top_level_entries(src: &Path) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();
-    for (module, path) in source_tree(src) {
-        let name = match module.is_empty() {
-            true => "crate".to_string(),
-            false => module.join("::"),
-        };
-        let rel = path.strip_prefix(src).unwrap().to_path_buf();
-        let entry = out.entry(name).or_insert_with(|| rel.clone());
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if path.is_dir() {
-            *entry = rel;
+            out.insert(format!("{name}/"), path);
+        } else if name.ends_with(".rs") {
+            out.insert(name, path);
         }
     }
     out
 }
 
-/// The modules a code map names: the backticked module path that opens each heading of the
-/// text's `## Code map` section (fenced code skipped). `None` without such a section.
+/// What a code map names: every backticked name in the headings (`###` and deeper) of the
+/// text's `## Code map` section (fenced code skipped); a heading may name several. `None`
+/// without such a section.
 fn code_map(text: &str) -> Option<BTreeSet<String>> {
     let mut lines = text.lines().skip_while(|l| l.trim_end() != "## Code map");
     lines.next()?;
@@ -375,79 +377,81 @@ fn code_map(text: &str) -> Option<BTreeSet<String>> {
         if line.starts_with("## ") {
             break;
         }
-        let Some(heading) = line.strip_prefix('#').map(|h| h.trim_start_matches('#')) else {
+        if !line.starts_with("###") {
             continue;
-        };
-        if let Some(module) = heading.trim_start().strip_prefix('`').and_then(|h| h.split('`').next()) {
-            named.insert(module.to_string());
         }
+        // Between the backticks: the odd pieces of the heading split at them.
+        named.extend(line.split('`').skip(1).step_by(2).map(str::to_string));
     }
     Some(named)
 }
 
-/// What is wrong with `architecture`'s code map of the modules in `src`, one line each.
+/// What is wrong with `architecture`'s code map of the top level of `src`, one line each.
 fn code_map_problems(src: &Path, architecture: &str) -> Vec<String> {
     let Some(named) = code_map(architecture) else {
         return vec!["ARCHITECTURE.md has no \"## Code map\" section".to_string()];
     };
-    let modules = source_modules(src);
-    let mut problems: Vec<String> = modules
-        .iter()
-        .filter(|(m, _)| !named.contains(*m))
-        .map(|(m, path)| {
+    let entries = top_level_entries(src);
+    let mut problems: Vec<String> = entries
+        .keys()
+        .filter(|e| !named.contains(*e))
+        .map(|e| {
             format!(
-                "ARCHITECTURE.md's code map does not name the module `{m}` (src/{}): add a heading ### `{m}` (or ####) saying what it owns and must never do",
-                path.display()
+                "ARCHITECTURE.md's code map does not name `{e}` (src/{e}): name it in a heading (### `{e}`) saying what it owns and must never do"
             )
         })
         .collect();
     problems.extend(
         named
             .iter()
-            .filter(|m| !modules.contains_key(*m))
-            .map(|m| format!("ARCHITECTURE.md's code map names `{m}`, which is no module of src/")),
+            .filter(|n| !entries.contains_key(*n))
+            .map(|n| format!("ARCHITECTURE.md's code map names `{n}`, which is no file or folder of src/")),
     );
     problems
 }
 
 #[test]
-fn the_code_map_names_every_module_and_no_other() {
+fn the_code_map_names_every_top_level_module_and_no_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let modules = source_modules(&root.join("src"));
+    let entries = top_level_entries(&root.join("src"));
     assert!(
-        modules.len() > 40 && modules.contains_key("crate") && modules.contains_key("upstream::pool"),
-        "read the modules of src/: {:?}",
-        modules.keys().collect::<Vec<_>>()
+        entries.len() > 20 && entries.contains_key("lib.rs") && entries.contains_key("upstream/"),
+        "read the top level of src/: {:?}",
+        entries.keys().collect::<Vec<_>>()
     );
     let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
     let problems = code_map_problems(&root.join("src"), &architecture);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// The check itself can fail: a module the map leaves out, and one it names that is not there,
-/// are each named; headings in code blocks and other sections do not count.
+/// The check itself can fail: an entry the map leaves out, and one it names that is not there,
+/// are each named; headings in code blocks and other sections, and names outside headings, do
+/// not count; a heading may name several entries.
 #[test]
 fn the_code_map_check_finds_a_missing_and_an_extra_module() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
     std::fs::create_dir_all(src.join("up")).unwrap();
-    for file in ["lib.rs", "main.rs", "a.rs", "up/mod.rs", "up/pool.rs", "up/notes.txt"] {
+    for file in ["lib.rs", "main.rs", "a.rs", "up/mod.rs", "up/pool.rs", "notes.txt"] {
         std::fs::write(src.join(file), "").unwrap();
     }
-    let map = |entries: &str| format!("# Architecture\n\n## Code map\n\n{entries}\n## Invariants\n\n### `gone`\n");
-    let whole = "### `crate`\n### `main`\n### `a`\nSee `up`.\n### `up`\n#### `up::pool`\n";
+    let map = |entries: &str| format!("# Architecture\n\n## Code map\n\n{entries}\n## Invariants\n\n### `gone.rs`\n");
+    let whole = "### `lib.rs`, `main.rs`\n### `a.rs`\nSee `up/`.\n### `up/`\n";
     assert_eq!(code_map_problems(src, &map(whole)), Vec::<String>::new());
 
     let problems = code_map_problems(
         src,
-        &map("### `crate`\n### `main`\n### `a`\n```\n### `up`\n```\n#### `up::pool`\n"),
+        &map("### `lib.rs`, `main.rs`\n### `a.rs`\nSee `up/`.\n```\n### `up/`\n```\n"),
     );
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(problems[0].contains("`up` (src/up)"), "{problems:?}");
+    assert!(problems[0].contains("`up/` (src/up/)"), "{problems:?}");
 
-    let problems = code_map_problems(src, &map(&format!("{whole}#### `up::conn`\n")));
+    let problems = code_map_problems(src, &map(&format!("{whole}#### `up/pool.rs`\n")));
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(problems[0].contains("`up::conn`, which is no module"), "{problems:?}");
+    assert!(
+        problems[0].contains("`up/pool.rs`, which is no file or folder"),
+        "{problems:?}"
+    );
 
     assert_eq!(code_map_problems(src, "# Architecture\n").len(), 1);
 }
