@@ -1,5 +1,5 @@
-//! The routing decision (docs/src/routing.md): which backend a request's handles choose, and why. One
-//! [`resolve`] (unseal, then decide) serves the proxy, `mrtr-router route` and `/debug/route`,
+//! The routing decision (docs/src/routing.md): which backend a request's handles choose, and why.
+//! One [`resolve`] (unseal, then decide) serves the proxy, `mrtr-router route` and `/debug/route`,
 //! so all three explain the same logic.
 
 use std::fmt;

@@ -1,6 +1,6 @@
-//! Reading the three MCP dialects (docs/src/dialects.md): the handles a request carries and the outcome an
-//! answer reports. Only the envelope fields the router uses are parsed; everything else is
-//! skipped without allocating.
+//! Reading the three MCP dialects (docs/src/dialects.md): the handles a request carries and the
+//! outcome an answer reports. Only the envelope fields the router uses are parsed; everything else
+//! is skipped without allocating.
 
 mod handles;
 mod outcome;
