@@ -40,11 +40,11 @@ fn auth(c: &mut Criterion) {
         })
     };
     let fresh = claims(secs + 3600, AUDIENCE);
-    let es256 = ec.token(&fresh);
-    let rs256 = rsa.token(&fresh);
-    let eddsa = ed.token(&fresh);
-    let expired = rsa.token(&claims(secs - 3600, AUDIENCE));
-    let foreign = rsa.token(&claims(secs + 3600, "https://api.example.com"));
+    let es256 = ec.bearer(&fresh);
+    let rs256 = rsa.bearer(&fresh);
+    let eddsa = ed.bearer(&fresh);
+    let expired = rsa.bearer(&claims(secs - 3600, AUDIENCE));
+    let foreign = rsa.bearer(&claims(secs + 3600, "https://api.example.com"));
     let bad_signature = {
         let (signed, sig) = rs256.rsplit_once('.').unwrap();
         let flipped = if sig.starts_with('A') { "B" } else { "A" };

@@ -40,5 +40,5 @@ fn main() {
         "exp": now + 86_400,
         "jti": "bench",
     });
-    println!("{}", signer.token(&claims));
+    println!("{}", signer.bearer(&claims));
 }

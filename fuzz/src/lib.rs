@@ -928,9 +928,9 @@ impl JwtClaims {
         }
     }
 
-    /// The token of these claims, signed by the case's key.
-    pub fn token(&self) -> String {
-        jwt_keys().signers[self.signer % 3].token(&self.claims())
+    /// The bearer of these claims, signed by the case's key.
+    pub fn bearer(&self) -> String {
+        jwt_keys().signers[self.signer % 3].bearer(&self.claims())
     }
 }
 
@@ -938,7 +938,7 @@ impl JwtClaims {
 /// fails as the model says; an accepted one reads back its subject and expiry. Returns the
 /// verdict.
 pub fn check_jwt_claims(case: &JwtClaims) -> Result<(), AuthFailure> {
-    let token = case.token();
+    let token = case.bearer();
     let now = UNIX_EPOCH + Duration::from_secs(case.now);
     let got = jwt_policy(&case.audiences, case.leeway).verify(&token, &jwt_keys().set, now);
     let expected = case.model();

@@ -59,17 +59,17 @@ fn hs256(header: &Value, claims: &Value, secret: &[u8]) -> String {
 /// Every row of the main fleet (`table_auth`): refusals of cases 2 to 8 and the requests that
 /// pass beside them.
 fn table(env: &Env) -> Vec<(&'static str, Req, Want)> {
-    let good = env.token("mcp");
+    let good = env.bearer("mcp");
     let now = now_secs();
     let (ec, rsa) = (&env.issuer.ec, &env.issuer.rsa);
     let base = env.claims("mcp", |_| {});
     let header = |alg: &str, kid: &str| json!({"alg": alg, "typ": "at+jwt", "kid": kid}).to_string();
     // A ping with a token of `signer` over good claims, over claims `edit` changed, or with a
     // header of its own.
-    let signed_by = |signer: &Signer| ping().bearer(signer.token(&base));
-    let edited = |edit: &dyn Fn(&mut Value)| ping().bearer(ec.token(&env.claims("mcp", edit)));
+    let signed_by = |signer: &Signer| ping().bearer(signer.bearer(&base));
+    let edited = |edit: &dyn Fn(&mut Value)| ping().bearer(ec.bearer(&env.claims("mcp", edit)));
     let headed = |signer: &Signer, header: String| ping().bearer(signer.sign(&header, &base.to_string()));
-    let scoped = |req: Req, scope: &str| req.bearer(env.token(scope));
+    let scoped = |req: Req, scope: &str| req.bearer(env.bearer(scope));
     let without = |claim: &'static str| move |c: &mut Value| drop(c.as_object_mut().unwrap().remove(claim));
     let (evil, other_port) = ("http://evil.example.com", "http://127.0.0.1:1");
     let in_query = format!("/mcp?access_token={good}");
@@ -242,7 +242,7 @@ fn table(env: &Env) -> Vec<(&'static str, Req, Want)> {
         ("a tool no [[auth.tool]] names", scoped(tool("sleep"), "mcp"), ok()),
         (
             "scopes as an scp array",
-            tasks_get().bearer(ec.token(&env.claims("", |c| {
+            tasks_get().bearer(ec.bearer(&env.claims("", |c| {
                 without("scope")(c);
                 c["scp"] = json!(["mcp", "tasks"]);
             }))),
@@ -314,7 +314,7 @@ async fn passthrough_no_identity_headers_and_an_origin_list() {
     })
     .await;
     (env.passthrough, env.identity) = (true, false);
-    let good = env.token("");
+    let good = env.bearer("");
     let app = "https://app.example.com";
     let rows = vec![
         (
@@ -397,7 +397,7 @@ async fn keys_not_loadable_are_503_until_the_issuer_serves_them() {
         )
     })
     .await;
-    let good = env.token("");
+    let good = env.bearer("");
     let unavailable = Want::Refused {
         status: 503,
         reason: "auth_unavailable",
@@ -459,7 +459,7 @@ async fn keys_not_loadable_are_503_until_the_issuer_serves_them() {
     let rotated = Signer::p256(Some("ec-2"));
     let keys = [env.issuer.ec.jwk(), rotated.jwk()];
     jwks.publish(crate::support::auth::signer::jwks(&keys));
-    let new_token = rotated.token(&env.claims("", |_| {}));
+    let new_token = rotated.bearer(&env.claims("", |_| {}));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let body = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
@@ -477,7 +477,7 @@ async fn keys_not_loadable_are_503_until_the_issuer_serves_them() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let stranger = Signer::p256(Some("ec-never")).token(&env.claims("", |_| {}));
+    let stranger = Signer::p256(Some("ec-never")).bearer(&env.claims("", |_| {}));
     check(
         &env,
         2,
@@ -529,7 +529,7 @@ fn challenges_parse_as_rfc_9110_writes_them() {
 async fn a_reload_reads_a_rotated_jwks_file_though_the_config_is_unchanged() {
     let env = Env::start(&["mcp"], table_auth).await;
     let rotated = crate::support::auth::Signer::p256(Some("ec-2"));
-    let token = rotated.token(&env.claims("mcp", |_| {}));
+    let token = rotated.bearer(&env.claims("mcp", |_| {}));
     let url = format!("http://{}/mcp", env.fleet.router);
     let ping = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})).unwrap();
     let call = |token: String| {
@@ -542,7 +542,7 @@ async fn a_reload_reads_a_rotated_jwks_file_though_the_config_is_unchanged() {
     };
     let before = call(token.clone()).await;
     assert_eq!(before.status, 401, "a key the file does not hold: {before:?}");
-    let dropped = env.issuer.rsa.token(&env.claims("mcp", |_| {}));
+    let dropped = env.issuer.rsa.bearer(&env.claims("mcp", |_| {}));
     let first = call(dropped.clone()).await;
     assert_eq!(
         first.status, 200,
@@ -553,9 +553,9 @@ async fn a_reload_reads_a_rotated_jwks_file_though_the_config_is_unchanged() {
     env.fleet.control.reload().unwrap();
     let after = call(token).await;
     assert_eq!(after.status, 200, "the rotated key, read at the reload: {after:?}");
-    let old = call(env.token("mcp")).await;
+    let old = call(env.bearer("mcp")).await;
     assert_eq!(old.status, 200, "the key kept in the file still verifies: {old:?}");
-    let gone = call(env.issuer.rsa.token(&env.claims("mcp", |_| {}))).await;
+    let gone = call(env.issuer.rsa.bearer(&env.claims("mcp", |_| {}))).await;
     assert_eq!(
         gone.status, 401,
         "the key dropped from the file no longer does: {gone:?}"

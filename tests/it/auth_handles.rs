@@ -36,7 +36,7 @@ fn mismatch() -> Want {
 fn token_of(env: &Env, sub: &str, scope: &str, client: &str) -> String {
     let mut c = claims(&env.resource, sub, scope);
     c["client_id"] = json!(client);
-    env.issuer.ec.token(&c)
+    env.issuer.ec.bearer(&c)
 }
 
 /// A handle of a sealed kind sent in the clear by a verified caller.

@@ -133,8 +133,8 @@ async fn post_raw(env: &Env, headers: &[(&str, &str)], body: &str) -> Answer {
 #[tokio::test]
 async fn a_batch_is_judged_by_every_element() {
     let env = Env::start(&["mcp"], scoped_tool).await;
-    let short = format!("Bearer {}", env.token("mcp"));
-    let scoped = format!("Bearer {}", env.token("mcp payments:write"));
+    let short = format!("Bearer {}", env.bearer("mcp"));
+    let scoped = format!("Bearer {}", env.bearer("mcp payments:write"));
     let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list"});
     let pay = call(2, "transfer-funds");
     let batches = [
@@ -204,7 +204,7 @@ async fn a_batch_is_judged_by_every_element() {
 #[tokio::test]
 async fn a_body_whose_keys_read_two_ways_is_refused() {
     let env = Env::start(&["mcp"], scoped_tool).await;
-    let short = format!("Bearer {}", env.token("mcp"));
+    let short = format!("Bearer {}", env.bearer("mcp"));
     let bodies = [
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"transfer-funds"}}"#,
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","name":"transfer-funds"}}"#,
@@ -272,7 +272,7 @@ async fn a_body_whose_keys_read_two_ways_is_refused() {
 #[tokio::test]
 async fn methods_with_a_body_but_post_are_not_forwarded_past_the_scopes() {
     let env = Env::start(&["mcp"], scoped_tool).await;
-    let short = format!("Bearer {}", env.token("mcp"));
+    let short = format!("Bearer {}", env.bearer("mcp"));
     for method in [Method::PUT, Method::PATCH, Method::from_bytes(b"PROPFIND").unwrap()] {
         let url = env.fleet.url();
         let body = Bytes::from(call(1, "transfer-funds").to_string());
@@ -309,7 +309,7 @@ async fn methods_with_a_body_but_post_are_not_forwarded_past_the_scopes() {
 #[tokio::test]
 async fn the_identity_headers_arrive_whatever_connection_names() {
     let env = Env::start(&["mcp"], scoped_tool).await;
-    let token = format!("Bearer {}", env.token("mcp"));
+    let token = format!("Bearer {}", env.bearer("mcp"));
     let named = "x-mcp-auth-subject, x-mcp-auth-scopes, X-Mcp-Auth-Issuer, x-mcp-auth-client-id, keep-alive";
     let a = post_raw(
         &env,
@@ -374,7 +374,7 @@ async fn a_path_that_reads_two_ways_is_refused_before_the_public_paths_are_read(
             .status,
         200
     );
-    let token = format!("Bearer {}", env.token("mcp"));
+    let token = format!("Bearer {}", env.bearer("mcp"));
     assert_eq!(
         post_raw(&env, &[("authorization", &token)], &call(2, "whoami").to_string())
             .await
@@ -633,7 +633,7 @@ async fn a_routing_token_echoed_again_and_again_bounds_its_call() {
 #[tokio::test]
 async fn headers_that_read_two_ways_or_name_what_the_body_does_not_are_refused() {
     let env = Env::start(&["mcp"], scoped_tool).await;
-    let token = format!("Bearer {}", env.token("mcp"));
+    let token = format!("Bearer {}", env.bearer("mcp"));
     let auth = ("authorization", token.as_str());
     let ping = rpc(1, "ping", json!({})).to_string();
     let call = call(2, "whoami").to_string();

@@ -405,7 +405,7 @@ async fn an_unknown_kid_fetches_once_for_many_requests_then_waits_out_the_deboun
     // The issuer rotates to `b`; a token of `b` does not verify until the keys are fetched again.
     issuer.answer("/jwks", json(keys_of(&[&b])));
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-    let token = b.token(&json!({
+    let token = b.bearer(&json!({
         "iss": "https://idp.example.com", "aud": "https://mcp.example.com/mcp", "sub": "u",
         "exp": now + 300, "iat": now,
     }));

@@ -629,7 +629,7 @@ fn jwt_claims_verdicts_match_the_model() {
 /// A token of every key, with claims `check_jwt_changes` accepts (subject and expiry drawn).
 fn accepted_token() -> impl Strategy<Value = String> {
     (0..3usize, "[a-z0-9-]{1,12}", 1i64..4000)
-        .prop_map(|(signer, sub, lifetime)| checks::JwtClaims::accepted(signer, &sub, lifetime).token())
+        .prop_map(|(signer, sub, lifetime)| checks::JwtClaims::accepted(signer, &sub, lifetime).bearer())
 }
 
 #[test]

@@ -249,7 +249,7 @@ async fn a_flood_by_one_subject_leaves_another_subject_its_share() {
     })
     .await;
     let resource = fleet.url();
-    let bearer = |sub: &str| format!("Bearer {}", issuer.ed.token(&claims(&resource, sub, "")));
+    let bearer = |sub: &str| format!("Bearer {}", issuer.ed.bearer(&claims(&resource, sub, "")));
     // Both from 127.0.0.1: only the subject tells them apart.
     let a = headers(&[("authorization", &bearer("caller-a"))]);
     let b = headers(&[("authorization", &bearer("caller-b"))]);

@@ -10,10 +10,10 @@ fn a_key_without_kid_serves_only_tokens_without_kid() {
     let signer = Signer::ed25519([9; 32], None);
     let set = KeySet::parse(jwks(&[signer.jwk()]).as_bytes()).unwrap().keys;
     let p = policy();
-    assert!(p.verify(&signer.token(&claims()), &set, now()).is_ok());
+    assert!(p.verify(&signer.bearer(&claims()), &set, now()).is_ok());
     let named = Signer::ed25519([9; 32], Some("ed-9"));
     assert_eq!(
-        p.verify(&named.token(&claims()), &set, now()),
+        p.verify(&named.bearer(&claims()), &set, now()),
         Err(AuthFailure::UnknownKey {
             kid: Some("ed-9".into())
         })
@@ -32,7 +32,7 @@ fn the_key_alg_narrows_what_it_verifies() {
         AlgorithmSet::of(&[Algorithm::Ps256])
     );
     assert_eq!(
-        policy().verify(&k.rsa.token(&claims()), &set, now()),
+        policy().verify(&k.rsa.bearer(&claims()), &set, now()),
         Err(AuthFailure::KeyMismatch)
     );
     let pss = k.rsa.sign(
@@ -47,15 +47,15 @@ fn keys_sharing_a_kid_serve_their_own_algorithms() {
     let rsa = Signer::rsa(Some("shared"));
     let ec = Signer::p256(Some("shared"));
     let set = KeySet::parse(jwks(&[ec.jwk(), rsa.jwk()]).as_bytes()).unwrap().keys;
-    for bearer in [rsa.token(&claims()), ec.token(&claims())] {
+    for bearer in [rsa.bearer(&claims()), ec.bearer(&claims())] {
         assert!(policy().verify(&bearer, &set, now()).is_ok());
     }
     // Two keys of one type under one kid: the first is the one, a second is never tried.
     let ec2 = Signer::p256(Some("shared"));
     let set = KeySet::parse(jwks(&[ec.jwk(), ec2.jwk()]).as_bytes()).unwrap().keys;
-    assert!(policy().verify(&ec.token(&claims()), &set, now()).is_ok());
+    assert!(policy().verify(&ec.bearer(&claims()), &set, now()).is_ok());
     assert_eq!(
-        policy().verify(&ec2.token(&claims()), &set, now()),
+        policy().verify(&ec2.bearer(&claims()), &set, now()),
         Err(AuthFailure::BadSignature)
     );
 }
@@ -145,7 +145,7 @@ fn the_key_set_skips_what_it_cannot_use() {
         .collect();
     assert_eq!(parsed.skipped, expected);
     // The key with a leading zero in `n` verifies like the other.
-    let bearer = Signer::rsa(Some("zero")).token(&claims());
+    let bearer = Signer::rsa(Some("zero")).bearer(&claims());
     assert!(policy().verify(&bearer, &parsed.keys, now()).is_ok());
 }
 
@@ -196,5 +196,5 @@ fn only_a_document_that_is_no_key_set_is_an_error() {
 }
 
 fn verify_with(set: &KeySet) -> Result<Verified, AuthFailure> {
-    policy().verify(&keys().p256.token(&claims()), set, now())
+    policy().verify(&keys().p256.bearer(&claims()), set, now())
 }

@@ -13,10 +13,10 @@ fn every_algorithm_verifies() {
         &claims().to_string(),
     );
     let bearers = [
-        ("RS256", k.rsa.token(&claims())),
+        ("RS256", k.rsa.bearer(&claims())),
         ("PS256", pss),
-        ("ES256", k.p256.token(&claims())),
-        ("EdDSA", k.ed25519.token(&claims())),
+        ("ES256", k.p256.bearer(&claims())),
+        ("EdDSA", k.ed25519.bearer(&claims())),
     ];
     for (alg, bearer) in bearers {
         let v = verify(&bearer).unwrap_or_else(|e| panic!("{alg}: {e}"));
@@ -232,7 +232,7 @@ fn refusals() {
         ),
         ("signature changed", flipped_sig, F::BadSignature),
         ("signature short", format!("{h}.{c}.{}", &s[..20]), F::BadSignature),
-        ("signed by another key", other_p256.token(&claims()), F::BadSignature),
+        ("signed by another key", other_p256.bearer(&claims()), F::BadSignature),
         ("claims of another token", format!("{h}.{}.{s}", b64(b"{}")), F::Issuer),
         (
             "unknown kid",
@@ -436,8 +436,8 @@ fn the_policy_limits_the_algorithms() {
         algorithms: AlgorithmSet::of(&[Algorithm::Rs256]),
         ..policy()
     };
-    assert!(rs_only.verify(&k.rsa.token(&claims()), &k.set, now()).is_ok());
-    for bearer in [k.p256.token(&claims()), k.ed25519.token(&claims())] {
+    assert!(rs_only.verify(&k.rsa.bearer(&claims()), &k.set, now()).is_ok());
+    for bearer in [k.p256.bearer(&claims()), k.ed25519.bearer(&claims())] {
         assert_eq!(rs_only.verify(&bearer, &k.set, now()), Err(AuthFailure::Algorithm));
     }
     assert_eq!(

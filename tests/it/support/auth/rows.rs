@@ -84,9 +84,9 @@ impl Env {
         c
     }
 
-    /// A good token of `alice` with `scope` (ES256).
-    pub fn token(&self, scope: &str) -> String {
-        self.issuer.ec.token(&self.claims(scope, |_| {}))
+    /// A good bearer of `alice` with `scope` (ES256).
+    pub fn bearer(&self, scope: &str) -> String {
+        self.issuer.ec.bearer(&self.claims(scope, |_| {}))
     }
 }
 
