@@ -26,7 +26,8 @@
 //!   `/debug/route` and `mrtr-router route`
 //! - `calls`     the call lifecycle: what each dialect's answer does to the pins
 //! - `proxy/`    the request path as phases: read → handles → decide → forward → observe
-//! - `admin`     `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`
+//! - `admin/`    `/metrics`, `/healthz`, `/readyz`, `/backends`, `/debug/route`, the status
+//!   page (`/`, `/api/status`, `/api/events`) and its one-second history of the metrics
 //! - `fleet`     background upkeep: pin expiry, health checks, discovery, config watch, draining,
 //!   the issuer's keys kept fresh
 //! - `server/`   listeners, HTTP/1.1 + h2c (or TLS) connections, the connection watchdog
@@ -190,8 +191,15 @@ impl Router {
         let shared = self.shared;
         // The admin listener outlives the proxy's drain: `/readyz` says 503 meanwhile.
         let stop_admin = Arc::new(Shutdown::default());
-        let admin = tokio::spawn(server::serve_admin(shared.clone(), listeners.admin, stop_admin.clone()));
+        let status = admin::Status::new();
+        let admin = tokio::spawn(server::serve_admin(
+            shared.clone(),
+            status.clone(),
+            listeners.admin,
+            stop_admin.clone(),
+        ));
         let upkeep = [
+            tokio::spawn(admin::sample(shared.clone(), status)),
             tokio::spawn(fleet::upkeep(shared.clone())),
             tokio::spawn(fleet::health_checks(shared.clone())),
             tokio::spawn(fleet::discovery(shared.clone())),
