@@ -249,10 +249,17 @@ pub(super) fn label<'a>(labels: &'a [prometheus::proto::LabelPair], name: &str) 
 /// What the metrics say now, for one sample.
 pub fn totals(metrics: &Metrics, backends: &[Arc<str>]) -> Totals {
     let all = |_: &[prometheus::proto::LabelPair]| true;
-    let answered = sum_by(&metrics.requests_total, "backend", all);
-    let failed = sum_by(&metrics.requests_total, "backend", |l| {
-        label(l, "status").starts_with('5')
-    });
+    // One pass over `mrtr_requests_total`: all answers, and the 5xx ones, per backend.
+    let (mut answered, mut failed) = (HashMap::<String, f64>::new(), HashMap::<String, f64>::new());
+    for family in metrics.requests_total.collect() {
+        for m in family.get_metric() {
+            let (labels, n) = (m.get_label(), m.get_counter().get_value());
+            *answered.entry(label(labels, "backend").to_string()).or_default() += n;
+            if label(labels, "status").starts_with('5') {
+                *failed.entry(label(labels, "backend").to_string()).or_default() += n;
+            }
+        }
+    }
     let upstream = sum_by(&metrics.upstream_errors, "backend", all);
     let router_errors: f64 = sum_by(&metrics.router_errors, "", all).values().sum();
     let proxied: f64 = answered.values().sum();

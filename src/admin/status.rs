@@ -50,8 +50,11 @@ pub struct Status {
     pub(crate) history: History,
     /// The number of the newest sample, for the event streams to wait on.
     samples: watch::Sender<u64>,
-    shares: Mutex<Option<(Weak<Snapshot>, Arc<Vec<(BackendKey, f64)>>)>>,
+    shares: Mutex<Option<(Weak<Snapshot>, Shares)>>,
 }
+
+/// Each ring member's share of new keys.
+type Shares = Arc<Vec<(BackendKey, f64)>>;
 
 /// What one reader may see, and from which sample on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +85,7 @@ impl Status {
     }
 
     /// Each ring member's share of new keys in `snap` (computed once per snapshot).
-    fn shares(&self, snap: &Arc<Snapshot>) -> Arc<Vec<(BackendKey, f64)>> {
+    fn shares(&self, snap: &Arc<Snapshot>) -> Shares {
         let mut cached = self.shares.lock();
         if let Some((of, shares)) = cached.as_ref() {
             // The Weak keeps the old snapshot's allocation, so its address is never reused

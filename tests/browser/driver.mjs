@@ -98,6 +98,8 @@ function read() {
       auth_shown: section('auth'),
       catalog_shown: section('catalog'),
       images: document.querySelectorAll('img').length,
+      render_ms: Number(document.body.dataset.renderMs || 0),
+      event_bytes: Number(document.body.dataset.eventBytes || 0),
       csp_violations: window.__csp || [],
       title: document.title,
     };

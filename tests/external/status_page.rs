@@ -250,13 +250,33 @@ async fn the_status_page_shows_the_fleet_live_and_safely_and_drains_with_the_tok
     }
     let shown_after = killed.elapsed();
 
-    // The picture in the book: the page as it is now.
-    browser.wait_updates(1).await;
+    // The picture in the book: the page as it is now, under a little traffic.
+    let (client, url) = (fleet.client.clone(), fleet.url());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let load = tokio::spawn(async move {
+        for i in 0..1000u32 {
+            if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+            let mid = format!("load-{i}");
+            let body = Bytes::from(start_call(&mid, 2).to_string());
+            send(&client, Method::POST, &url, &[], body).await;
+            if i % 3 != 0 {
+                let body = Bytes::from(confirm(&mid, 2).to_string());
+                send(&client, Method::POST, &url, &[], body).await;
+            }
+            tokio::time::sleep(Duration::from_millis(10 + u64::from(i % 40))).await;
+        }
+    });
+    browser.wait_updates(8).await;
     let image = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/images/status-page.png");
     std::fs::create_dir_all(image.parent().unwrap()).unwrap();
     browser
         .call(json!({"op": "screenshot", "path": image.to_str().unwrap()}))
         .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.unwrap();
     let png = std::fs::read(&image).unwrap();
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
 
@@ -281,4 +301,41 @@ async fn the_status_page_shows_the_fleet_live_and_safely_and_drains_with_the_tok
         "status page: worker-0 down on the page {shown_after:?} after it was killed; {} requests, all to {origin}",
         requests.len()
     );
+}
+
+/// What the page costs with 100 backends (docs/src/observability.md states these figures): the
+/// time to its first picture, the size of the first and of a later event, and the tab's time to
+/// render an update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_with_100_backends() {
+    let mut workers = Vec::new();
+    for i in 0..100 {
+        workers.push(start_worker(&format!("w-{i:03}")).await);
+    }
+    let fleet = Fleet::start_with(workers, "").await;
+    for i in 0..300 {
+        fleet.post(&[], &start_call(&format!("c-{i}"), 2)).await;
+    }
+    let whole = get(&fleet, "/api/status", None).await.body.len();
+    let mut browser = Browser::start().await;
+    let t = Instant::now();
+    browser.goto(&format!("http://{}/", fleet.admin)).await;
+    let first_picture = t.elapsed();
+    let first = browser.read().await;
+    browser.wait_updates(5).await;
+    let later = browser.read().await;
+    assert_eq!(later["backends"].as_array().unwrap().len(), 100);
+    let (first_bytes, update_bytes) = (
+        first["event_bytes"].as_u64().unwrap(),
+        later["event_bytes"].as_u64().unwrap(),
+    );
+    let render = later["render_ms"].as_f64().unwrap();
+    println!(
+        "100 backends: first picture after {first_picture:?}; /api/status {whole} bytes; first event {first_bytes} bytes, \
+         an update {update_bytes} bytes; the tab renders an update in {render} ms"
+    );
+    assert!(update_bytes < 100_000, "{update_bytes} bytes an update");
+    assert!(render < 250.0, "{render} ms to render an update");
+    let report = browser.call(json!({"op": "report"})).await;
+    assert_eq!(report["pageErrors"], json!([]), "{report:#}");
 }

@@ -97,18 +97,29 @@
   }
 
   // ---- sparklines and the rounds histogram: canvas, no markup ----------------------------------
+  // The canvas's CSS size is its width and height attributes as first set: read once, never
+  // from layout (reading layout after writing the DOM would force a layout per sparkline).
   function spark(canvas, values, max, color) {
-    const dpr = window.devicePixelRatio || 1;
-    const w = canvas.clientWidth || canvas.width, h = canvas.clientHeight || canvas.height;
-    if (canvas.width !== Math.round(w * dpr)) { canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr); }
+    if (!canvas.dataset.w) {
+      const dpr = window.devicePixelRatio || 1;
+      canvas.dataset.w = String(canvas.width);
+      canvas.dataset.h = String(canvas.height);
+      canvas.dataset.dpr = String(dpr);
+      canvas.width = Math.round(canvas.width * dpr);
+      canvas.height = Math.round(canvas.height * dpr);
+    }
+    const w = Number(canvas.dataset.w), h = Number(canvas.dataset.h), dpr = Number(canvas.dataset.dpr);
     const g = canvas.getContext('2d');
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.clearRect(0, 0, w, h);
     g.fillStyle = '#eef1f4';
     g.fillRect(0, 0, w, h);
     if (!values.length) return;
-    const top = Math.max(max || 0, ...values, 1e-9);
-    const step = w / (WINDOW - 1);
+    let top = Math.max(max || 0, 1e-9);
+    for (const v of values) if (v > top) top = v;
+    // The time axis: the whole ring once it is full, at least the last minute before.
+    const span = Math.min(WINDOW, Math.max(60, values.length));
+    const step = w / (span - 1);
     const x0 = w - (values.length - 1) * step;
     g.beginPath();
     values.forEach((v, i) => {
@@ -161,6 +172,7 @@
 
   // ---- rendering -----------------------------------------------------------------------------
   function render(doc) {
+    const t0 = performance.now();
     state.doc = doc;
     takeHistory(doc);
     const now = doc.generated_at_ms;
@@ -174,6 +186,8 @@
     renderCatalog(doc.catalog);
     if ('config' in doc) renderConfig(doc.config, doc.access);
     state.updates++;
+    // For the tests and the curious: what the last update cost this tab.
+    document.body.dataset.renderMs = (performance.now() - t0).toFixed(2);
     document.body.dataset.updates = String(state.updates);
     document.body.dataset.seq = String(doc.history.to);
   }
@@ -421,7 +435,11 @@
         const event = buf.slice(0, end);
         buf = buf.slice(end + 2);
         const data = event.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
-        if (data) { render(JSON.parse(data)); state.failures = 0; }
+        if (data) {
+          document.body.dataset.eventBytes = String(data.length);
+          render(JSON.parse(data));
+          state.failures = 0;
+        }
       }
     }
   }
