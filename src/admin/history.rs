@@ -1,7 +1,7 @@
 //! The status page's history: a bounded ring of one-second samples of the metrics (requests and
 //! errors per second, the router's and each backend's), and the last outcome of the config
 //! reloads and of the issuer's key refreshes, all read off the Prometheus collectors by
-//! [`sample`], a task on a one-second timer. The request path never writes here: it counts in
+//! `status::sample`, a task on a one-second timer. The request path never writes here: it counts in
 //! the metrics as it always does, and this reads them.
 //!
 //! Memory: [`SAMPLES`] one-second samples of two `u32` per series, 2,400 bytes per backend and
@@ -16,9 +16,6 @@ use parking_lot::Mutex;
 use prometheus::core::Collector;
 
 use crate::metrics::Metrics;
-use crate::state::Shared;
-
-use super::status::Status;
 
 /// One-second samples kept: five minutes.
 pub const SAMPLES: usize = 300;
@@ -277,16 +274,6 @@ pub fn totals(metrics: &Metrics, backends: &[Arc<str>]) -> Totals {
             .collect(),
         reloads: (n(&reloads, "ok"), n(&reloads, "error")),
         refreshes: (n(&refreshes, "ok"), n(&refreshes, "error")),
-    }
-}
-
-/// Takes a sample every [`INTERVAL`] until aborted, and tells the event streams.
-pub async fn sample(shared: Arc<Shared>, status: Arc<Status>) {
-    let mut tick = tokio::time::interval(INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        status.sample(&shared);
     }
 }
 

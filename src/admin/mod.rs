@@ -5,8 +5,7 @@ mod history;
 mod status;
 mod ui;
 
-pub use history::sample;
-pub use status::Status;
+pub use status::{sample, Status};
 
 use std::sync::atomic::Ordering;
 

@@ -100,6 +100,16 @@ impl Status {
     }
 }
 
+/// Takes a sample every [`history::INTERVAL`] until aborted, and tells the event streams.
+pub async fn sample(shared: Arc<Shared>, status: Arc<Status>) {
+    let mut tick = tokio::time::interval(history::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        status.sample(&shared);
+    }
+}
+
 fn outcome(o: &LastOutcome) -> Value {
     match o.last {
         Some((ok, at_ms)) => json!({"result": if ok { "ok" } else { "error" }, "at_ms": at_ms}),
@@ -455,10 +465,15 @@ fn events(shared: &Arc<Shared>, status: &Arc<Status>, auth: Option<HeaderValue>,
         config_sent: None,
     };
     let stream = futures_util::stream::unfold(reader, |mut r| async move {
-        if !r.first {
-            match tokio::time::timeout_at(r.until, r.samples.changed()).await {
-                Ok(Ok(())) => {}
-                _ => return None,
+        // The next sample; a sampler that stopped (a shutdown ends it) ends the stream within
+        // two intervals.
+        while !r.first {
+            let wait = (tokio::time::Instant::now() + 2 * history::INTERVAL).min(r.until);
+            match tokio::time::timeout_at(wait, r.samples.changed()).await {
+                Ok(Ok(())) => break,
+                Ok(Err(_)) => return None,
+                Err(_) if wait == r.until || r.shared.shutting_down.load(Ordering::SeqCst) => return None,
+                Err(_) => continue,
             }
         }
         if r.shared.shutting_down.load(Ordering::SeqCst)
