@@ -100,6 +100,7 @@ function read() {
       images: document.querySelectorAll('img').length,
       render_ms: Number(document.body.dataset.renderMs || 0),
       event_bytes: Number(document.body.dataset.eventBytes || 0),
+      first_event_bytes: Number(document.body.dataset.firstEventBytes || 0),
       csp_violations: window.__csp || [],
       title: document.title,
     };

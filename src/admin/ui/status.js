@@ -437,6 +437,7 @@
         const data = event.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
         if (data) {
           document.body.dataset.eventBytes = String(data.length);
+          if (state.to === null) document.body.dataset.firstEventBytes = String(data.length);
           render(JSON.parse(data));
           state.failures = 0;
         }
