@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of mrtr-router on a fresh machine: formatting, clippy, the book
 # (built with a pinned mdbook, its links checked), the tools of the external tests (the Python
-# MCP SDK venv, the test authorization server, promtool, kubectl, redis-server), then all tests
+# MCP SDK venv, the test authorization server, promtool, kubectl, redis-server, headless
+# Chromium with playwright-core), then all tests
 # (unit tests, tests/it/, tests/external/), then a smoke run of the whole-proxy bench
 # (bench/run.sh) with the debug router. Every cargo command builds with the same features
 # (`external-tests` on), so the library is compiled once.
@@ -61,6 +62,22 @@ if ! MRTR_IDP_DIR="$(bash tests/idp/setup.sh | tail -n1)" || [ ! -d "$MRTR_IDP_D
 fi
 export MRTR_IDP_DIR
 # ---- end of the test authorization server block -----------------------------------------------
+
+# ---- the browser for the status page's tests (tests/external/status_page.rs, tests/external/tools/browser.rs) ----
+step "Headless Chromium (Debian's chromium package) and playwright-core (tests/browser/package-lock.json, npm ci into tests/browser/node_modules)"
+if [ ! -x /usr/bin/chromium ]; then
+  echo "chromium missing: apt-get install chromium"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; then
+    echo >&2 "==> FAILED: apt-get install chromium (tests/external/status_page.rs needs /usr/bin/chromium)"
+    exit 1
+  fi
+fi
+if ! MRTR_BROWSER_DIR="$(bash tests/browser/setup.sh | tail -n1)" || [ ! -d "$MRTR_BROWSER_DIR/node_modules/playwright-core" ]; then
+  echo >&2 "==> FAILED: bash tests/browser/setup.sh (see its output above)"
+  exit 1
+fi
+export MRTR_BROWSER_DIR
+# ---- end of the browser block --------------------------------------------------------------------
 
 # ---- deploy/ checks (tests/external/deploy.rs): their tools and venv ---------------------------
 step "Tools for the deploy checks (tests/external/deploy.rs): promtool, kubectl, systemd-analyze; Python venv with kubernetes-validate (tests/deploy/requirements.txt)"

@@ -76,6 +76,21 @@ impl HashRing {
         self.members.is_empty()
     }
 
+    /// Each member's share of the hash space (0 to 1, together 1): the part of new keys the
+    /// ring gives it, ignoring load. Walks every virtual node: for the status page, not for
+    /// requests.
+    pub fn shares(&self) -> Vec<(BackendKey, f64)> {
+        let mut shares: Vec<(BackendKey, u128)> = self.members.iter().map(|b| (b.key, 0)).collect();
+        for range in self.ring.resident_ranges() {
+            let width = u128::from(range.keys().end() - range.keys().start()) + 1;
+            if let Some(s) = shares.iter_mut().find(|(k, _)| *k == range.node().0.key) {
+                s.1 += width;
+            }
+        }
+        let whole = (1u128 << 64) as f64;
+        shares.into_iter().map(|(k, w)| (k, w as f64 / whole)).collect()
+    }
+
     /// The backend that owns `key` on the ring, ignoring load.
     pub fn owner(&self, key: &str) -> Option<&Arc<Backend>> {
         self.ring.try_get(key).map(|m| &m.0)
@@ -218,6 +233,19 @@ mod tests {
             let frac = moved_fraction(n, vnodes);
             assert!(frac <= 1.2 / (n + 1) as f64, "n={n}: {frac:.3} of keys moved");
         }
+    }
+
+    #[test]
+    fn shares_cover_the_ring_by_weight() {
+        let mut members = backends(3, 1);
+        members.push(Backend::for_test("heavy", 3));
+        let ring = HashRing::new(members, 160, 0.0);
+        let shares = ring.shares();
+        let total: f64 = shares.iter().map(|(_, s)| s).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{shares:?}");
+        let heavy = shares.iter().find(|(k, _)| *k == BackendKey::of("heavy")).unwrap().1;
+        assert!((0.4..0.6).contains(&heavy), "weight 3 of 6: {heavy}");
+        assert!(HashRing::new(Vec::new(), 160, 0.0).shares().is_empty());
     }
 
     #[test]

@@ -47,8 +47,16 @@ pub fn sweep_once(shared: &Shared) {
         }
     }
     for (b, _) in shared.backend_states() {
-        b.pins
-            .store(swept.per_backend.get(&b.key).copied().unwrap_or(0), Ordering::Relaxed);
+        let by_kind = swept.per_backend.get(&b.key).copied().unwrap_or_default();
+        b.pins.store(by_kind.iter().sum(), Ordering::Relaxed);
+        for kind in PinKind::ALL {
+            let n = i64::try_from(by_kind[kind as usize]).unwrap_or(i64::MAX);
+            shared
+                .metrics
+                .backend_pins
+                .with_label_values(&[&b.name, kind.label()])
+                .set(n);
+        }
     }
     shared.update_pin_gauges();
     shared.retire_drained(&busy);
@@ -82,7 +90,7 @@ pub async fn health_checks(shared: Arc<Shared>) {
             checks.spawn(async move {
                 let change = match health::check(&b, &cfg.path, cfg.timeout).await {
                     Verdict::Up => b.record_check_success(cfg.healthy_after),
-                    Verdict::Down => b.record_failure(cfg.unhealthy_after),
+                    Verdict::Down => b.record_check_failure(cfg.unhealthy_after),
                     Verdict::Unknown => None,
                 };
                 match change {

@@ -162,8 +162,15 @@ impl Router {
         let shared = self.shared;
         // The admin listener outlives the proxy's drain: `/readyz` says 503 meanwhile.
         let stop_admin = Arc::new(Shutdown::default());
-        let admin = tokio::spawn(server::serve_admin(shared.clone(), listeners.admin, stop_admin.clone()));
+        let status = admin::Status::new();
+        let admin = tokio::spawn(server::serve_admin(
+            shared.clone(),
+            status.clone(),
+            listeners.admin,
+            stop_admin.clone(),
+        ));
         let upkeep = [
+            tokio::spawn(admin::sample(shared.clone(), status)),
             tokio::spawn(fleet::upkeep(shared.clone())),
             tokio::spawn(fleet::health_checks(shared.clone())),
             tokio::spawn(fleet::discovery(shared.clone())),

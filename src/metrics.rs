@@ -87,6 +87,8 @@ pub struct Metrics {
     /// `mrtr_upstream_queued{backend}`: requests waiting for a connection of a full backend.
     pub(crate) upstream_queued: IntGaugeVec,
     pub(crate) backend_draining: IntGaugeVec,
+    /// `mrtr_backend_pins{backend,kind}`: pins naming the backend at the last sweep.
+    pub(crate) backend_pins: IntGaugeVec,
     pub(crate) ring_members: IntGauge,
     pub(crate) upstream_errors: IntCounterVec,
     pub(crate) upstream_connections: IntCounterVec,
@@ -118,7 +120,7 @@ pub struct Metrics {
     pub(crate) pins_created_by_kind: [IntCounter; 4],
     pub(crate) pins_finished_by_kind: [IntCounter; 4],
     /// `mrtr_auth_total{result}` by [`crate::auth::AUTH_RESULTS`] place ([`Metrics::count_auth`]).
-    auth_by_result: [IntCounter; 9],
+    pub(crate) auth_by_result: [IntCounter; 9],
     pub(crate) jwks_refreshes: IntCounterVec,
     /// Seconds since the key set in use was loaded; set when `/metrics` is rendered.
     pub(crate) jwks_age: IntGauge,
@@ -304,6 +306,12 @@ impl Metrics {
                 &["backend"],
             ),
             backend_draining: gauge(&r, "mrtr_backend_draining", "1 while the backend drains", &["backend"]),
+            backend_pins: gauge(
+                &r,
+                "mrtr_backend_pins",
+                "Pins naming the backend in this replica's table at the last sweep (once a second), by kind",
+                &["backend", "kind"],
+            ),
             upstream_open: gauge(
                 &r,
                 "mrtr_upstream_connections",
@@ -431,6 +439,9 @@ impl Metrics {
             &self.upstream_queued,
         ] {
             let _ = gauge.remove_label_values(&[name]);
+        }
+        for kind in PIN_KINDS {
+            let _ = self.backend_pins.remove_label_values(&[name, kind]);
         }
     }
 

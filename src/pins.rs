@@ -172,8 +172,8 @@ pub struct Swept {
     pub expired: [u64; 4],
     /// Finished pins whose replay window ended.
     pub retired: u64,
-    /// Pins left per backend.
-    pub per_backend: HashMap<BackendKey, usize>,
+    /// Pins left per backend, by kind (indexed by `PinKind as usize`).
+    pub per_backend: HashMap<BackendKey, [usize; 4]>,
 }
 
 #[derive(Default)]
@@ -382,7 +382,7 @@ impl PinTable {
             let mut shard = shard.lock();
             shard.retain(|_, e| {
                 if e.deadline_ms > now {
-                    *swept.per_backend.entry(e.backend).or_default() += 1;
+                    swept.per_backend.entry(e.backend).or_default()[e.kind as usize] += 1;
                     return true;
                 }
                 if e.finished {

@@ -61,6 +61,8 @@ struct Record {
     obs: Option<Box<Observation>>,
     /// What `[quotas]` counts of the request in flight, held until its answer's body ends.
     admitted: Option<crate::quotas::Admission>,
+    /// The caller `[quotas]` counted the request against: a refusal is noted under it.
+    quota_caller: Option<crate::quotas::CallerKey>,
 }
 
 /// Serves one request from the client at `peer` (its IP as a header value, made once per
@@ -96,6 +98,11 @@ pub fn serve(
         let mut response = match result {
             Ok(response) => response,
             Err(e) => {
+                if let (Some((quota, scope)), Some(caller)) = (e.quota_labels(), record.quota_caller) {
+                    if let Some(quotas) = &shared.snapshot().quotas {
+                        quotas.refused.note(caller, quota, scope, Instant::now());
+                    }
+                }
                 if let Some(obs) = &mut record.obs {
                     obs.error = Some(e.reason());
                     obs.quota = e.quota_labels();

@@ -149,6 +149,7 @@ impl<'c> Exchange<'c> {
             obs.quota_caller(key.log_text(), admit::client_ip(quotas, headers, self.peer));
         }
         self.quota_caller = Some(key);
+        self.record.quota_caller = Some(key);
     }
 
     /// A POST's body whole (bounded in size and time, held within the budget all bodies share

@@ -17,6 +17,7 @@ mod caller;
 mod inflight;
 mod open_calls;
 mod rate;
+mod refused;
 mod store;
 mod table;
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub use caller::{CallerKey, CallerRule};
 pub use inflight::{PerCaller, Permit, Refused, Shared, SharedPermit};
 pub use open_calls::{OpenCall, OpenCalls};
 pub use rate::{RateLimiter, RetryAfter};
+pub use refused::{RefusedCallers, MINUTES as REFUSED_MINUTES};
 pub use store::StoreMetrics;
 
 use crate::config::{QuotaStore, QuotasConfig, Rate};
@@ -239,6 +241,8 @@ pub struct Quotas {
     /// The shared store, when `store` names one: the rates above are then counted there (the
     /// local tables stay empty).
     shared: Option<RedisStore>,
+    /// Who was refused lately, for the status page (written only by refusals).
+    pub refused: RefusedCallers,
 }
 
 impl Quotas {
@@ -263,6 +267,7 @@ impl Quotas {
             max_body_bytes_per_connection: config.max_body_bytes_per_connection,
             bodies: config.max_body_bytes_per_caller.map(|n| BodyShares::new(n as u64, cap)),
             max_tracked_callers: cap,
+            refused: RefusedCallers::new(epoch),
             shared: match &config.store {
                 QuotaStore::Local => None,
                 QuotaStore::Redis(url) => Some(RedisStore::new(

@@ -67,7 +67,7 @@ fn warn_at_most_every_10s(last: &mut Option<tokio::time::Instant>, log: impl FnO
 /// request body. At most `admin.max_connections` are open: one more closes the oldest, so slow
 /// or idle clients can never keep a probe or a scrape out (a connection that sends its request
 /// at once is served before it could become the oldest).
-pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<Shutdown>) {
+pub async fn serve_admin(shared: Arc<Shared>, status: Arc<admin::Status>, listener: TcpListener, stop: Arc<Shutdown>) {
     let local = listener.local_addr().ok();
     let loopback = local.is_some_and(|a| a.ip().is_loopback());
     if shared.snapshot().config.admin.token.is_none() && !loopback {
@@ -107,10 +107,10 @@ pub async fn serve_admin(shared: Arc<Shared>, listener: TcpListener, stop: Arc<S
             .max_headers(snap.config.server.max_headers)
             .max_buf_size(MAX_HEAD_BYTES);
         drop(snap);
-        let shared = shared.clone();
+        let (shared, status) = (shared.clone(), status.clone());
         let service = service_fn(move |req| {
-            let shared = shared.clone();
-            async move { Ok::<_, Infallible>(admin::serve(&shared, req, loopback).await) }
+            let (shared, status) = (shared.clone(), status.clone());
+            async move { Ok::<_, Infallible>(admin::answer(&shared, &status, req, loopback).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         open.push_back(

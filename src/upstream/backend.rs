@@ -1,7 +1,7 @@
 //! One backend: its identity, address, health state, in-flight accounting, how it is reached
 //! (plain or TLS, HTTP/1.1 or HTTP/2: swapped in place on reload) and its connection pools.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -71,6 +71,12 @@ pub struct Backend {
     /// When it was last ejected (milliseconds since the UNIX epoch; 0: never, as this router
     /// saw it): a sealed token issued before then names an instance that is gone.
     ejected_ms: AtomicU64,
+    /// When its health last changed (milliseconds since the UNIX epoch; its creation at first),
+    /// what ejected it last ([`Ejector`] as `u8`, 0: never ejected), and how often it was
+    /// ejected: for the status page, written only when health changes.
+    health_since_ms: AtomicU64,
+    ejected_by: AtomicU8,
+    ejections: AtomicU32,
     /// Drained on request through the admin listener (a deploy): no new keys.
     pub(crate) admin_drained: AtomicBool,
     /// Pins naming this backend at the last sweep.
@@ -92,6 +98,33 @@ static NEXT_EPOCH: AtomicU32 = AtomicU32::new(1);
 
 fn next_epoch() -> u32 {
     NEXT_EPOCH.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What ejected a backend: failed active health checks, or failed requests (passive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ejector {
+    Checks = 1,
+    Requests = 2,
+}
+
+impl Ejector {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ejector::Checks => "active",
+            Ejector::Requests => "passive",
+        }
+    }
+}
+
+/// A backend's health history as the status page shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthNote {
+    /// When health last changed (its creation at first), milliseconds since the UNIX epoch.
+    pub since_ms: u64,
+    /// What ejected it last, if it ever was.
+    pub ejected_by: Option<Ejector>,
+    /// Ejections since the router learned of it (each one a new incarnation).
+    pub ejections: u32,
 }
 
 /// A change of a backend's health.
@@ -133,6 +166,9 @@ impl Backend {
             successes: AtomicU32::new(0),
             epoch: AtomicU32::new(next_epoch()),
             ejected_ms: AtomicU64::new(0),
+            health_since_ms: AtomicU64::new(unix_ms(SystemTime::now())),
+            ejected_by: AtomicU8::new(0),
+            ejections: AtomicU32::new(0),
             admin_drained: AtomicBool::new(false),
             pins: AtomicUsize::new(0),
         }
@@ -210,16 +246,42 @@ impl Backend {
         issued_ms > self.ejected_ms.load(Ordering::Acquire)
     }
 
-    /// Counts a failed check or request; ejects after `unhealthy_after` in a row.
+    /// Counts a failed request (passive health); ejects after `unhealthy_after` in a row.
     pub fn record_failure(&self, unhealthy_after: u32) -> Option<HealthChange> {
+        self.fail(unhealthy_after, Ejector::Requests)
+    }
+
+    /// Counts a failed active check; ejects after `unhealthy_after` failures in a row.
+    pub fn record_check_failure(&self, unhealthy_after: u32) -> Option<HealthChange> {
+        self.fail(unhealthy_after, Ejector::Checks)
+    }
+
+    fn fail(&self, unhealthy_after: u32, by: Ejector) -> Option<HealthChange> {
         self.successes.store(0, Ordering::Relaxed);
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= unhealthy_after && self.healthy.swap(false, Ordering::AcqRel) {
-            self.ejected_ms.store(unix_ms(SystemTime::now()), Ordering::Release);
+            let now = unix_ms(SystemTime::now());
+            self.ejected_ms.store(now, Ordering::Release);
             self.epoch.store(next_epoch(), Ordering::Release);
+            self.health_since_ms.store(now, Ordering::Relaxed);
+            self.ejected_by.store(by as u8, Ordering::Relaxed);
+            self.ejections.fetch_add(1, Ordering::Relaxed);
             return Some(HealthChange::Ejected);
         }
         None
+    }
+
+    /// When its health last changed, and what ejected it last.
+    pub fn health_note(&self) -> HealthNote {
+        HealthNote {
+            since_ms: self.health_since_ms.load(Ordering::Relaxed),
+            ejected_by: match self.ejected_by.load(Ordering::Relaxed) {
+                1 => Some(Ejector::Checks),
+                2 => Some(Ejector::Requests),
+                _ => None,
+            },
+            ejections: self.ejections.load(Ordering::Relaxed),
+        }
     }
 
     /// Counts a successful active check; re-admits after `healthy_after` in a row.
@@ -231,6 +293,8 @@ impl Backend {
         let n = self.successes.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= healthy_after && !self.healthy.swap(true, Ordering::AcqRel) {
             self.successes.store(0, Ordering::Relaxed);
+            self.health_since_ms
+                .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
             return Some(HealthChange::Readmitted);
         }
         None

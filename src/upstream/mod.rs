@@ -14,7 +14,7 @@ mod request_body;
 mod slots;
 mod tls;
 
-pub use backend::{Backend, BackendKey, Connection, HealthChange, Incarnation, InflightGuard};
+pub use backend::{unix_ms, Backend, BackendKey, Connection, HealthChange, Incarnation, InflightGuard};
 pub use discovery::{Lookup, Resolver};
 pub use exchange::{SendError, UpstreamBody};
 pub use membership::Membership;

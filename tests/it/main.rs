@@ -50,6 +50,7 @@ mod sealed_messages;
 mod server_config;
 mod shutdown;
 mod stalled_bytes;
+mod status_api;
 mod streaming;
 mod task_notices;
 mod tasks;

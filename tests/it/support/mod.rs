@@ -92,7 +92,11 @@ pub fn render_config(extra: &str, backends: &[BackendSpec]) -> String {
     } else {
         format!("[server]\nlisten = \"127.0.0.1:0\"\n{extra}")
     };
-    text.push_str("\n[admin]\nlisten = \"127.0.0.1:1\"\n");
+    // The admin listener's address is a placeholder too; `extra` may have an `[admin]` table.
+    match text.contains("[admin]") {
+        true => text = text.replace("[admin]", "[admin]\nlisten = \"127.0.0.1:1\""),
+        false => text.push_str("\n[admin]\nlisten = \"127.0.0.1:1\"\n"),
+    }
     for b in backends {
         text.push_str(&format!(
             "[[backend]]\nname = \"{}\"\nurl = \"{}\"\nweight = {}\n",

@@ -1,11 +1,17 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz` and `/debug/route`, and who may
-//! use which (`admin.token`, `admin.protect_reads`).
+//! The admin listener: `/metrics`, `/healthz`, `/readyz` and `/debug/route`, the status page
+//! (`status`, `ui`, `history`), and who may use which (`admin.token`, `admin.protect_reads`).
+
+mod history;
+mod status;
+mod ui;
+
+pub use status::{sample, Status};
 
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::{BodyExt, Either, Limited};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
@@ -22,6 +28,35 @@ fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>)
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
+}
+
+/// The body of an admin answer: a whole one, or the status page's event stream.
+pub type AdminBody = Either<ProxyBody, status::Events>;
+
+/// Answers one admin request: the status page's paths (`/`, `/ui/*`, `/api/*`), else
+/// [`serve`]'s. `loopback`: the admin listener's address is a loopback one.
+pub async fn answer(
+    shared: &std::sync::Arc<Shared>,
+    status: &std::sync::Arc<Status>,
+    req: Request<Incoming>,
+    loopback: bool,
+) -> Response<AdminBody> {
+    match status::route(shared, status, &req, loopback).await {
+        Some(answer) => answer,
+        None => serve(shared, req, loopback).await.map(Either::Left),
+    }
+}
+
+/// Sets the gauges `/metrics` sets before it renders (pins, the key set's age, the quotas'
+/// tables), so the status document reads the same numbers.
+fn refresh_gauges(shared: &Shared) {
+    shared.update_pin_gauges();
+    let age = shared.issuer_keys.age().map_or(0, |a| a.as_secs());
+    shared.metrics.jwks_age.set(i64::try_from(age).unwrap_or(i64::MAX));
+    let stats = shared.snapshot().quotas.as_ref().map(|q| q.stats()).unwrap_or_default();
+    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    shared.metrics.quota_callers.set(gauge(stats.tracked));
+    shared.metrics.quota_tables_full.set(gauge(stats.full_tables));
 }
 
 /// Who may use an endpoint.
@@ -93,13 +128,7 @@ pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> R
     }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
-            shared.update_pin_gauges();
-            let age = shared.issuer_keys.age().map_or(0, |a| a.as_secs());
-            shared.metrics.jwks_age.set(i64::try_from(age).unwrap_or(i64::MAX));
-            let stats = shared.snapshot().quotas.as_ref().map(|q| q.stats()).unwrap_or_default();
-            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-            shared.metrics.quota_callers.set(gauge(stats.tracked));
-            shared.metrics.quota_tables_full.set(gauge(stats.full_tables));
+            refresh_gauges(shared);
             reply(StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render())
         }
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
@@ -149,7 +178,7 @@ pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> R
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /metrics /healthz /readyz /backends /debug/route?key=\n",
+            "not found: try / (the status page) /api/status /metrics /healthz /readyz /backends /debug/route?key=\n",
         ),
     }
 }
