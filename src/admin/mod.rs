@@ -71,11 +71,37 @@ enum Need {
     Change,
 }
 
+/// Whether a browser sent the request from a page of another origin than this listener's: its
+/// `Origin` (or, without one, `Sec-Fetch-Site`) names another host than the request's `Host`.
+fn from_another_site(headers: &HeaderMap) -> bool {
+    let host = headers.get(header::HOST).map(HeaderValue::as_bytes);
+    match headers.get(header::ORIGIN).map(HeaderValue::as_bytes) {
+        // `null` (a sandboxed or file page) is another site too.
+        Some(origin) => {
+            let authority = origin.split(|&b| b == b'/').nth(2);
+            authority.is_none() || authority != host
+        }
+        None => headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| !matches!(v.as_bytes(), b"same-origin" | b"none")),
+    }
+}
+
 /// The answer refusing a request that lacks what `need` asks, or `None` to serve it.
 /// `loopback`: the admin listener's address is a loopback one.
 fn refuse(shared: &Shared, headers: &HeaderMap, need: Need, loopback: bool) -> Option<Response<ProxyBody>> {
     if need == Need::Nothing {
         return None;
+    }
+    if need == Need::Change && from_another_site(headers) {
+        // A page elsewhere can make a visiting browser send a POST here (to a loopback
+        // listener without `admin.token`, nothing else would stop it): the browser says where
+        // the page came from, and a change comes only from the admin listener's own page.
+        return Some(reply(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "a change to the backends comes from the admin listener's own page, or from no page\n",
+        ));
     }
     let snap = shared.snapshot();
     let admin = &snap.config.admin;

@@ -199,3 +199,30 @@ async fn with_a_token_but_open_reads_the_numbers_are_open_and_the_config_is_not(
     let with = admin.get("/api/status", Some(TOKEN)).await.json();
     assert!(with["config"].is_string());
 }
+
+/// A page of another site cannot make a visiting browser drain a backend through a loopback
+/// listener without `admin.token`: the browser says where the page came from.
+#[tokio::test]
+async fn a_change_from_another_site_s_page_is_refused() {
+    let admin = Admin::start("", "127.0.0.1:0").await;
+    let drain = format!("{}/backends/worker-0/drain", admin.url);
+    let own = admin.url.clone();
+    let host = own.trim_start_matches("http://").to_string();
+    let refused = [
+        vec![("origin", "http://evil.example")],
+        vec![("origin", "null")],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("origin", "http://evil.example"), ("host", host.as_str())],
+    ];
+    for headers in &refused {
+        let a = send(&admin.client, Method::POST, &drain, headers, Bytes::new()).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{headers:?}");
+    }
+    let backends = admin.get("/backends", None).await.json();
+    assert_eq!(backends["backends"][0]["draining"], false, "nothing was drained");
+    // The listener's own page, and a tool that is no browser, may.
+    for headers in [vec![("origin", own.as_str())], vec![]] {
+        let a = send(&admin.client, Method::POST, &drain, &headers, Bytes::new()).await;
+        assert_eq!(a.status, StatusCode::OK, "{headers:?}: {a:?}");
+    }
+}
