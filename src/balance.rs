@@ -115,6 +115,34 @@ impl HashRing {
         first
     }
 
+    /// [`HashRing::pick`] among the members `among` names (all of them: `None`): the first of
+    /// them in ring order for `key`, within the load bound when it is on.
+    pub fn pick_among(&self, key: &str, among: Option<&[BackendKey]>) -> Option<&Arc<Backend>> {
+        let Some(among) = among else { return self.pick(key) };
+        let mut candidates = self.ring.replicas(key).map(|m| &m.0).filter(|b| among.contains(&b.key));
+        if self.load_factor <= 0.0 || self.members.len() < 2 {
+            return candidates.next();
+        }
+        let chosen: Vec<&Arc<Backend>> = self.members.iter().filter(|b| among.contains(&b.key)).collect();
+        let total: i64 = chosen.iter().map(|b| b.inflight()).sum();
+        let cap = ((total + 1) as f64 / chosen.len().max(1) as f64 * self.load_factor).ceil() as i64;
+        let mut first = None;
+        for b in candidates {
+            first.get_or_insert(b);
+            if b.inflight() < cap {
+                return Some(b);
+            }
+        }
+        first
+    }
+
+    /// [`HashRing::pick_keyless`] among the members `among` names (all of them: `None`).
+    pub fn pick_keyless_among(&self, among: Option<&[BackendKey]>) -> Option<&Arc<Backend>> {
+        let Some(among) = among else { return self.pick_keyless() };
+        let chosen: Vec<&Arc<Backend>> = self.members.iter().filter(|b| among.contains(&b.key)).collect();
+        least_of_two(chosen.len(), |i| chosen[i])
+    }
+
     /// Another backend for a request whose first choice could not be reached: the next one in
     /// ring order for `key`, or a keyless choice among the others.
     pub fn fallback(&self, key: Option<&str>, exclude: BackendKey) -> Option<&Arc<Backend>> {
@@ -129,19 +157,24 @@ impl HashRing {
 
     /// Least outstanding requests between two random members (power of two choices).
     pub fn pick_keyless(&self) -> Option<&Arc<Backend>> {
-        let n = self.members.len();
-        match n {
-            0 => None,
-            1 => Some(&self.members[0]),
-            _ => {
-                let a = rand::random_range(0..n);
-                let mut b = rand::random_range(0..n - 1);
-                if b >= a {
-                    b += 1;
-                }
-                let (a, b) = (&self.members[a], &self.members[b]);
-                Some(if b.inflight() < a.inflight() { b } else { a })
+        least_of_two(self.members.len(), |i| &self.members[i])
+    }
+}
+
+/// Of `n` backends (`nth` gives each), the less loaded of two drawn at random (power of two
+/// choices).
+fn least_of_two<'a>(n: usize, nth: impl Fn(usize) -> &'a Arc<Backend>) -> Option<&'a Arc<Backend>> {
+    match n {
+        0 => None,
+        1 => Some(nth(0)),
+        _ => {
+            let a = rand::random_range(0..n);
+            let mut b = rand::random_range(0..n - 1);
+            if b >= a {
+                b += 1;
             }
+            let (a, b) = (nth(a), nth(b));
+            Some(if b.inflight() < a.inflight() { b } else { a })
         }
     }
 }

@@ -48,6 +48,12 @@ pub enum RouterError {
     InvalidPath,
     #[error("no healthy backend")]
     NoBackend,
+    /// With `[catalog]` on: every backend known to expose the tool called is down or draining.
+    #[error("no backend that serves tool {tool:?} is up; retry later")]
+    ToolUnavailable { tool: String },
+    /// With `[catalog] lock`: the tool's served definition is not the approved one.
+    #[error("tool {tool:?} is served with a definition the lock does not approve; re-approve it with `mrtr-router catalog lock`")]
+    ToolDefinitionChanged { tool: String },
     #[error("the router is out of local resources (file descriptors, memory); retry later")]
     Overloaded,
     /// A connection's or a caller's share of the body budget (`[quotas]
@@ -200,6 +206,8 @@ impl RouterError {
             BatchRefused { .. } => (StatusCode::BAD_REQUEST, -32600, "batch_refused"),
             InvalidPath => (StatusCode::BAD_REQUEST, -32600, "invalid_path"),
             NoBackend => (StatusCode::SERVICE_UNAVAILABLE, -32002, "no_backend"),
+            ToolUnavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32007, "tool_unavailable"),
+            ToolDefinitionChanged { .. } => (StatusCode::CONFLICT, -32008, "tool_definition_changed"),
             Overloaded | BodyShareFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32005, "router_overloaded"),
             UpstreamBusy { .. } => (StatusCode::SERVICE_UNAVAILABLE, -32006, "upstream_busy"),
             MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, -32600, "method_not_allowed"),
@@ -234,7 +242,7 @@ impl RouterError {
 
     /// Every `Mcp-Router-Error` reason, e.g. to show each label value of
     /// `mrtr_router_errors_total` from the start.
-    pub const REASONS: [&'static str; 30] = [
+    pub const REASONS: [&'static str; 32] = [
         "parse_error",
         "body_too_large",
         "body_timeout",
@@ -248,6 +256,8 @@ impl RouterError {
         "batch_refused",
         "invalid_path",
         "no_backend",
+        "tool_unavailable",
+        "tool_definition_changed",
         "router_overloaded",
         "upstream_busy",
         "method_not_allowed",
@@ -306,6 +316,12 @@ impl RouterError {
                 format!(
                     ",\"data\":{{\"reason\":\"{reason}\",\"key\":{}}}",
                     serde_json::Value::from(key.as_str())
+                )
+            }
+            RouterError::ToolUnavailable { tool } | RouterError::ToolDefinitionChanged { tool } => {
+                format!(
+                    ",\"data\":{{\"reason\":\"{reason}\",\"tool\":{}}}",
+                    serde_json::Value::from(tool.as_str())
                 )
             }
             RouterError::QuotaExceeded(q) => format!(
@@ -446,6 +462,8 @@ mod tests {
             BatchRefused { why: "x" },
             InvalidPath,
             NoBackend,
+            ToolUnavailable { tool: b() },
+            ToolDefinitionChanged { tool: b() },
             Overloaded,
             BodyShareFull {
                 scope: "connection",
@@ -477,7 +495,7 @@ mod tests {
                 Parse | BodyBroken | BodyTooLarge { .. } | BodyTimeout | HeaderTimeout | InvalidToken { .. } => {}
                 TooManyRounds { .. } | PinCapacity { .. } | PinnedBackendUnavailable { .. } | HeaderMismatch => {}
                 AmbiguousBody { .. } | BatchRefused { .. } | HandleNotSealed { .. } | InvalidPath => {}
-                BodyNotAllowed { .. } => {}
+                BodyNotAllowed { .. } | ToolUnavailable { .. } | ToolDefinitionChanged { .. } => {}
                 NoBackend | Overloaded | BodyShareFull { .. } | UpstreamBusy { .. } | MethodNotAllowed { .. } => {}
                 UpstreamUnavailable { .. } | UpstreamTimeout { .. } | UpstreamTls { .. } => {}
                 Unauthorized(_) | InsufficientScope(_) | OriginNotAllowed | HandlePrincipalMismatch => {}

@@ -1,12 +1,14 @@
 //! Background upkeep of the fleet: pin expiry, active health checks, DNS discovery, reloading
-//! on a config file change, forgetting drained backends, and keeping the issuer's keys fresh. Each loop reads the current
-//! snapshot every round, so reloads change intervals and targets at once.
+//! on a config file change, forgetting drained backends, keeping the issuer's keys fresh, and
+//! learning the fleet's tools. Each loop reads the current snapshot every round, so reloads
+//! change intervals and targets at once.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::{keep_fresh, JwksConfig};
+use crate::catalog::{self, AskFailed, BackendTools, Limits};
 use crate::config::JwksSource;
 use crate::pins::PinKind;
 use crate::state::Shared;
@@ -97,7 +99,11 @@ pub async fn health_checks(shared: Arc<Shared>) {
                     Some(HealthChange::Ejected) => {
                         tracing::warn!(backend = %b.name, "backend ejected: health checks failing")
                     }
-                    Some(HealthChange::Readmitted) => tracing::info!(backend = %b.name, "backend healthy again"),
+                    Some(HealthChange::Readmitted) => {
+                        tracing::info!(backend = %b.name, "backend healthy again");
+                        // It may come back as another version: its tools are asked again.
+                        shared.catalog.ask_again(&b.name);
+                    }
                     None => return,
                 }
                 shared.rebuild();
@@ -160,4 +166,68 @@ pub async fn jwks(shared: Arc<Shared>) {
         })
     };
     keep_fresh(&shared.issuer_keys, config, shared.metrics.jwks_refreshes.clone()).await;
+}
+
+/// Keeps the catalog while `[catalog]` is on (docs/src/catalog.md): asks each known backend
+/// for its tools every `interval`, and at once when it is new, came back, or a
+/// `notifications/tools/list_changed` of it passed; one ask per backend at a time, each within
+/// `timeout`. A failed ask is counted and keeps the backend's last tools: health stays the
+/// health checks' business. A change of what a backend serves rebuilds the snapshot, whose
+/// tool routes requests read; asking never holds a request up.
+pub async fn catalog(shared: Arc<Shared>) {
+    let mut asks = tokio::task::JoinSet::new();
+    loop {
+        while asks.try_join_next().is_some() {}
+        let Some(cfg) = shared.snapshot().config.catalog.clone() else {
+            shared.catalog.clear();
+            tokio::time::sleep(CONFIG_POLL).await;
+            continue;
+        };
+        let members = shared.backend_states();
+        let names: Vec<&str> = members.iter().map(|(b, _)| &*b.name).collect();
+        if shared.catalog.keep_only(&names) {
+            shared.rebuild();
+        }
+        let now = tokio::time::Instant::now();
+        let limits = Limits {
+            max_tools: cfg.max_tools,
+            max_bytes: cfg.max_bytes,
+        };
+        for name in shared.catalog.due(&names, now.into_std()) {
+            let Some((backend, _)) = members.iter().find(|(b, _)| *b.name == name) else {
+                continue;
+            };
+            let (backend, shared, path) = (backend.clone(), shared.clone(), cfg.path.clone());
+            let next = (now + cfg.interval).into_std();
+            asks.spawn(async move {
+                let asked = tokio::time::timeout(cfg.timeout, catalog::tools(&backend, &path, limits)).await;
+                learn(&shared, &name, asked.unwrap_or(Err(AskFailed::Timeout)), next);
+            });
+        }
+        // A round a second, or at once when told.
+        let _ = tokio::time::timeout(Duration::from_secs(1), shared.catalog.wake.notified()).await;
+    }
+}
+
+/// What one ask of `backend` gave, put in the catalog; the backend is due again at `next`.
+fn learn(shared: &Shared, backend: &str, asked: Result<Vec<catalog::Definition>, AskFailed>, next: std::time::Instant) {
+    let tools = match asked {
+        Ok(tools) => tools,
+        Err(e) => {
+            tracing::warn!(backend, error = %e, "catalog: asking the backend for its tools failed; its last known tools stay");
+            shared.catalog.failed(backend, &e, next);
+            return;
+        }
+    };
+    let learned = shared.catalog.learned(backend, BackendTools::new(tools), Some(next));
+    for c in &learned.changes {
+        let (was, is) = (c.was.map(|f| f.short()), c.is.map(|f| f.short()));
+        tracing::warn!(backend, tool = %c.tool, was = ?was, is = ?is, "catalog: a tool's definition changed on a backend");
+    }
+    for (tool, definitions) in &learned.drifted {
+        tracing::warn!(tool = %tool, definitions, "catalog: tool definitions differ across the fleet");
+    }
+    if learned.routes_changed {
+        shared.rebuild();
+    }
 }

@@ -15,6 +15,7 @@ mod auth;
 mod balance;
 mod body;
 mod calls;
+mod catalog;
 pub mod config;
 pub mod control;
 pub mod demo;
@@ -145,6 +146,29 @@ impl Router {
         RouterControl::new(self.shared.clone())
     }
 
+    /// `mrtr-router catalog lock`: asks the backends the config lists (or only `only`) for
+    /// their tools and writes the definitions they serve to `[catalog] lock`; returns the file
+    /// written and the number of tools approved.
+    pub async fn lock_catalog(&self, only: Option<&str>) -> Result<(std::path::PathBuf, usize), String> {
+        let snap = self.shared.snapshot();
+        let cfg = snap
+            .config
+            .catalog
+            .as_ref()
+            .ok_or("[catalog] is off: set enabled = true and lock = PATH")?;
+        let path = cfg
+            .lock
+            .as_ref()
+            .map(|l| l.path.clone())
+            .ok_or("[catalog] names no lock file: set lock = PATH")?;
+        let backends: Vec<_> = self.shared.backend_states().into_iter().map(|(b, _)| b).collect();
+        let lock = catalog::lock_of(&backends, cfg, only).await?;
+        let tmp = path.with_extension("lock.tmp");
+        std::fs::write(&tmp, lock.render()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((path, lock.tools.len()))
+    }
+
     /// How a request would be routed, as JSON (what `/debug/route` answers): `key` stands in
     /// the routing header; `bearer`, with `[auth]` on, an access token to explain; `body` is a
     /// JSON-RPC request body, or empty.
@@ -176,6 +200,7 @@ impl Router {
             tokio::spawn(fleet::discovery(shared.clone())),
             tokio::spawn(fleet::watch_config(shared.clone())),
             tokio::spawn(fleet::jwks(shared.clone())),
+            tokio::spawn(fleet::catalog(shared.clone())),
         ];
         server::serve_proxy(shared.clone(), listeners.proxy, shutdown).await;
         // The spans of the requests just drained go out before the router returns (bounded).

@@ -50,6 +50,22 @@ enum Command {
     },
     /// Start the router in front of built-in example workers and drive sample calls.
     Demo,
+    /// The fleet's tools (`[catalog]`).
+    Catalog {
+        #[command(subcommand)]
+        what: CatalogCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CatalogCommand {
+    /// Ask the backends for their tools and write the definitions they serve to `[catalog] lock`
+    /// as the approved ones (the fleet must agree, unless --backend names the one to approve).
+    Lock {
+        /// Approve the definitions of this backend only.
+        #[arg(long)]
+        backend: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -117,6 +133,20 @@ fn main() -> anyhow::Result<()> {
                     ConfigCommand::Reference => print!("{}", reference.markdown()),
                     ConfigCommand::Example => print!("{}", reference.example()),
                 }
+                Ok(())
+            }
+            (
+                Some(Command::Catalog {
+                    what: CatalogCommand::Lock { backend },
+                }),
+                _,
+            ) => {
+                let router = Router::from_file(&cli.config)?;
+                let (path, tools) = router
+                    .lock_catalog(backend.as_deref())
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+                eprintln!("{}: {tools} tool definitions approved", path.display());
                 Ok(())
             }
             (Some(Command::Demo), _) => mrtr_router::demo::run(&cli.config, ctrl_c())

@@ -445,6 +445,11 @@ impl Metrics {
         }
     }
 
+    /// The registry, for the metrics of parts that keep their own (the catalog's).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The text exposition format served on `/metrics`.
     pub fn render(&self) -> String {
         self.body_buffer_bytes

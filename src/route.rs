@@ -161,6 +161,11 @@ pub fn resolve(
     };
     let mut decision = decide(snap, pins, handles, unsealed.as_ref(), lookup == Lookup::Refresh)?;
     decision.follow_up = is_follow_up(handles, decision.matched, unsealed.as_ref());
+    // A new call goes only to a backend serving its tool as the lock approves (a pinned
+    // session's backend included); a call under way goes on where it lives.
+    if let (Some(tools), false) = (&snap.tools, decision.follow_up) {
+        tools.approve(handles, decision.backend.key)?;
+    }
     Ok((decision, unsealed))
 }
 
@@ -291,11 +296,20 @@ pub fn decide(
     if full(lost) {
         return Err(RouterError::PinCapacity { max: routing.max_pins });
     }
-    let (backend, source) = match handles.client_key() {
-        Some(k) => (snap.ring.pick(k), Source::Ring),
-        None => (snap.ring.pick_keyless(), Source::Keyless),
+    // With the catalog on, a new call of a tool it knows goes among the backends serving it.
+    let serving = match snap.tools.as_ref().and_then(|t| t.for_new_call(handles)) {
+        Some(serving) => Some(serving?),
+        None => None,
     };
-    let backend = backend.ok_or(RouterError::NoBackend)?.clone();
+    let (backend, source) = match handles.client_key() {
+        Some(k) => (snap.ring.pick_among(k, serving), Source::Ring),
+        None => (snap.ring.pick_keyless_among(serving), Source::Keyless),
+    };
+    let backend = match (backend, serving) {
+        (Some(b), _) => b.clone(),
+        (None, Some(_)) => return Err(tool_unavailable(handles)),
+        (None, None) => return Err(RouterError::NoBackend),
+    };
     Ok(Decision {
         backend,
         source,
@@ -304,6 +318,14 @@ pub fn decide(
         rounds: 0,
         follow_up: false,
     })
+}
+
+/// Every backend serving the called tool is down, draining or loaded out of the ring.
+fn tool_unavailable(handles: &RequestHandles) -> RouterError {
+    let tool = handles.name.as_deref().unwrap_or_default();
+    RouterError::ToolUnavailable {
+        tool: crate::catalog::shown(tool),
+    }
 }
 
 /// A session pin gives way to the pin of a 2a call made inside that session, found among the

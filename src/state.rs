@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use crate::auth::{IssuerKeys, Resource};
 use crate::balance::HashRing;
+use crate::catalog::{Catalog, CatalogMetrics, ToolRoutes};
 use crate::config::{Config, ConfigError, ConfigFile, DiscoveryConfig, Reread};
 use crate::metrics::Metrics;
 use crate::pins::{PinKind, PinTable, PinTtls};
@@ -37,6 +38,8 @@ pub struct Snapshot {
     pub auth: Option<Arc<Resource>>,
     /// `[quotas]`, when on: the same one (and its counts) across rebuilds with the same config.
     pub quotas: Option<Arc<Quotas>>,
+    /// With `[catalog]` on, routing by tool and the lock: which backends serve which tool.
+    pub tools: Option<Arc<ToolRoutes>>,
 }
 
 impl Snapshot {
@@ -61,6 +64,8 @@ pub struct Shared {
     pub(crate) metrics: Metrics,
     /// The issuer's keys when `[auth]` is on (kept across reloads that keep its issuer).
     pub(crate) issuer_keys: IssuerKeys,
+    /// The fleet's tools, when `[catalog]` is on (kept across reloads).
+    pub(crate) catalog: Catalog,
     membership: Mutex<Membership>,
     /// How `[discovery]` resolves its name.
     pub(crate) lookup: Lookup,
@@ -73,9 +78,11 @@ impl Shared {
         let metrics = Metrics::new();
         let mut membership = Membership::default();
         let issuer_keys = IssuerKeys::new(config.auth.as_ref());
-        let snapshot = build_snapshot(config, &mut membership, &metrics, None);
+        let catalog = Catalog::new(CatalogMetrics::register(metrics.registry()));
+        let snapshot = build_snapshot(config, &mut membership, &metrics, &catalog, None);
         Arc::new(Shared {
             issuer_keys,
+            catalog,
             config_file,
             snapshot: ArcSwap::from_pointee(snapshot),
             pins: PinTable::new(),
@@ -113,7 +120,13 @@ impl Shared {
 
     fn rebuild_with(&self, config: Config) {
         let mut membership = self.membership.lock();
-        let next = build_snapshot(config, &mut membership, &self.metrics, Some(&self.snapshot()));
+        let next = build_snapshot(
+            config,
+            &mut membership,
+            &self.metrics,
+            &self.catalog,
+            Some(&self.snapshot()),
+        );
         self.snapshot.store(Arc::new(next));
     }
 
@@ -195,7 +208,13 @@ impl Shared {
     }
 }
 
-fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previous: Option<&Snapshot>) -> Snapshot {
+fn build_snapshot(
+    config: Config,
+    m: &mut Membership,
+    metrics: &Metrics,
+    catalog: &Catalog,
+    previous: Option<&Snapshot>,
+) -> Snapshot {
     m.update(
         &config.backends,
         &config.upstream,
@@ -243,8 +262,14 @@ fn build_snapshot(config: Config, m: &mut Membership, metrics: &Metrics, previou
             .and_then(|p| p.quotas.clone());
         same.unwrap_or_else(|| Arc::new(Quotas::new(q, std::time::Instant::now(), metrics.quota_store.clone())))
     });
+    let tools = config.catalog.as_ref().map(|c| {
+        let key_of = |name: &str| Some(BackendKey::of(name)).filter(|k| backends.contains_key(k));
+        let lock = c.lock.as_ref().map(|l| &l.lock);
+        Arc::new(catalog.routes(key_of, lock, c.route_by_tool))
+    });
     Snapshot {
         quotas,
+        tools,
         sealing: config.tokens.as_ref().map(Sealing::new),
         auth: config.auth.as_ref().map(|a| {
             let same = previous.and_then(|p| p.auth.as_ref()).filter(|r| r.config == *a);

@@ -146,7 +146,7 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> Response<ProxyBody> {
     let need = match (req.method(), req.uri().path()) {
         (&Method::POST, path) if path.starts_with("/backends/") => Need::Change,
-        (_, "/backends" | "/debug/route") => Need::Read,
+        (_, "/backends" | "/debug/route" | "/catalog") => Need::Read,
         _ => Need::Nothing,
     };
     if let Some(refused) = refuse(shared, req.headers(), need, loopback) {
@@ -177,6 +177,7 @@ pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> R
         }
         (&Method::GET | &Method::POST, "/debug/route") => debug_route(shared, req).await,
         (&Method::GET, "/backends") => backends(shared),
+        (&Method::GET, "/catalog") => catalog(shared),
         (&Method::POST, path) if path.starts_with("/backends/") => {
             let rest = &path["/backends/".len()..];
             let (name, drained) = match rest.rsplit_once('/') {
@@ -204,9 +205,23 @@ pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> R
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try / (the status page) /api/status /metrics /healthz /readyz /backends /debug/route?key=\n",
+            "not found: try / (the status page) /api/status /metrics /healthz /readyz /backends /catalog /debug/route?key=\n",
         ),
     }
+}
+
+/// The fleet's tools as the catalog knows them (docs/src/catalog.md).
+fn catalog(shared: &Shared) -> Response<ProxyBody> {
+    let snap = shared.snapshot();
+    let Some(cfg) = &snap.config.catalog else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "the catalog is off: [catalog] enabled = true turns it on\n",
+        );
+    };
+    let doc = shared.catalog.document(cfg.lock.as_ref().map(|l| &l.lock));
+    reply(StatusCode::OK, "application/json", format!("{doc:#}\n"))
 }
 
 /// Every backend with its state, for operators (and deploy scripts waiting for a drain).

@@ -216,11 +216,9 @@ pub fn build(shared: &Shared, status: &Status, view: View) -> Value {
         "quotas": quotas(shared, &snap, view),
         "auth": auth(shared, &snap, &window),
         "config": view.sensitive.then(|| snap.config.to_toml()),
+        // Tool names and descriptions come from backends: sensitive, as the config is.
+        "catalog": snap.config.catalog.as_ref().filter(|_| view.sensitive).map(|_| shared.catalog.summary()),
     })
-    // The tools catalog (each tool with more than one definition, and which backends serve
-    // which) goes in a `catalog` member once the router learns the fleet's tools; it is
-    // sensitive (SENSITIVE), so `null` unless `view.sensitive`. The page shows its section
-    // only when the member is there.
 }
 
 fn pin_counts(by_kind: [u64; 4]) -> Value {

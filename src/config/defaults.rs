@@ -103,3 +103,10 @@ pub const QUOTA_STORE: &str = "local";
 /// past which waiting costs more than the quota is worth.
 pub const QUOTA_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 pub const QUOTA_STORE_FAILURE: &str = "open";
+/// `[catalog]`: each backend asked for its tools every 30 s, an ask within 5 s, at most 1,000
+/// tools and 4 MiB of answers a backend.
+pub const CATALOG_INTERVAL: Duration = Duration::from_secs(30);
+pub const CATALOG_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CATALOG_MAX_TOOLS: usize = 1000;
+pub const CATALOG_MAX_BYTES: &str = "4MiB";
+pub const CATALOG_PATH: &str = "/mcp";

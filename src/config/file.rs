@@ -36,8 +36,10 @@ impl ConfigFile {
     }
 
     /// Reads the file again and compares it with `running`. Unchanged text may still name TLS
-    /// files or an `auth.jwks_file` whose content changed (a renewed certificate, CA bundle or
-    /// system trust store, rotated keys): then the config is read again and compared whole. A config that fails to load counts as rejected.
+    /// files, an `auth.jwks_file` or a `catalog.lock` whose content changed (a renewed
+    /// certificate, CA bundle or system trust store, rotated keys, definitions approved anew):
+    /// then the config is read again and compared whole. A config that fails to load counts as
+    /// rejected.
     pub fn reread(&self, running: &Config) -> Result<Reread, ConfigError> {
         let text = Config::read_text(&self.path)?;
         let digest = digest(text.as_bytes());
@@ -46,7 +48,10 @@ impl ConfigFile {
             .auth
             .as_ref()
             .is_some_and(|a| matches!(a.jwks, super::JwksSource::File { .. }));
-        if unchanged && running.server.tls.is_none() && !running.upstream.tls.reads_files() && !reads_keys {
+        let reads_lock = running.catalog.as_ref().is_some_and(|c| c.lock.is_some());
+        let reads_files =
+            running.server.tls.is_some() || running.upstream.tls.reads_files() || reads_keys || reads_lock;
+        if unchanged && !reads_files {
             return Ok(Reread::Unchanged);
         }
         match Config::parse(&self.path, &text) {

@@ -5,10 +5,12 @@
 
 mod algorithm;
 mod auth;
+mod catalog;
 mod cidr;
 pub mod defaults;
 mod file;
 mod fleet;
+mod lock;
 mod log;
 mod quotas;
 mod reader;
@@ -24,9 +26,11 @@ use std::path::{Path, PathBuf};
 
 pub use algorithm::{Algorithm, AlgorithmSet};
 pub use auth::{fetch_url, AuthConfig, Forward, JwksSource, ResourceMetadata, Scoped};
+pub use catalog::{CatalogConfig, LockFile};
 pub use cidr::Cidr;
 pub use file::{ConfigFile, Reread};
 pub use fleet::{BackendConfig, DiscoveryConfig, HealthConfig};
+pub use lock::{hex, Lock};
 pub use log::{LogConfig, LogFormat};
 pub use quotas::{CallerSource, QuotaStore, QuotasConfig, Rate, StoreFailure, ToolQuota};
 pub use reference::{KeyDefault, KeyDoc, Kind, Reference, SectionDoc, REGENERATE};
@@ -80,6 +84,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `[tracing]` with an `otlp_endpoint`: OpenTelemetry traces on.
     pub tracing: Option<TracingConfig>,
+    /// `[catalog]` with `enabled = true`: the fleet's tools learned (docs/src/catalog.md).
+    pub catalog: Option<CatalogConfig>,
     /// The effective configuration as TOML, every default spelled out (see [`Config::to_toml`]).
     printout: String,
 }
@@ -200,6 +206,10 @@ impl Config {
         let log = log::log(doc.section(root, "log", about)?)?;
         let about = "OpenTelemetry traces over OTLP/HTTP: on when `otlp_endpoint` is set.";
         let tracing = tracing::tracing(doc.section(root, "tracing", about)?)?;
+        let about = "The fleet's tools: each backend's, learned and fingerprinted, for routing by tool, \
+                     drift detection, a lock of approved definitions and retries by annotation; off by default.";
+        let scopes_tools = auth.as_ref().is_some_and(|a| !a.tools.is_empty());
+        let catalog = catalog::catalog(doc.section(root, "catalog", about)?, scopes_tools)?;
         doc.only_sections_read(root)?;
         if backends.is_empty() && discovery.is_none() {
             return doc.err(
@@ -231,6 +241,7 @@ impl Config {
             backends,
             log,
             tracing,
+            catalog,
             printout: doc.take_printout(),
         })
     }

@@ -1,0 +1,318 @@
+//! Asking one backend for its tools, as an MCP client would (docs/src/catalog.md): on the
+//! 2026-07-28 protocol when the backend speaks it (`server/discover`, then stateless
+//! `tools/list` pages), else in a 2025 session opened for the purpose (`initialize`, the
+//! `notifications/initialized` notice, `tools/list` pages, then the session deleted). Over the
+//! same endpoint, TLS and pool as the requests the backend serves. Bounded: one ask takes at
+//! most the configured timeout (the caller's), and reads at most `max_bytes` of answers and
+//! `max_tools` tools.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use serde_json::{json, Value};
+
+use super::definition::Definition;
+use crate::body::split_sse;
+use crate::upstream::{Backend, Connection};
+
+/// The newest protocol version the catalog asks in, and the session protocol it falls back to.
+const MODERN: &str = "2026-07-28";
+const SESSION_PROTOCOL: &str = "2025-06-18";
+/// How the router names itself to a backend it asks.
+const CLIENT_INFO: &str = r#"{"name":"mrtr-router catalog","version":"1"}"#;
+
+/// How far one ask may go.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_tools: usize,
+    pub max_bytes: usize,
+}
+
+/// Why an ask failed (the `result` label of `mrtr_catalog_refreshes_total`, and a log line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AskFailed {
+    /// No connection, or it broke.
+    Unreachable(String),
+    /// An answer that is no tools list: an HTTP or JSON-RPC error, or not JSON.
+    Refused(String),
+    /// Past `max_tools` or `max_bytes`.
+    TooLarge,
+    /// Not done within `timeout`.
+    Timeout,
+}
+
+impl AskFailed {
+    pub fn label(&self) -> &'static str {
+        match self {
+            AskFailed::Unreachable(_) => "unreachable",
+            AskFailed::Refused(_) => "refused",
+            AskFailed::TooLarge => "too_large",
+            AskFailed::Timeout => "timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for AskFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AskFailed::Unreachable(why) => write!(f, "unreachable: {why}"),
+            AskFailed::Refused(why) => write!(f, "refused: {why}"),
+            AskFailed::TooLarge => f.write_str("more tools or bytes than max_tools or max_bytes"),
+            AskFailed::Timeout => f.write_str("no whole answer within the catalog's timeout"),
+        }
+    }
+}
+
+/// One exchange's worth of headers beyond the body's.
+struct Headers<'a> {
+    version: &'a str,
+    method: &'a str,
+    session: Option<&'a str>,
+}
+
+/// A backend being asked: where, and what is left of the byte budget.
+struct Asking<'a> {
+    backend: &'a Backend,
+    path: &'a str,
+    limits: Limits,
+    bytes_left: usize,
+    next_id: u64,
+}
+
+/// The backend's tools, every page of them.
+pub async fn tools(backend: &Backend, path: &str, limits: Limits) -> Result<Vec<Definition>, AskFailed> {
+    let mut asking = Asking {
+        backend,
+        path,
+        limits,
+        bytes_left: limits.max_bytes,
+        next_id: 0,
+    };
+    if asking.speaks_modern().await? {
+        return asking.list(MODERN, None).await;
+    }
+    let session = asking.open_session().await?;
+    let listed = asking.list(SESSION_PROTOCOL, Some(&session)).await;
+    asking.close_session(&session).await;
+    listed
+}
+
+impl Asking<'_> {
+    /// Whether the backend answers `server/discover` naming the modern version.
+    async fn speaks_modern(&mut self) -> Result<bool, AskFailed> {
+        let headers = Headers {
+            version: MODERN,
+            method: "server/discover",
+            session: None,
+        };
+        let answer = match self.call("server/discover", json!({"_meta": meta()}), headers).await {
+            Ok(answer) => answer,
+            // Anything but a connection that failed is no evidence of the modern protocol.
+            Err(AskFailed::Refused(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let versions = answer.0.get("supportedVersions").and_then(Value::as_array);
+        Ok(versions.is_some_and(|v| v.iter().any(|v| v == MODERN)))
+    }
+
+    /// A 2025 session: `initialize`, then the `notifications/initialized` notice.
+    async fn open_session(&mut self) -> Result<String, AskFailed> {
+        let params = json!({
+            "protocolVersion": SESSION_PROTOCOL,
+            "capabilities": {},
+            "clientInfo": serde_json::from_str::<Value>(CLIENT_INFO).expect("a JSON literal"),
+        });
+        let headers = Headers {
+            version: SESSION_PROTOCOL,
+            method: "initialize",
+            session: None,
+        };
+        let (_, session) = self.call("initialize", params, headers).await?;
+        let session = session.ok_or_else(|| AskFailed::Refused("initialize gave no Mcp-Session-Id".into()))?;
+        let notice = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let headers = Headers {
+            version: SESSION_PROTOCOL,
+            method: "notifications/initialized",
+            session: Some(&session),
+        };
+        self.exchange(&notice, headers).await?;
+        Ok(session)
+    }
+
+    /// Ends the session asked in (its answer does not matter).
+    async fn close_session(&mut self, session: &str) {
+        let Ok(request) = self.request(
+            Method::DELETE,
+            Bytes::new(),
+            &Headers {
+                version: SESSION_PROTOCOL,
+                method: "",
+                session: Some(session),
+            },
+        ) else {
+            return;
+        };
+        if let Ok(conn) = self.connection().await {
+            if let Ok(answer) = conn.send(request).await {
+                let _ = answer.into_body().collect().await;
+            }
+        }
+    }
+
+    /// Every page of `tools/list`, following `nextCursor`.
+    async fn list(&mut self, version: &str, session: Option<&str>) -> Result<Vec<Definition>, AskFailed> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut params = json!({});
+            if version == MODERN {
+                params["_meta"] = meta();
+            }
+            if let Some(c) = &cursor {
+                params["cursor"] = json!(c);
+            }
+            let headers = Headers {
+                version,
+                method: "tools/list",
+                session,
+            };
+            let (result, _) = self.call("tools/list", params, headers).await?;
+            let page = result
+                .get("tools")
+                .and_then(Value::as_array)
+                .ok_or_else(|| AskFailed::Refused("a tools/list result without tools".into()))?;
+            tools.extend(page.iter().filter_map(Definition::read));
+            if tools.len() > self.limits.max_tools {
+                return Err(AskFailed::TooLarge);
+            }
+            match result.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if cursor.as_deref() != Some(next) => cursor = Some(next.to_string()),
+                _ => return Ok(tools),
+            }
+        }
+    }
+
+    /// One JSON-RPC request: its result, and the answer's `Mcp-Session-Id` if it set one.
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Value,
+        headers: Headers<'_>,
+    ) -> Result<(Value, Option<String>), AskFailed> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let (status, session, body) = self.exchange(&request, headers).await?;
+        if !status.is_success() {
+            return Err(AskFailed::Refused(format!("{method}: HTTP {status}")));
+        }
+        let message = answer_to(&body, id).ok_or_else(|| AskFailed::Refused(format!("{method}: no answer to it")))?;
+        match (message.get("result"), message.get("error")) {
+            (Some(result), None) => Ok((result.clone(), session)),
+            (_, Some(error)) => Err(AskFailed::Refused(format!("{method}: {error}"))),
+            _ => Err(AskFailed::Refused(format!("{method}: neither result nor error"))),
+        }
+    }
+
+    /// One POST and its whole answer (within what is left of `max_bytes`).
+    async fn exchange(
+        &mut self,
+        message: &Value,
+        headers: Headers<'_>,
+    ) -> Result<(http::StatusCode, Option<String>, Bytes), AskFailed> {
+        let body = Bytes::from(message.to_string());
+        let request = self
+            .request(Method::POST, body, &headers)
+            .map_err(|e| AskFailed::Refused(e.to_string()))?;
+        let conn = self.connection().await?;
+        let answer = conn
+            .send(request)
+            .await
+            .map_err(|e| AskFailed::Unreachable(e.error().to_string()))?;
+        let status = answer.status();
+        let session = answer
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let limited = Limited::new(answer.into_body(), self.bytes_left);
+        let bytes = match limited.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(AskFailed::TooLarge),
+            Err(e) => return Err(AskFailed::Unreachable(e.to_string())),
+        };
+        self.bytes_left -= bytes.len();
+        Ok((status, session, bytes))
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        body: Bytes,
+        headers: &Headers<'_>,
+    ) -> Result<Request<crate::upstream::UpstreamBody>, http::Error> {
+        let target = self.backend.target_for(Some(&self.path.parse()?))?;
+        let mut request = Request::builder()
+            .method(method)
+            .uri(target)
+            .header(header::HOST, self.backend.host())
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header("mcp-protocol-version", headers.version);
+        if !body.is_empty() {
+            request = request
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::CONTENT_LENGTH, body.len());
+        }
+        if !headers.method.is_empty() {
+            request = request.header("mcp-method", headers.method);
+        }
+        if let Some(session) = headers.session {
+            request = request.header("mcp-session-id", HeaderValue::from_str(session)?);
+        }
+        request.body(Either::Left(Full::new(body)))
+    }
+
+    async fn connection(&self) -> Result<crate::upstream::PooledConn, AskFailed> {
+        match self.backend.check_connection() {
+            Connection::Ready(conn) => Ok(conn),
+            Connection::Opening(opening) => opening.await.map_err(|e| AskFailed::Unreachable(e.to_string())),
+        }
+    }
+}
+
+/// The `_meta` a stateless 2026-07-28 request carries: the version, the client, its capabilities.
+fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientInfo": serde_json::from_str::<Value>(CLIENT_INFO).expect("a JSON literal"),
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
+
+/// The JSON-RPC answer with `id` in an answer's body: the body itself, or one of its SSE events.
+fn answer_to(body: &[u8], id: u64) -> Option<Value> {
+    let is_ours = |v: &Value| v.get("id").and_then(Value::as_u64) == Some(id);
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        return is_ours(&v).then_some(v);
+    }
+    let (events, _) = split_sse(&[body]);
+    events
+        .iter()
+        .filter_map(|e| serde_json::from_slice::<Value>(e).ok())
+        .find(is_ours)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_is_found_in_json_or_in_an_event() {
+        let json = br#"{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}"#;
+        assert!(answer_to(json, 3).is_some());
+        assert!(answer_to(json, 4).is_none());
+        let sse = b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n\
+                    event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"tools\":[]}}\n\n";
+        assert_eq!(answer_to(sse, 3).unwrap()["result"]["tools"], json!([]));
+    }
+}

@@ -1,0 +1,162 @@
+//! The fleet's tools: each backend's catalog as last learned, and what they say together —
+//! which backends expose a tool, how many definitions of it the fleet serves, which changed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::definition::{Definition, Fingerprint};
+
+/// One backend's tools, as its last successful ask (or a `tools/list` answer passing through)
+/// gave them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackendTools {
+    pub tools: BTreeMap<String, Definition>,
+}
+
+impl BackendTools {
+    pub fn new(definitions: impl IntoIterator<Item = Definition>) -> BackendTools {
+        BackendTools {
+            tools: definitions.into_iter().map(|d| (d.name.clone(), d)).collect(),
+        }
+    }
+
+    /// The catalog's own fingerprint: over its tools' names and fingerprints, in name order.
+    pub fn fingerprint(&self) -> Fingerprint {
+        let parts = self
+            .tools
+            .values()
+            .flat_map(|d| [d.name.as_bytes(), &d.fingerprint.0[..]]);
+        Fingerprint::of_parts(parts)
+    }
+}
+
+/// A definition of a tool that changed on one backend: what it was, what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub backend: String,
+    pub tool: String,
+    pub was: Option<Fingerprint>,
+    pub is: Option<Fingerprint>,
+}
+
+/// Every backend's tools, by backend name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetTools {
+    backends: BTreeMap<String, BackendTools>,
+}
+
+impl FleetTools {
+    /// Puts `tools` as `backend`'s, and says what changed on it (a tool added, removed or
+    /// defined otherwise). The first catalog learned of a backend is no change.
+    pub fn learn(&mut self, backend: &str, tools: BackendTools) -> Vec<Change> {
+        let changes = match self.backends.get(backend) {
+            None => Vec::new(),
+            Some(before) => {
+                let names: BTreeSet<&String> = before.tools.keys().chain(tools.tools.keys()).collect();
+                names
+                    .into_iter()
+                    .filter_map(|name| {
+                        let was = before.tools.get(name).map(|d| d.fingerprint);
+                        let is = tools.tools.get(name).map(|d| d.fingerprint);
+                        (was != is).then(|| Change {
+                            backend: backend.to_string(),
+                            tool: name.clone(),
+                            was,
+                            is,
+                        })
+                    })
+                    .collect()
+            }
+        };
+        self.backends.insert(backend.to_string(), tools);
+        changes
+    }
+
+    /// Forgets a backend that left the fleet.
+    pub fn forget(&mut self, backend: &str) {
+        self.backends.remove(backend);
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&BackendTools> {
+        self.backends.get(name)
+    }
+
+    pub fn backends(&self) -> impl Iterator<Item = (&str, &BackendTools)> {
+        self.backends.iter().map(|(n, t)| (n.as_str(), t))
+    }
+
+    /// Each tool's definitions across the fleet: fingerprint → the backends serving it.
+    pub fn definitions(&self) -> BTreeMap<&str, BTreeMap<Fingerprint, Vec<&str>>> {
+        let mut out: BTreeMap<&str, BTreeMap<Fingerprint, Vec<&str>>> = BTreeMap::new();
+        for (backend, tools) in &self.backends {
+            for (name, d) in &tools.tools {
+                out.entry(name)
+                    .or_default()
+                    .entry(d.fingerprint)
+                    .or_default()
+                    .push(backend);
+            }
+        }
+        out
+    }
+
+    /// Each tool's number of distinct definitions across the fleet.
+    pub fn definition_counts(&self) -> BTreeMap<String, usize> {
+        self.definitions()
+            .into_iter()
+            .map(|(name, defs)| (name.to_string(), defs.len()))
+            .collect()
+    }
+
+    /// The tools the fleet serves in more than one definition.
+    pub fn drifted(&self) -> HashMap<String, usize> {
+        self.definition_counts().into_iter().filter(|(_, n)| *n > 1).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tools(list: serde_json::Value) -> BackendTools {
+        BackendTools::new(list.as_array().unwrap().iter().filter_map(Definition::read))
+    }
+
+    fn exposing<'a>(fleet: &'a FleetTools, tool: &'a str) -> Vec<&'a str> {
+        fleet
+            .backends()
+            .filter(|(_, t)| t.tools.contains_key(tool))
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    #[test]
+    fn the_fleet_says_who_exposes_what_and_what_drifted() {
+        let mut fleet = FleetTools::default();
+        let v1 = json!([{"name": "a", "description": "v1"}, {"name": "b"}]);
+        let v2 = json!([{"name": "a", "description": "v2"}, {"name": "b"}, {"name": "c"}]);
+        assert!(fleet.learn("w1", tools(v1.clone())).is_empty());
+        assert!(fleet.learn("w2", tools(v2.clone())).is_empty());
+        assert_eq!(exposing(&fleet, "c"), ["w2"]);
+        assert_eq!(exposing(&fleet, "b"), ["w1", "w2"]);
+        assert_eq!(fleet.drifted(), HashMap::from([("a".to_string(), 2)]));
+        assert_ne!(
+            fleet.backend("w1").unwrap().fingerprint(),
+            fleet.backend("w2").unwrap().fingerprint()
+        );
+        // w1 rolls to v2: a changed, c added; the fleet agrees again.
+        let changes = fleet.learn("w1", tools(v2));
+        let changed: Vec<_> = changes
+            .iter()
+            .map(|c| (c.tool.as_str(), c.was.is_some(), c.is.is_some()))
+            .collect();
+        assert_eq!(changed, [("a", true, true), ("c", false, true)]);
+        assert!(fleet.drifted().is_empty());
+        assert_eq!(
+            fleet.backend("w1").unwrap().fingerprint(),
+            fleet.backend("w2").unwrap().fingerprint()
+        );
+        fleet.forget("w2");
+        assert_eq!(exposing(&fleet, "b"), ["w1"]);
+    }
+}

@@ -1,0 +1,333 @@
+//! The router's catalog across reloads: each backend's tools as last learned, how its asks
+//! went, which backends to ask again now, and the metrics of it all. The asking itself is
+//! `fleet::catalog`'s loop; routing reads [`super::ToolRoutes`] from the snapshot.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Instant, SystemTime};
+
+use parking_lot::Mutex;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use serde_json::{json, Value};
+
+use super::ask::AskFailed;
+use super::fleet::{BackendTools, Change, FleetTools};
+use super::routes::ToolRoutes;
+use crate::config::Lock;
+use crate::upstream::BackendKey;
+
+/// Tools given a label of their own in `mrtr_tool_definitions{tool}` (names come from
+/// backends): the drifted ones first; the rest are counted in `mrtr_tool_definitions_unlabelled`.
+pub const LABELLED_TOOLS: usize = 500;
+
+/// The catalog's metrics (docs/src/observability.md).
+pub struct CatalogMetrics {
+    tools: IntGaugeVec,
+    refreshes: IntCounterVec,
+    definitions: IntGaugeVec,
+    unlabelled: IntGauge,
+    changes: IntCounter,
+}
+
+impl CatalogMetrics {
+    pub fn register(r: &Registry) -> CatalogMetrics {
+        let reg = |m: Box<dyn prometheus::core::Collector>| r.register(m).expect("unique metric");
+        let tools = IntGaugeVec::new(
+            Opts::new("mrtr_catalog_tools", "Tools each backend lists, as last learned"),
+            &["backend"],
+        )
+        .expect("valid metric");
+        let refreshes = IntCounterVec::new(
+            Opts::new(
+                "mrtr_catalog_refreshes_total",
+                "Asks of a backend for its tools, by result (ok, unreachable, refused, too_large, timeout)",
+            ),
+            &["backend", "result"],
+        )
+        .expect("valid metric");
+        let definitions = IntGaugeVec::new(
+            Opts::new(
+                "mrtr_tool_definitions",
+                "Distinct definitions of each tool across the fleet (more than 1: the fleet disagrees)",
+            ),
+            &["tool"],
+        )
+        .expect("valid metric");
+        let unlabelled = IntGauge::new(
+            "mrtr_tool_definitions_unlabelled",
+            "Tools past the label cap of mrtr_tool_definitions (shown there with no series)",
+        )
+        .expect("valid metric");
+        let changes = IntCounter::new(
+            "mrtr_tool_definition_changes_total",
+            "Tools added, removed or defined otherwise on a backend since it was first learned",
+        )
+        .expect("valid metric");
+        reg(Box::new(tools.clone()));
+        reg(Box::new(refreshes.clone()));
+        reg(Box::new(definitions.clone()));
+        reg(Box::new(unlabelled.clone()));
+        reg(Box::new(changes.clone()));
+        CatalogMetrics {
+            tools,
+            refreshes,
+            definitions,
+            unlabelled,
+            changes,
+        }
+    }
+}
+
+/// How asking one backend went.
+#[derive(Debug, Clone, Default)]
+struct Asked {
+    /// When its tools were last learned.
+    learned: Option<SystemTime>,
+    /// The last ask's failure, if it failed.
+    failure: Option<String>,
+    /// When it is due to be asked (`None`: now).
+    due: Option<Instant>,
+    asking: bool,
+}
+
+/// What learning one backend's tools did.
+pub struct Learned {
+    pub changes: Vec<Change>,
+    /// The backend's tools are not what they were (or were never known): routes change.
+    pub routes_changed: bool,
+    /// Tools that began to have more than one definition across the fleet.
+    pub drifted: Vec<(String, usize)>,
+}
+
+/// The catalog of a router.
+pub struct Catalog {
+    fleet: Mutex<FleetTools>,
+    asked: Mutex<BTreeMap<String, Asked>>,
+    labelled: Mutex<BTreeSet<String>>,
+    pub(crate) wake: tokio::sync::Notify,
+    metrics: CatalogMetrics,
+}
+
+impl Catalog {
+    pub fn new(metrics: CatalogMetrics) -> Catalog {
+        Catalog {
+            fleet: Mutex::default(),
+            asked: Mutex::default(),
+            labelled: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            metrics,
+        }
+    }
+
+    /// The routes of what is known now.
+    pub fn routes(
+        &self,
+        key_of: impl Fn(&str) -> Option<BackendKey>,
+        lock: Option<&Lock>,
+        by_tool: bool,
+    ) -> ToolRoutes {
+        ToolRoutes::build(&self.fleet.lock(), key_of, lock, by_tool)
+    }
+
+    /// Asks `backend` again at the next round (its tools may have changed: a
+    /// `notifications/tools/list_changed` passed, or it came back).
+    pub fn ask_again(&self, backend: &str) {
+        if let Some(a) = self.asked.lock().get_mut(backend) {
+            a.due = None;
+        }
+        self.wake.notify_one();
+    }
+
+    /// The backends of `present` due to be asked at `now`, marked as being asked.
+    pub fn due(&self, present: &[&str], now: Instant) -> Vec<String> {
+        let mut asked = self.asked.lock();
+        let mut out = Vec::new();
+        for &name in present {
+            let a = asked.entry(name.to_string()).or_default();
+            if !a.asking && a.due.is_none_or(|d| d <= now) {
+                a.asking = true;
+                out.push(name.to_string());
+            }
+        }
+        out
+    }
+
+    /// Forgets every backend not in `present` (it left the fleet); true when one was known.
+    pub fn keep_only(&self, present: &[&str]) -> bool {
+        let gone: Vec<String> = {
+            let asked = self.asked.lock();
+            let fleet = self.fleet.lock();
+            let known = asked.keys().map(String::as_str).chain(fleet.backends().map(|(n, _)| n));
+            let gone: BTreeSet<&str> = known.filter(|n| !present.contains(n)).collect();
+            gone.into_iter().map(str::to_string).collect()
+        };
+        for name in &gone {
+            self.asked.lock().remove(name);
+            self.fleet.lock().forget(name);
+            let _ = self.metrics.tools.remove_label_values(&[name]);
+            for result in ["ok", "unreachable", "refused", "too_large", "timeout"] {
+                let _ = self.metrics.refreshes.remove_label_values(&[name, result]);
+            }
+        }
+        if !gone.is_empty() {
+            self.label_definitions();
+        }
+        !gone.is_empty()
+    }
+
+    /// Forgets everything (the catalog was turned off).
+    pub fn clear(&self) -> bool {
+        self.keep_only(&[])
+    }
+
+    /// `backend`'s tools, learned by an ask at `next` due (or from an answer passing through,
+    /// `next` `None`: the schedule stays).
+    pub fn learned(&self, backend: &str, tools: BackendTools, next: Option<Instant>) -> Learned {
+        let count = tools.tools.len();
+        let (changes, routes_changed, drifted) = {
+            let mut fleet = self.fleet.lock();
+            let before = fleet.drifted();
+            let same = fleet.backend(backend) == Some(&tools);
+            let changes = fleet.learn(backend, tools);
+            let drifted = fleet
+                .drifted()
+                .into_iter()
+                .filter(|(tool, n)| before.get(tool).is_none_or(|b| b < n))
+                .collect();
+            (changes, !same, drifted)
+        };
+        {
+            let mut asked = self.asked.lock();
+            let a = asked.entry(backend.to_string()).or_default();
+            a.learned = Some(SystemTime::now());
+            a.failure = None;
+            if next.is_some() {
+                a.due = next;
+                a.asking = false;
+            }
+        }
+        self.metrics.tools.with_label_values(&[backend]).set(count as i64);
+        self.metrics.refreshes.with_label_values(&[backend, "ok"]).inc();
+        self.metrics.changes.inc_by(changes.len() as u64);
+        if routes_changed {
+            self.label_definitions();
+        }
+        Learned {
+            changes,
+            routes_changed,
+            drifted,
+        }
+    }
+
+    /// An ask of `backend` failed: counted, and its last good tools kept.
+    pub fn failed(&self, backend: &str, failure: &AskFailed, next: Instant) {
+        let mut asked = self.asked.lock();
+        let a = asked.entry(backend.to_string()).or_default();
+        a.failure = Some(failure.to_string());
+        a.due = Some(next);
+        a.asking = false;
+        self.metrics
+            .refreshes
+            .with_label_values(&[backend, failure.label()])
+            .inc();
+    }
+
+    /// Sets `mrtr_tool_definitions{tool}`: the drifted tools first, then by name, up to
+    /// [`LABELLED_TOOLS`]; the series of tools gone or past the cap removed.
+    fn label_definitions(&self) {
+        let counts = self.fleet.lock().definition_counts();
+        let mut order: Vec<(&String, &usize)> = counts.iter().collect();
+        order.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let keep: BTreeSet<String> = order.iter().take(LABELLED_TOOLS).map(|(t, _)| (*t).clone()).collect();
+        let mut labelled = self.labelled.lock();
+        for gone in labelled.difference(&keep) {
+            let _ = self.metrics.definitions.remove_label_values(&[gone]);
+        }
+        for tool in &keep {
+            self.metrics
+                .definitions
+                .with_label_values(&[tool])
+                .set(counts[tool] as i64);
+        }
+        self.metrics
+            .unlabelled
+            .set(counts.len().saturating_sub(keep.len()) as i64);
+        *labelled = keep;
+    }
+
+    /// `GET /catalog`: each backend's tools (name, fingerprint, hints, description) and how its
+    /// asks go, and each tool's definitions across the fleet with the backends serving each.
+    pub fn document(&self, lock: Option<&Lock>) -> Value {
+        let fleet = self.fleet.lock();
+        let asked = self.asked.lock();
+        let names: BTreeSet<&str> = asked
+            .keys()
+            .map(String::as_str)
+            .chain(fleet.backends().map(|(n, _)| n))
+            .collect();
+        let backends: Vec<Value> = names
+            .into_iter()
+            .map(|name| {
+                let a = asked.get(name).cloned().unwrap_or_default();
+                let tools = fleet.backend(name);
+                json!({
+                    "name": name,
+                    "learned_unix_ms": a.learned.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
+                    "last_error": a.failure,
+                    "fingerprint": tools.map(|t| t.fingerprint().short()),
+                    "tools": tools.map(|t| t.tools.values().map(|d| json!({
+                        "name": d.name,
+                        "fingerprint": d.fingerprint.short(),
+                        "description": d.description,
+                        "read_only": d.hints.read_only,
+                        "idempotent": d.hints.idempotent,
+                        "destructive": d.hints.destructive,
+                    })).collect::<Vec<_>>()).unwrap_or_default(),
+                })
+            })
+            .collect();
+        let tools: Vec<Value> = fleet
+            .definitions()
+            .into_iter()
+            .map(|(name, defs)| {
+                let definitions: Vec<Value> = defs
+                    .iter()
+                    .map(|(fp, backends)| {
+                        json!({
+                            "fingerprint": fp.short(),
+                            "backends": backends,
+                            "approved": lock.map(|l| l.approves(name, &fp.0)),
+                        })
+                    })
+                    .collect();
+                json!({"name": name, "drifted": defs.len() > 1, "definitions": definitions})
+            })
+            .collect();
+        json!({"backends": backends, "tools": tools, "locked": lock.is_some()})
+    }
+
+    /// The status page's `catalog` member: how many tools and backends are known, and each
+    /// tool served in more than one definition, with the backends serving each definition.
+    pub fn summary(&self) -> Value {
+        let fleet = self.fleet.lock();
+        let definitions = fleet.definitions();
+        let drifted: Vec<Value> = definitions
+            .iter()
+            .filter(|(_, defs)| defs.len() > 1)
+            .map(|(name, defs)| {
+                let description = fleet
+                    .backends()
+                    .find_map(|(_, t)| t.tools.get(*name).map(|d| d.description.clone()));
+                let backends: Vec<String> = defs
+                    .iter()
+                    .map(|(fp, backends)| format!("{} ({})", backends.join(", "), fp.short()))
+                    .collect();
+                json!({"name": name, "description": description, "definitions": defs.len(), "backends": backends})
+            })
+            .collect();
+        json!({
+            "tools_known": definitions.len(),
+            "backends_learned": fleet.backends().count(),
+            "tools": drifted,
+        })
+    }
+}

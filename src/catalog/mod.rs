@@ -1,0 +1,17 @@
+//! The fleet's tools (docs/src/catalog.md): what each backend exposes, learned by asking it as an
+//! MCP client would and from the `tools/list` answers the router forwards; which definitions
+//! differ between backends; the lock of approved definitions; and what routing reads of it all.
+
+mod approve;
+mod ask;
+mod definition;
+mod fleet;
+mod keeper;
+mod routes;
+
+pub use approve::lock_of;
+pub use ask::{tools, AskFailed, Limits};
+pub use definition::Definition;
+pub use fleet::BackendTools;
+pub use keeper::{Catalog, CatalogMetrics};
+pub use routes::{shown, ToolRoutes};

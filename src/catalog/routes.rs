@@ -1,0 +1,158 @@
+//! What routing reads of the catalog (one part of the snapshot): for each tool, the backends
+//! that serve it and whether the lock approves what each serves. Built when the catalog or the
+//! fleet changes, never on the request path.
+
+use std::collections::HashMap;
+
+use super::fleet::FleetTools;
+use crate::config::Lock;
+use crate::dialect::RequestHandles;
+use crate::error::RouterError;
+use crate::upstream::BackendKey;
+
+/// The backends serving one tool.
+#[derive(Debug, Default)]
+struct Serving {
+    /// Every backend that lists the tool, with whether the lock approves its definition (true
+    /// for all without a lock).
+    backends: Box<[(BackendKey, bool)]>,
+    /// Those whose definition is approved: where a new call of the tool may go.
+    approved: Box<[BackendKey]>,
+}
+
+/// Tool name → the backends serving it.
+#[derive(Debug, Default)]
+pub struct ToolRoutes {
+    tools: HashMap<Box<str>, Serving>,
+    /// `route_by_tool`: a new call goes only to the backends serving its tool.
+    by_tool: bool,
+}
+
+/// A tool name in an error answer: the client's own bytes, bounded.
+const TOOL_IN_ERROR: usize = 128;
+
+/// A tool name as an error answer shows it: its first [`TOOL_IN_ERROR`] bytes.
+pub fn shown(tool: &str) -> String {
+    let mut end = tool.len().min(TOOL_IN_ERROR);
+    while !tool.is_char_boundary(end) {
+        end -= 1;
+    }
+    tool[..end].to_string()
+}
+
+impl ToolRoutes {
+    /// The routes of `fleet`'s tools, for the backends `key_of` knows (a backend the snapshot
+    /// no longer has is left out), checked against `lock` when there is one.
+    pub fn build(
+        fleet: &FleetTools,
+        key_of: impl Fn(&str) -> Option<BackendKey>,
+        lock: Option<&Lock>,
+        by_tool: bool,
+    ) -> ToolRoutes {
+        let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool)>> = HashMap::new();
+        for (backend, catalog) in fleet.backends() {
+            let Some(key) = key_of(backend) else { continue };
+            for (name, definition) in &catalog.tools {
+                let approved = lock.is_none_or(|l| l.approves(name, &definition.fingerprint.0));
+                tools.entry(name.as_str().into()).or_default().push((key, approved));
+            }
+        }
+        let tools = tools
+            .into_iter()
+            .map(|(name, backends)| {
+                let approved = backends.iter().filter(|(_, a)| *a).map(|(k, _)| *k).collect();
+                let backends = backends.into_boxed_slice();
+                (name, Serving { backends, approved })
+            })
+            .collect();
+        ToolRoutes { tools, by_tool }
+    }
+
+    /// The tool a request calls, if it calls one the catalog knows (a batch: its first message).
+    fn called<'r>(&self, handles: &'r RequestHandles) -> Option<(&'r str, &Serving)> {
+        if handles.method.as_deref() != Some("tools/call") {
+            return None;
+        }
+        let tool = handles.name.as_deref()?;
+        self.tools.get(tool).map(|s| (tool, s))
+    }
+
+    /// Where a new call of the request's tool may go: the backends serving its approved
+    /// definition. `None`: the request calls no tool the catalog knows (routed as any request).
+    /// Refused when every backend that serves the tool serves a definition the lock does not
+    /// approve.
+    pub fn for_new_call(&self, handles: &RequestHandles) -> Option<Result<&[BackendKey], RouterError>> {
+        if !self.by_tool {
+            return None;
+        }
+        let (tool, serving) = self.called(handles)?;
+        Some(match serving.approved.is_empty() {
+            true => Err(RouterError::ToolDefinitionChanged { tool: shown(tool) }),
+            false => Ok(&serving.approved),
+        })
+    }
+
+    /// Every tool call of a request that starts calls (a batch's each) checked against the
+    /// lock for the backend it goes to: refused when that backend serves the tool in a
+    /// definition the lock does not approve. A backend that does not list the tool answers
+    /// for itself.
+    pub fn approve(&self, handles: &RequestHandles, backend: BackendKey) -> Result<(), RouterError> {
+        for (method, name) in handles.messages() {
+            let (Some("tools/call"), Some(tool)) = (method, name) else {
+                continue;
+            };
+            let Some(serving) = self.tools.get(tool) else { continue };
+            if serving.backends.iter().any(|&(k, approved)| k == backend && !approved) {
+                return Err(RouterError::ToolDefinitionChanged { tool: shown(tool) });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{BackendTools, Definition};
+    use serde_json::json;
+
+    fn key(name: &str) -> Option<BackendKey> {
+        Some(BackendKey::of(name))
+    }
+
+    #[test]
+    fn routes_follow_the_lock() {
+        let mut fleet = FleetTools::default();
+        let v1 = Definition::read(&json!({"name": "a", "description": "v1"})).unwrap();
+        let v2 = Definition::read(&json!({"name": "a", "description": "v2"})).unwrap();
+        fleet.learn("w1", BackendTools::new([v1.clone()]));
+        fleet.learn("w2", BackendTools::new([v2]));
+        let headers = http::HeaderMap::new();
+        let bodies = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"b"}}"#,
+        ];
+        let routing = http::HeaderName::from_static("mcp-routing-id");
+        let handles = |tool: &str| {
+            let body = bodies[usize::from(tool == "b")].as_bytes();
+            RequestHandles::read(&headers, &routing, "messageId", Some(body)).unwrap()
+        };
+        let open = ToolRoutes::build(&fleet, key, None, true);
+        assert_eq!(open.for_new_call(&handles("a")).unwrap().unwrap().len(), 2);
+        assert!(open.for_new_call(&handles("b")).is_none());
+        let mut lock = Lock::default();
+        lock.tools.insert("a".into(), v1.fingerprint.0);
+        let locked = ToolRoutes::build(&fleet, key, Some(&lock), true);
+        assert_eq!(
+            locked.for_new_call(&handles("a")).unwrap().unwrap(),
+            [BackendKey::of("w1")]
+        );
+        assert!(locked.approve(&handles("a"), BackendKey::of("w1")).is_ok());
+        assert!(locked.approve(&handles("a"), BackendKey::of("w2")).is_err());
+        // A backend that does not list the tool answers for itself.
+        assert!(locked.approve(&handles("a"), BackendKey::of("w3")).is_ok());
+        lock.tools.clear();
+        let none = ToolRoutes::build(&fleet, key, Some(&lock), true);
+        assert!(none.for_new_call(&handles("a")).unwrap().is_err());
+    }
+}
