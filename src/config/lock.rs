@@ -8,7 +8,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 /// A definition's fingerprint: the SHA-256 of its canonical form (`catalog::Fingerprint`).
 pub type Fingerprint = [u8; 32];
@@ -47,13 +46,17 @@ impl Lock {
         let mut out = String::from(
             "# Approved tool definitions, written by `mrtr-router catalog lock`: with `[catalog] lock`\n\
              # naming this file, a call of a tool goes only to backends serving the definition below,\n\
-             # and is refused 409 `tool_definition_changed` when none does (docs: \"Tools across the fleet\").\n\
-             [tools]\n",
+             # and is refused 409 `tool_definition_changed` when none does (docs: \"Tools across the fleet\").\n",
         );
-        for (tool, fingerprint) in &self.tools {
-            let key = toml::Value::String(tool.clone()).to_string();
-            let _ = writeln!(out, "{key} = \"{}\"", hex(fingerprint));
-        }
+        let tools: toml::Table = self
+            .tools
+            .iter()
+            .map(|(tool, fingerprint)| (tool.clone(), toml::Value::String(hex(fingerprint))))
+            .collect();
+        let mut table = toml::Table::new();
+        table.insert("tools".into(), toml::Value::Table(tools));
+        // `[tools]`, its keys escaped as TOML escapes them.
+        out.push_str(&table.to_string());
         out
     }
 
