@@ -1,7 +1,8 @@
 //! Asking one backend for its tools, as an MCP client would (docs/src/catalog.md): on the
 //! 2026-07-28 protocol when the backend speaks it (`server/discover`, then stateless
 //! `tools/list` pages), else in a 2025 session opened for the purpose (`initialize`, the
-//! `notifications/initialized` notice, `tools/list` pages, then the session deleted). Over the
+//! `notifications/initialized` notice, `tools/list` pages, then the session deleted; a
+//! stateless server that gives no session is asked without one). Over the
 //! same endpoint, TLS and pool as the requests the backend serves. Bounded: one ask takes at
 //! most the configured timeout (the caller's), and reads at most `max_bytes` of answers and
 //! `max_tools` tools.
@@ -91,9 +92,12 @@ pub async fn tools(backend: &Backend, path: &str, limits: Limits) -> Result<Vec<
     if asking.speaks_modern().await? {
         return asking.list(MODERN, None).await;
     }
+    // A stateless 2025 server gives no session: its list is asked without one.
     let session = asking.open_session().await?;
-    let listed = asking.list(SESSION_PROTOCOL, Some(&session)).await;
-    asking.close_session(&session).await;
+    let listed = asking.list(SESSION_PROTOCOL, session.as_deref()).await;
+    if let Some(session) = &session {
+        asking.close_session(session).await;
+    }
     listed
 }
 
@@ -115,8 +119,9 @@ impl Asking<'_> {
         Ok(versions.is_some_and(|v| v.iter().any(|v| v == MODERN)))
     }
 
-    /// A 2025 session: `initialize`, then the `notifications/initialized` notice.
-    async fn open_session(&mut self) -> Result<String, AskFailed> {
+    /// A 2025 session: `initialize`, then the `notifications/initialized` notice; the
+    /// session's id, if the server keeps sessions.
+    async fn open_session(&mut self) -> Result<Option<String>, AskFailed> {
         let params = json!({
             "protocolVersion": SESSION_PROTOCOL,
             "capabilities": {},
@@ -128,12 +133,11 @@ impl Asking<'_> {
             session: None,
         };
         let (_, session) = self.call("initialize", params, headers).await?;
-        let session = session.ok_or_else(|| AskFailed::Refused("initialize gave no Mcp-Session-Id".into()))?;
         let notice = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
         let headers = Headers {
             version: SESSION_PROTOCOL,
             method: "notifications/initialized",
-            session: Some(&session),
+            session: session.as_deref(),
         };
         self.exchange(&notice, headers).await?;
         Ok(session)

@@ -19,6 +19,9 @@ use crate::upstream::BackendKey;
 /// backends): the drifted ones first; the rest are counted in `mrtr_tool_definitions_unlabelled`.
 pub const LABELLED_TOOLS: usize = 500;
 
+/// The `result` labels of `mrtr_catalog_refreshes_total`: `ok`, and each `AskFailed::label`.
+const RESULTS: [&str; 5] = ["ok", "unreachable", "refused", "too_large", "timeout"];
+
 /// The catalog's metrics (docs/src/observability.md).
 pub struct CatalogMetrics {
     tools: IntGaugeVec,
@@ -142,7 +145,13 @@ impl Catalog {
         let mut asked = self.asked.lock();
         let mut out = Vec::new();
         for &name in present {
-            let a = asked.entry(name.to_string()).or_default();
+            let a = asked.entry(name.to_string()).or_insert_with(|| {
+                // Every result's series from the first ask on, at 0 until counted.
+                for result in RESULTS {
+                    self.metrics.refreshes.with_label_values(&[name, result]);
+                }
+                Asked::default()
+            });
             if !a.asking && a.due.is_none_or(|d| d <= now) {
                 a.asking = true;
                 out.push(name.to_string());
@@ -164,7 +173,7 @@ impl Catalog {
             self.asked.lock().remove(name);
             self.fleet.lock().forget(name);
             let _ = self.metrics.tools.remove_label_values(&[name]);
-            for result in ["ok", "unreachable", "refused", "too_large", "timeout"] {
+            for result in RESULTS {
                 let _ = self.metrics.refreshes.remove_label_values(&[name, result]);
             }
         }

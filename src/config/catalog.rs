@@ -22,8 +22,7 @@ pub struct CatalogConfig {
     pub path: String,
     /// New calls go only to the backends that expose their tool.
     pub route_by_tool: bool,
-    /// With `[auth]`'s tool scopes: a `tools/list` answer lists only the tools the caller holds
-    /// the scopes of.
+    /// Reserved (filtering `tools/list` by the caller's scopes): only `false` is accepted.
     pub filter_list_by_scope: bool,
     /// The approved definitions (`mrtr-router catalog lock`): a call of a tool whose served
     /// definition differs is refused.
@@ -43,9 +42,8 @@ pub struct LockFile {
 pub(super) fn catalog(mut s: Section, auth_scopes_tools: bool) -> Result<Option<CatalogConfig>, ConfigError> {
     let enabled = key(
         "enabled",
-        "Learn each backend's tools (asked as an MCP client would, and from the `tools/list` answers \
-         passing through), and use them: routing by tool, drift detection, the lock, retries by the \
-         tool's annotations.",
+        "Learn each backend's tools (asked as an MCP client would) and use them: routing by tool, drift \
+         detection, the lock.",
     );
     let interval = key(
         "interval",
@@ -68,8 +66,8 @@ pub(super) fn catalog(mut s: Section, auth_scopes_tools: bool) -> Result<Option<
     );
     let filter = key(
         "filter_list_by_scope",
-        "With `[[auth.tool]]` scopes: drop from a `tools/list` answer the tools the caller lacks the scopes \
-         of (a hidden tool also hides what a step-up could reach).",
+        "Reserved: dropping from a `tools/list` answer the tools the caller lacks the scopes of is not built \
+         yet, so only `false` is accepted.",
     );
     let lock = key(
         "lock",
@@ -91,12 +89,13 @@ pub(super) fn catalog(mut s: Section, auth_scopes_tools: bool) -> Result<Option<
     }
     let route_by_tool = s.bool(route_by_tool, true)?;
     let filter_list_by_scope = s.bool(filter, false)?;
-    if filter_list_by_scope && !auth_scopes_tools {
+    if filter_list_by_scope {
         let span = s.span();
-        return s.err(
-            span,
-            "catalog.filter_list_by_scope needs [auth] with [[auth.tool]] scopes to filter by",
-        );
+        let why = match auth_scopes_tools {
+            true => "catalog.filter_list_by_scope: filtering tools/list by scope is not built yet; set it to false",
+            false => "catalog.filter_list_by_scope needs [auth] with [[auth.tool]] scopes to filter by",
+        };
+        return s.err(span, why);
     }
     let lock = match s.text(lock, Kind::Path)? {
         Some(text) => {

@@ -207,7 +207,7 @@ impl Config {
         let about = "OpenTelemetry traces over OTLP/HTTP: on when `otlp_endpoint` is set.";
         let tracing = tracing::tracing(doc.section(root, "tracing", about)?)?;
         let about = "The fleet's tools: each backend's, learned and fingerprinted, for routing by tool, \
-                     drift detection, a lock of approved definitions and retries by annotation; off by default.";
+                     drift detection and a lock of approved definitions; off by default.";
         let scopes_tools = auth.as_ref().is_some_and(|a| !a.tools.is_empty());
         let catalog = catalog::catalog(doc.section(root, "catalog", about)?, scopes_tools)?;
         doc.only_sections_read(root)?;

@@ -1,7 +1,7 @@
 //! Built-in example MCP worker speaking the routing-id dialect (docs/src/dialects.md), with real
 //! per-instance call state. Used by `demo` and by the integration tests.
 //!
-//! Methods: `tools/call` of `transfer-funds` (or any tool with `arguments.rounds` > 1) answers
+//! Methods: `tools/list` (the tools below); `tools/call` of `transfer-funds` (or any tool with `arguments.rounds` > 1) answers
 //! `pending`, each `confirm` moves the call one round on (`params.round` makes a repeated
 //! confirm idempotent) and the last one executes it once; `whoami` answers the worker's name;
 //! `stream` answers over SSE (progress events, optionally held until [`WorkerState::release`]);
@@ -257,6 +257,7 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
         v
     };
     match (method, tool) {
+        ("tools/list", _) => json_response(&st, StatusCode::OK, &answer(json!({"tools": tools()}))),
         ("tools/call", "whoami") => json_response(&st, StatusCode::OK, &answer(text_result(&st.name))),
         ("tools/call", "sleep") => {
             let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
@@ -305,6 +306,19 @@ async fn serve(st: Arc<WorkerState>, req: Request<Incoming>) -> Response<WorkerB
         }
         _ => json_response(&st, StatusCode::OK, &answer(json!({"worker": st.name}))),
     }
+}
+
+/// The tools a worker lists (`tools/list`), as the catalog learns them.
+fn tools() -> Value {
+    let object = json!({"type": "object"});
+    let read_only = json!({"readOnlyHint": true});
+    json!([
+        {"name": "whoami", "description": "The worker's name.", "inputSchema": object, "annotations": read_only},
+        {"name": "sleep", "description": "Answers after `ms` milliseconds.", "inputSchema": {"type": "object", "properties": {"ms": {"type": "integer"}}}, "annotations": read_only},
+        {"name": "stream", "description": "Answers over SSE with progress events.", "inputSchema": object, "annotations": read_only},
+        {"name": "task", "description": "Runs as a task.", "inputSchema": object},
+        {"name": "transfer-funds", "description": "Moves money once its rounds are confirmed.", "inputSchema": {"type": "object", "properties": {"rounds": {"type": "integer"}}}, "annotations": {"destructiveHint": true}},
+    ])
 }
 
 /// Moves a call one round on and returns that round's answer, or `None` for a follow-up of

@@ -70,7 +70,8 @@ fn every_section_and_key_says_what_it_means_in_one_line() {
             "upstream",
             "backend",
             "log",
-            "tracing"
+            "tracing",
+            "catalog"
         ]
     );
     let one_line = |text: &str| !text.trim().is_empty() && !text.contains('\n') && text.ends_with('.');

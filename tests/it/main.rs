@@ -15,6 +15,7 @@ mod auth;
 mod auth_handles;
 mod backend_tls;
 mod bounded_load;
+mod catalog;
 mod chaos;
 mod cli;
 mod config_reference;

@@ -111,7 +111,24 @@ fn exported(text: &str) -> BTreeMap<String, Family> {
 
 #[tokio::test]
 async fn the_metrics_table_is_what_a_live_router_exports() {
-    let fleet = Fleet::start(2, "[tokens]\nkeys = [\"metrics-docs-key-0123456789abcdef012345\"]\n").await;
+    let extra = "[tokens]\nkeys = [\"metrics-docs-key-0123456789abcdef012345\"]\n\
+                 [catalog]\nenabled = true\ninterval = \"1s\"\n";
+    let fleet = Fleet::start(2, extra).await;
+    // The catalog's series, once both workers' tools are learned.
+    fleet
+        .wait_metric(
+            "mrtr_catalog_tools{backend=\"worker-1\"}",
+            5.0,
+            std::time::Duration::from_secs(10),
+        )
+        .await;
+    fleet
+        .wait_metric(
+            "mrtr_catalog_tools{backend=\"worker-0\"}",
+            5.0,
+            std::time::Duration::from_secs(10),
+        )
+        .await;
     // One request, so that the per-request series exist.
     let a = fleet
         .post(
