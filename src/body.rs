@@ -234,6 +234,9 @@ pub struct SseSplitter {
     line_start: usize,
     /// Set while passing through an event too large to observe, until its end.
     skipping: bool,
+    /// The stream's first event is still to come: a UTF-8 byte order mark may start it, which
+    /// an event-stream parser skips (HTML's "event stream interpretation").
+    first: bool,
     sink: MessageSink,
 }
 
@@ -244,6 +247,7 @@ impl SseSplitter {
             scan: 0,
             line_start: 0,
             skipping: false,
+            first: true,
             sink,
         }
     }
@@ -272,7 +276,9 @@ impl SseSplitter {
             };
             if i == self.line_start {
                 // An empty line ends the event.
-                if !self.skipping {
+                if self.skipping {
+                    self.first = false;
+                } else {
                     if let Some(r) = self.observe(complete, i) {
                         rewrites.push((complete, end, r));
                     }
@@ -327,7 +333,10 @@ impl SseSplitter {
     }
 
     fn observe(&mut self, start: usize, end: usize) -> Option<Replacement> {
-        let event = &self.buf[start..end];
+        let mut event = &self.buf[start..end];
+        if std::mem::take(&mut self.first) {
+            event = event.strip_prefix("\u{feff}".as_bytes()).unwrap_or(event);
+        }
         let mut data: Vec<u8> = Vec::new();
         let mut lines = 0;
         for line in event.split(|&b| b == b'\n' || b == b'\r') {
@@ -377,6 +386,14 @@ mod tests {
             None
         };
         (SseSplitter::new(Box::new(sink)), seen)
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_first_event_is_read_past() {
+        let (events, out) = split_sse(&[b"\xef\xbb", b"\xbfdata: {\"a\":1}\n\n\xef\xbb\xbfdata: b\n\n"]);
+        // Only the stream's first: a mark later starts a field of another name.
+        assert_eq!(events, [b"{\"a\":1}".to_vec(), Vec::new()]);
+        assert!(out.starts_with(b"\xef\xbb\xbfdata"), "the bytes go on as they came");
     }
 
     #[test]

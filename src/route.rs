@@ -71,21 +71,27 @@ pub struct Decision {
 /// - a JSON-RPC response posted in a session (the client's answer to an elicitation or sampling
 ///   request the server made during a call).
 ///
-/// A request that only carries a session is a new call; so is one that carries another call's
-/// handle, and one whose call has ended here (its pin finished: a repeat of its last round is
+/// A request that only carries a session is a new call; so is a batch, one that carries another
+/// call's handle, and one whose call has ended here (its pin finished: a repeat of its last round is
 /// routed to the same backend, but it is no longer a call a limiter could strand).
 pub fn is_follow_up(handles: &RequestHandles, matched: Option<Matched>, unsealed: Option<&Unsealed>) -> bool {
     // Most requests carry no handle at all.
     if matched.is_none() && unsealed.is_none() && handles.session_id.is_none() {
         return false;
     }
-    if matched.is_some_and(|m| m.pin.finished) {
+    // A batch is no round of a call: each element counts as a new call.
+    if matched.is_some_and(|m| m.pin.finished) || handles.is_batch() {
         return false;
     }
     let starts = handles.starts_a_call();
+    // A sealed `requestState` says which method and tool it was issued for; the pin it matched
+    // continues only that.
+    let state_for_this = unsealed
+        .and_then(|u| u.state_call)
+        .is_none_or(|c| c == handles.tool_tag());
     let pinned = matched.is_some_and(|m| match m.pin.kind {
         PinKind::Client => !starts,
-        PinKind::RequestState => handles.takes_request_state(),
+        PinKind::RequestState => handles.takes_request_state() && state_for_this,
         PinKind::Task => handles.follows_tasks(),
         PinKind::Session => false,
     });

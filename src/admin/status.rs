@@ -567,7 +567,10 @@ mod tests {
         ] {
             assert!(doc["router"].get(key).is_some(), "router.{key} missing: {doc:#}");
         }
-        assert_eq!(doc["router"]["errors"].as_object().unwrap().len(), crate::error::RouterError::REASONS.len());
+        assert_eq!(
+            doc["router"]["errors"].as_object().unwrap().len(),
+            crate::error::RouterError::REASONS.len()
+        );
         assert_eq!(doc["router"]["connections"]["http1"], 0);
         let b = &doc["backends"][0];
         for key in [

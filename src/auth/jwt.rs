@@ -345,6 +345,15 @@ impl Policy {
         let named = |s: Option<Cow<'a, str>>| s.filter(|s| !s.is_empty());
         let client_id = named(claims.client_id).or_else(|| named(claims.azp));
         let sub = named(claims.sub);
+        // Backends receive them as header values (`X-Mcp-Auth-*`): a control character could be
+        // neither written nor left out without the backend seeing someone else.
+        if [Some(&issuer), sub.as_ref(), client_id.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|s| s.chars().any(char::is_control))
+        {
+            return Err(AuthFailure::Malformed(Part::Claims));
+        }
         let subject_is_client = sub.is_none();
         let subject = sub.or_else(|| client_id.clone()).ok_or(AuthFailure::NoSubject)?;
         let scopes = match (claims.scope, claims.scp) {

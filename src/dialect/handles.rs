@@ -45,6 +45,8 @@ struct Rare<'a> {
     task_ids: Box<[Cow<'a, str>]>,
     /// A batch's elements after the first (the first is the fields of [`RequestHandles`]).
     rest: Box<[RequestEnvelope<'a>]>,
+    /// The body is a JSON-RPC batch (of one element, perhaps).
+    batch: bool,
     /// Why a batch cannot be routed or judged as one request.
     batch_refused: Option<&'static str>,
 }
@@ -105,7 +107,7 @@ impl<'a> RequestHandles<'a> {
         // take the last (or the first that is not empty) would otherwise route, or run, two
         // different things.
         let (mut header_key, mut session_id, mut name, mut method, mut version) = (None, None, None, None, None);
-        let mut twice = false;
+        let (mut twice, mut versions) = (false, 0);
         let mut once = |slot: &mut Option<&'a http::HeaderValue>, v: &'a http::HeaderValue| {
             twice |= slot.replace(v).is_some();
         };
@@ -119,6 +121,8 @@ impl<'a> RequestHandles<'a> {
             } else if n == METHOD_HEADER {
                 once(&mut method, v);
             } else if batch && n == PROTOCOL_VERSION {
+                // Read for batches only, where the version decides whether a batch may be.
+                versions += 1;
                 version.get_or_insert(v);
             }
         }
@@ -146,7 +150,9 @@ impl<'a> RequestHandles<'a> {
             method.is_some_and(|m| read && (batch || Some(m.as_bytes()) != body_method.map(str::as_bytes)));
         let names_disagree = twice || name_disagrees || method_disagrees;
         let header_task = named.flatten().filter(|_| is_task_method);
-        let batch_refused = batch.then(|| batch_refusal(&envelope, &rest, version)).flatten();
+        let batch_refused = batch
+            .then(|| batch_refusal(&envelope, &rest, version, versions))
+            .flatten();
         // A batch's elements share their handles (or it was refused): any element's key field is
         // the batch's.
         let message_id = envelope
@@ -160,17 +166,24 @@ impl<'a> RequestHandles<'a> {
             request_state: envelope.request_state,
             task_id: header_task.or(envelope.task_id),
 
-            session_id: session_id.and_then(header_text),
+            // An empty one stands as a value of its own: no session the router pinned or sealed.
+            session_id: session_id.map(|v| std::str::from_utf8(v.as_bytes()).unwrap_or("\u{fffd}")),
             name: envelope.name,
             names_disagree,
             rare: (batch || !envelope.task_ids.is_empty()).then(|| {
                 Box::new(Rare {
                     task_ids: envelope.task_ids,
                     rest,
+                    batch,
                     batch_refused,
                 })
             }),
         }
+    }
+
+    /// Whether the body is a JSON-RPC batch.
+    pub fn is_batch(&self) -> bool {
+        self.rare.as_ref().is_some_and(|r| r.batch)
     }
 
     /// Why the request, a batch, is refused (docs/src/dialects.md, "Batches"), if it is.
@@ -322,24 +335,35 @@ impl<'a> RequestHandles<'a> {
 }
 
 /// Why a batch cannot be taken as one request, if it cannot: a protocol version without
-/// batches, a handle of such a protocol (a `requestState` or task id) in it, or elements with
-/// different keys (no one backend could hold them all).
+/// batches (or one that is no single protocol version: it stands twice, or is not a date), a
+/// handle of such a protocol (a `requestState` or task id) in it, or a key field on an element
+/// beside others (a batch is no round of a call: each element would be a round no count sees).
 fn batch_refusal(
     first: &RequestEnvelope,
     rest: &[RequestEnvelope],
     version: Option<&http::HeaderValue>,
+    versions: usize,
 ) -> Option<&'static str> {
-    if version.is_some_and(|v| v.as_bytes() >= NO_BATCHES_SINCE) {
+    let a_date = |v: &[u8]| {
+        v.len() == 10
+            && v.iter().enumerate().all(|(i, b)| {
+                if i == 4 || i == 7 {
+                    *b == b'-'
+                } else {
+                    b.is_ascii_digit()
+                }
+            })
+    };
+    if versions > 1 || version.is_some_and(|v| !a_date(v.as_bytes()) || v.as_bytes() >= NO_BATCHES_SINCE) {
         return Some("this protocol version has no JSON-RPC batches");
     }
     let elements = || std::iter::once(first).chain(rest);
     if elements().any(|e| e.request_state.is_some() || e.task_id.is_some() || !e.task_ids.is_empty()) {
         return Some("a batch carries no requestState or task id: the protocols that have them have no batches");
     }
-    let mut keys = elements().filter_map(|e| e.message_id.as_deref());
-    let first_key = keys.next();
-    if keys.any(|k| Some(k) != first_key) {
-        return Some("the elements of a batch carry different keys");
+    let keyed = elements().filter(|e| e.message_id.is_some()).count();
+    if keyed > 0 && !rest.is_empty() {
+        return Some("a key field stands on one message alone: a batch of several carries none");
     }
     None
 }

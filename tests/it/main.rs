@@ -21,6 +21,7 @@ mod cli;
 mod config_reference;
 mod connections;
 mod edge;
+mod edge_batches;
 mod envelope;
 mod errors;
 mod failures;
