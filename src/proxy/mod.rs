@@ -138,6 +138,7 @@ async fn run_phases(
     cx.observe(&parts);
     // Every decision below that reads the path reads the one the backend will see.
     path::check(parts.uri.path())?;
+    cx.judge_method(&parts.method, &body)?;
     if let Some(metadata) = cx.authenticate(&parts).await? {
         return Ok(metadata);
     }

@@ -1,13 +1,15 @@
 //! The phases of one request, in the order `run_phases` runs them, each a method over the one
 //! request context ([`Exchange`], Pingora's CTX) returning `Result<_, RouterError>`:
 //!
-//! authenticate → caller → read → handles → authorize → decide → admit → connect → forward → answer
+//! judge_method → authenticate → caller → read → handles → authorize → decide → admit →
+//! connect → forward → answer
 //!
-//! The order is what keeps the edge's invariants: who calls is known from the head before any
-//! body is read; the handles are read only from a body the read phase produced ([`Read`]); whether
-//! a request is a follow-up is one function (`route::is_follow_up`), asked by `decide`, whose
-//! answer `admit` uses; identity headers are written by `forward`, which builds the upstream
-//! request, after the hop-by-hop headers are removed.
+//! The order is what keeps the edge's invariants: a method never forwarded is refused whoever
+//! asks; who calls is known from the head before any body is read; the handles are read only
+//! from a body the read phase produced ([`Read`]); whether a request is a follow-up is one
+//! function (`route::is_follow_up`), asked by `decide`, whose answer `admit` uses; identity
+//! headers are written by `forward`, which builds the upstream request, after the hop-by-hop
+//! headers are removed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -152,11 +154,19 @@ impl<'c> Exchange<'c> {
         self.record.quota_caller = Some(key);
     }
 
+    /// Whether the request's method (and a body on a method that takes none) is forwarded at
+    /// all: judged first, so a method never forwarded is 405 whoever asks.
+    pub fn judge_method(&self, method: &Method, body: &Incoming) -> Result<(), RouterError> {
+        match *method == Method::POST {
+            true => Ok(()),
+            false => judge_method(method, body, &self.snap),
+        }
+    }
+
     /// A POST's body whole (bounded in size and time, held within the budget all bodies share
     /// until the request ends); any other method's streams, if the method is forwarded at all.
     pub async fn read(&self, method: &Method, body: Incoming) -> Result<Read<'c>, RouterError> {
         if *method != Method::POST {
-            judge_method(method, &body, &self.snap)?;
             return Ok(Read::Streamed(body));
         }
         let quotas = self.snap.quotas.as_ref();

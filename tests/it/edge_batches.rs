@@ -139,10 +139,18 @@ fn auth_and_tokens(issuer: &Issuer, origin: &str) -> String {
 
 /// A subject, client id or issuer with a control character could reach no backend as the
 /// header it must be: the access token is refused, never forwarded without its subject. An empty
-/// `Mcp-Session-Id` is no session the router sealed.
+/// `Mcp-Session-Id` is no session the router sealed. A method never forwarded is refused first.
 #[tokio::test]
 async fn claims_and_session_ids_no_header_can_carry_are_refused() {
     let env = Env::start(&["mcp"], auth_and_tokens).await;
+    // A method never forwarded is 405 whoever asks, a caller without a token too.
+    let url = env.fleet.url();
+    let a = send(&env.fleet.client, Method::TRACE, &url, &[], Bytes::new()).await;
+    assert_eq!(
+        (a.status.as_u16(), a.router_error()),
+        (405, Some("method_not_allowed")),
+        "{a:?}"
+    );
     for sub in ["ev\nil", "a\u{0}b", "a\u{7f}b"] {
         let bearer = env.issuer.ec.bearer(&env.claims("mcp", |c| c["sub"] = json!(sub)));
         let a = env
