@@ -59,6 +59,9 @@ pub struct Call {
     tags: Option<(Option<CallTag>, CallTag)>,
     /// The caller's open-call slot (`[quotas] max_open_calls`), kept by the call's pins.
     open_call: Option<OpenCall>,
+    /// With `[catalog]` on, what its answer may tell of the backend's tools: `Some(true)` for
+    /// a `tools/list`, whose tools it may list.
+    tells_tools: Option<bool>,
 }
 
 /// What observing one message did.
@@ -122,6 +125,30 @@ impl Call {
             caller: None,
             tags,
             open_call: None,
+            tells_tools: snap
+                .config
+                .catalog
+                .as_ref()
+                .map(|_| handles.method.as_deref() == Some("tools/list")),
+        }
+    }
+
+    /// With `[catalog]` on, what one message from the backend tells of its tools: a
+    /// `notifications/tools/list_changed`, or a `tools/list` answer naming a tool the catalog
+    /// does not know of it in that definition, has the backend asked again (docs/src/catalog.md).
+    /// A forwarded list is never taken as the backend's whole catalog: it may be one page, or
+    /// filtered for its caller.
+    pub fn tell_catalog(&self, msg: &[u8]) {
+        let Some(listed) = self.tells_tools else { return };
+        let backend = &self.target.backend.name;
+        if LIST_CHANGED.find(msg).is_some() {
+            let changed = serde_json::from_slice::<serde_json::Value>(msg)
+                .is_ok_and(|v| v["method"] == "notifications/tools/list_changed");
+            if changed {
+                self.shared.catalog.ask_again(backend);
+            }
+        } else if listed && !self.shared.catalog.knows_listed(backend, msg) {
+            self.shared.catalog.ask_again(backend);
         }
     }
 
@@ -357,6 +384,9 @@ static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
 
 /// Field names one of which every message that continues a call or names a task carries
 /// (`"taskId` covers `taskIds` too).
+static LIST_CHANGED: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new("notifications/tools/list_changed"));
+
 static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
     LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId"].map(memmem::Finder::new));
 

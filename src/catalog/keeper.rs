@@ -3,17 +3,21 @@
 //! `fleet::catalog`'s loop; routing reads [`super::ToolRoutes`] from the snapshot.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use serde_json::{json, Value};
 
 use super::ask::AskFailed;
+use super::definition::Definition;
 use super::fleet::{BackendTools, Change, FleetTools};
 use super::routes::ToolRoutes;
 use crate::config::Lock;
 use crate::upstream::BackendKey;
+
+/// The least time between two asks of a backend when it is told to be asked again.
+pub const ASK_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// Tools given a label of their own in `mrtr_tool_definitions{tool}` (names come from
 /// backends): the drifted ones first; the rest are counted in `mrtr_tool_definitions_unlabelled`.
@@ -90,6 +94,10 @@ struct Asked {
     /// When it is due to be asked (`None`: now).
     due: Option<Instant>,
     asking: bool,
+    /// When its last ask started.
+    started: Option<Instant>,
+    /// Told to be asked again while an ask was under way.
+    again: bool,
 }
 
 /// What learning one backend's tools did.
@@ -132,12 +140,51 @@ impl Catalog {
     }
 
     /// Asks `backend` again at the next round (its tools may have changed: a
-    /// `notifications/tools/list_changed` passed, or it came back).
+    /// `notifications/tools/list_changed` passed, or it came back), but not within
+    /// [`ASK_AGAIN_AFTER`] of its last ask: what clients send cannot make the router ask in a loop.
     pub fn ask_again(&self, backend: &str) {
-        if let Some(a) = self.asked.lock().get_mut(backend) {
-            a.due = None;
+        let mut asked = self.asked.lock();
+        let Some(a) = asked.get_mut(backend) else { return };
+        if a.asking {
+            // What it tells may have come after the ask read the list: once more after it.
+            a.again = true;
+            return;
         }
-        self.wake.notify_one();
+        let now = Instant::now();
+        let soonest = a.started.map_or(now, |s| (s + ASK_AGAIN_AFTER).max(now));
+        if a.due.is_some_and(|due| due > soonest) {
+            a.due = Some(soonest);
+            drop(asked);
+            self.wake.notify_one();
+        }
+    }
+
+    /// When `a`, whose ask just ended, is due next: at `next`, or soon when it was told to
+    /// be asked again meanwhile.
+    fn ended(a: &mut Asked, next: Instant) {
+        a.asking = false;
+        a.due = Some(match std::mem::take(&mut a.again) {
+            true => a.started.map_or(next, |s| (s + ASK_AGAIN_AFTER).min(next)),
+            false => next,
+        });
+    }
+
+    /// Whether every tool of a `tools/list` answer's body (a JSON-RPC message) is known of
+    /// `backend` in the definition it lists; an answer that lists no tools tells nothing.
+    pub fn knows_listed(&self, backend: &str, msg: &[u8]) -> bool {
+        let Ok(message) = serde_json::from_slice::<Value>(msg) else {
+            return true;
+        };
+        let Some(tools) = message["result"]["tools"].as_array() else {
+            return true;
+        };
+        let fleet = self.fleet.lock();
+        let known = fleet.backend(backend);
+        tools.iter().filter_map(Definition::read).all(|d| {
+            known
+                .and_then(|k| k.tools.get(&d.name))
+                .is_some_and(|k| k.fingerprint == d.fingerprint)
+        })
     }
 
     /// The backends of `present` due to be asked at `now`, marked as being asked.
@@ -154,6 +201,7 @@ impl Catalog {
             });
             if !a.asking && a.due.is_none_or(|d| d <= now) {
                 a.asking = true;
+                a.started = Some(now);
                 out.push(name.to_string());
             }
         }
@@ -209,9 +257,8 @@ impl Catalog {
             let a = asked.entry(backend.to_string()).or_default();
             a.learned = Some(SystemTime::now());
             a.failure = None;
-            if next.is_some() {
-                a.due = next;
-                a.asking = false;
+            if let Some(next) = next {
+                Catalog::ended(a, next);
             }
         }
         self.metrics.tools.with_label_values(&[backend]).set(count as i64);
@@ -232,8 +279,7 @@ impl Catalog {
         let mut asked = self.asked.lock();
         let a = asked.entry(backend.to_string()).or_default();
         a.failure = Some(failure.to_string());
-        a.due = Some(next);
-        a.asking = false;
+        Catalog::ended(a, next);
         self.metrics
             .refreshes
             .with_label_values(&[backend, failure.label()])

@@ -95,6 +95,7 @@ pub(super) fn sse(
     }
     let sink: MessageSink = Box::new(move |msg: &[u8]| {
         call.keep_session_alive();
+        call.tell_catalog(msg);
         call.observe_message(msg).replacement
     });
     stream(forward, body, None, Some(sink), backend, guard)
@@ -114,6 +115,7 @@ pub(super) fn json(
     let mut pinned = head.pinned;
     let body = match collected {
         Ok(Collected::Whole(bytes)) => {
+            call.tell_catalog(&bytes);
             let seen = call.observe_message(&bytes);
             pinned |= seen.created || seen.continues;
             let bytes = match seen.replacement {

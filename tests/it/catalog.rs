@@ -68,6 +68,15 @@ impl ToolServer {
             self.deletes.fetch_add(1, Ordering::Relaxed);
             return reply(StatusCode::OK, json!({}));
         }
+        if method == Method::GET {
+            // The stream a 2025 client listens on: one notice that the tools changed.
+            let notice = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+            return Response::builder()
+                .header("content-type", "text/event-stream")
+                .header("x-worker", name)
+                .body(Full::new(Bytes::from(format!("event: message\ndata: {notice}\n\n"))))
+                .unwrap();
+        }
         if method != Method::POST {
             return reply(StatusCode::OK, json!({"ok": true}));
         }
@@ -403,5 +412,92 @@ async fn the_lock_refuses_a_definition_nobody_approved() {
         calls_before,
         "no changed backend saw a call"
     );
+    fleet.shutdown().await;
+}
+
+/// What a catalog of 10 backends × 500 tools holds (the router's allocations while it is on,
+/// measured as what turning it off gives back), and that it is bounded. Its own process: it
+/// counts the process's bytes.
+#[tokio::test]
+async fn a_catalog_of_ten_backends_of_five_hundred_tools_is_measured() {
+    if ran_alone() {
+        return;
+    }
+    let schema = json!({"type": "object", "properties": {
+        "query": {"type": "string", "description": "What to look for"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "required": ["query"]});
+    let tools: Vec<Value> = (0..500)
+        .map(|i| json!({"name": format!("tool-{i:03}"), "description": format!("Tool {i} of the fleet, as a server would describe it in a sentence or two."), "inputSchema": schema, "annotations": {"readOnlyHint": i % 2 == 0}}))
+        .collect();
+    let mut specs = Vec::new();
+    for b in 0..10 {
+        specs.push(serve(&format!("b{b}"), &ToolServer::new(json!(tools), true)).await);
+    }
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    let want: Vec<(String, usize)> = (0..10).map(|b| (format!("b{b}"), 500)).collect();
+    let want: Vec<(&str, usize)> = want.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    learned(&fleet, &want).await;
+    let on = counting::live_bytes();
+    // Off: the catalog is forgotten within a round, and the snapshot has no tool routes.
+    std::fs::write(&fleet.config_path, render_config("", &specs)).unwrap();
+    fleet.control.reload().expect("reload accepted");
+    for _ in 0..100 {
+        if metric(&fleet.metrics().await, "mrtr_catalog_tools{backend=\"b0\"}").is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(&fleet.metrics().await, "mrtr_catalog_tools{backend=\"b0\"}"),
+        None
+    );
+    let off = counting::live_bytes();
+    let held = on - off;
+    println!(
+        "catalog of 10 backends x 500 tools: {:.2} MiB held",
+        held as f64 / f64::from(1 << 20)
+    );
+    assert!(held > 0 && held < 32 << 20, "{held} bytes");
+    fleet.shutdown().await;
+}
+
+/// The catalog hears of a change before its interval: a `notifications/tools/list_changed`
+/// passing through, or a forwarded `tools/list` that names a tool it does not know, has the
+/// backend asked again at once; a forwarded list is not taken as the catalog itself.
+#[tokio::test]
+async fn a_change_heard_in_passing_has_the_backend_asked_again() {
+    let server = ToolServer::new(json!([tool("a", "a")]), true);
+    let specs = vec![serve("w", &server).await];
+    let hourly = "[catalog]\nenabled = true\ninterval = \"1h\"\ntimeout = \"2s\"\n";
+    let fleet = Fleet::start_backends(Vec::new(), &specs, hourly).await;
+    learned(&fleet, &[("w", 1)]).await;
+    let asked = || server.lists.load(Ordering::Relaxed);
+    assert_eq!(asked(), 1);
+    // A client lists the tools: nothing new in it, nothing asked.
+    let listed = fleet
+        .post(&[], &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    assert_eq!(listed.status, StatusCode::OK);
+    assert_eq!(asked(), 2, "the client's own list");
+    // The server adds a tool; a client's list shows it: the catalog asks again, and learns it.
+    server.set_tools(json!([tool("a", "a"), tool("b", "b")]));
+    let listed = fleet
+        .post(&[], &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .await;
+    assert_eq!(listed.json()["result"]["tools"].as_array().unwrap().len(), 2);
+    learned(&fleet, &[("w", 2)]).await;
+    // It changes again; the stream a client listens on says so.
+    server.set_tools(json!([tool("a", "a"), tool("b", "b"), tool("c", "c")]));
+    let url = fleet.url();
+    let stream = send(
+        &fleet.client,
+        Method::GET,
+        &url,
+        &[("accept", "text/event-stream")],
+        Bytes::new(),
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&stream.body).contains("list_changed"));
+    learned(&fleet, &[("w", 3)]).await;
     fleet.shutdown().await;
 }
