@@ -48,7 +48,7 @@ enum MessageKind {
 }
 
 fn strip_connection_headers(headers: &mut HeaderMap, kind: MessageKind) {
-    // mrtr-router patch (vendor/README.md, change 12): one pass over the names first. Most
+    // mrtr-router patch (vendor/README.md, change 11): one pass over the names first. Most
     // messages carry none of these, and each `remove` below hashes its name and probes the map:
     // six of them cost ~600 instructions on every message; the pass costs ~20 a header.
     if !headers.keys().any(is_connection_specific) {
