@@ -119,7 +119,10 @@ release() {
     [[ $got == "$want" ]] || die "$crate: sha256 $got, vendor/stock/Cargo.lock says $want"
   fi
   mkdir -p "$dest"
-  tar -xzf "$crate" -C "$dest" --strip-components=1
+  # -m: every file dated now, not as packed. A tree made again (a patch dropped or changed) puts
+  # back files with their release's date, older than the last build, and cargo, which rebuilds
+  # a path dependency only for a file newer than that build, would keep the old one.
+  tar -xzf "$crate" -C "$dest" --strip-components=1 -m
   for f in "${NOT_SOURCE[@]}"; do rm -rf "${dest:?}/$f"; done
 }
 

@@ -512,7 +512,7 @@ mod tests {
     /// connection is served) and nothing held twice. Up to 408 bytes, tokio's task (the
     /// future, its header and trailer, 128-byte aligned) takes 512 bytes; more, 640, the size
     /// of hyper's connection box: tasks and boxes then share the allocator's pages, and a parked
-    /// connection's freed box stays resident between live tasks (BENCHMARKS.md).
+    /// connection's freed box stays resident between live tasks (bench/FINDINGS.md).
     #[tokio::test]
     async fn a_connection_task_holds_each_state_once() {
         let text = "[[backend]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n";

@@ -1,20 +1,20 @@
-//! The patched hyper's reading of heads (patches 0009 to 0014 in vendor/patches/hyper/), each
+//! The patched hyper's reading of heads (patches 0008 to 0012 in vendor/patches/hyper/), each
 //! checked on real connections by what a server or a client reads; each passes on stock hyper
 //! too (scripts/test-stock.sh), which is the point: the patches change nothing a peer sees.
-//! - a `Content-Length` that is one number is read without the list split (0009), and every
+//! - a `Content-Length` that is one number is read without the list split (0008), and every
 //!   other form as stock hyper reads it (an answer's length decides where the next one starts);
-//! - header names come from a per-thread cache keyed by their bytes (0010): whatever the cache
+//! - header names come from a per-thread cache keyed by their bytes (0009): whatever the cache
 //!   holds, every name reads lowercased, with its own value;
-//! - only a server looks for `TE: trailers` (0011): a server still sends trailers to a client
+//! - only a server looks for `TE: trailers` (0010): a server still sends trailers to a client
 //!   that asked for them, and only to one, and a client still reads them;
-//! - HTTP/2 looks for connection-specific fields in one pass before taking them out (0012): an
+//! - HTTP/2 looks for connection-specific fields in one pass before taking them out (0011): an
 //!   answer or a request that has some still loses exactly those (h2 would refuse to send it
 //!   otherwise), one that has none keeps every field;
-//! - a `Connection` value of one token is compared as it is (0013): a client and a server still
+//! - a `Connection` value of one token is compared as it is (0012): a client and a server still
 //!   keep or close the connection as `close` and `keep-alive` say, in any case, alone or in a
 //!   list, and a token that only starts like one says nothing;
-//! - the server's `Date` is checked against the coarse wall clock (0014): it is the wall
-//!   clock's second, and it turns with it.
+//! - the server's `Date` is checked against the wall clock: it is the wall clock's second, and
+//!   it turns with it (a patch that read the coarse clock for it was dropped: vendor/README.md).
 
 use std::convert::Infallible;
 use std::future::Future;

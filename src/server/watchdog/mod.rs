@@ -7,7 +7,7 @@
 //! hyper's own HTTP/1 `header_read_timeout` arms a fresh timer for every request head: a boxed
 //! `Sleep`, a clock read, an insert into and removal from the timer wheel, and an extra read
 //! poll after each answer. Replacing it took a proxied request from 48.4k to 46.2k
-//! instructions (callgrind, BENCHMARKS.md). It also closes a slow head without an answer, and
+//! instructions (callgrind, bench/FINDINGS.md). It also closes a slow head without an answer, and
 //! HTTP/2 has no such timeout at all. Here each connection has one timer that fires every
 //! quarter of the timeout and looks at two counters the requests keep: a connection whose
 //! requests neither started nor finished for four checks in a row, with none in flight, has

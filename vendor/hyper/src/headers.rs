@@ -32,7 +32,7 @@ pub(super) fn connection_any_close(headers: &http::HeaderMap) -> bool {
 
 #[cfg(feature = "http1")]
 fn connection_has(value: &HeaderValue, needle: &str) -> bool {
-    // mrtr-router patch (vendor/README.md, change 13): a value with no comma is one token,
+    // mrtr-router patch (vendor/README.md, change 12): a value with no comma is one token,
     // compared as it is. The list walk below (UTF-8 check, split, trim) cost ~140 instructions
     // for a lone `keep-alive`, and each head with one is asked twice (`close`, `keep-alive`).
     // A header value holds no control character but HTAB, and a byte past ASCII never equals

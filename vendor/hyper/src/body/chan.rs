@@ -56,9 +56,7 @@ struct State {
     // An error must not displace data which was already accepted. The old
     // mpsc channel achieved this by sending the error from a cloned sender.
     pending_error: Option<crate::Error>,
-    /// mrtr-router patch: boxed, made only when trailers come (few bodies have them): 88 bytes
-    /// out of every body channel, which a streamed answer holds for its life.
-    trailers: Option<Box<HeaderMap>>,
+    trailers: Option<HeaderMap>,
     sender_open: bool,
     receiver_open: bool,
     want: bool,
@@ -118,7 +116,7 @@ impl Sender {
         if !state.receiver_open {
             return Err(Some(trailers));
         }
-        state.trailers = Some(Box::new(trailers));
+        state.trailers = Some(trailers);
         drop(state);
         self.shared.receiver_waker.wake();
         Ok(())
@@ -201,7 +199,7 @@ impl Receiver {
     pub(crate) fn take_trailers(&mut self) -> Option<HeaderMap> {
         debug_assert!(self.terminated, "data channel still open before trailers");
         let mut state = self.shared.state.lock().panic_if_poisoned();
-        state.trailers.take().map(|t| *t)
+        state.trailers.take()
     }
 }
 

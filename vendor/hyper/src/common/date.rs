@@ -2,7 +2,7 @@ use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::str;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(feature = "http2")]
 use http::header::HeaderValue;
@@ -46,42 +46,12 @@ pub(crate) fn seconds() -> u32 {
     SECONDS.load(Ordering::Relaxed)
 }
 
-/// mrtr-router patch: the Unix second as of the kernel's last tick (`CLOCK_REALTIME_COARSE`, one
-/// to four milliseconds behind), to see whether the `Date` second has turned. Every poll of a
-/// server connection asks: four reads of the fine clock per proxied request, each 22 ns through
-/// the vDSO on a VM with a TSC clock, where this one costs 5 ns. The date itself is rendered
-/// from the fine clock, once a second, a few milliseconds late at most.
-#[cfg(target_os = "linux")]
-fn coarse_second() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid `timespec` for the call to fill.
-    match unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } {
-        0 => ts.tv_sec.max(0) as u64,
-        _ => unix_second(SystemTime::now()),
-    }
-}
-
-/// mrtr-router patch: see the Linux one.
-#[cfg(not(target_os = "linux"))]
-fn coarse_second() -> u64 {
-    unix_second(SystemTime::now())
-}
-
-fn unix_second(now: SystemTime) -> u64 {
-    now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
-}
-
 struct CachedDate {
     bytes: [u8; DATE_VALUE_LENGTH],
     pos: usize,
     #[cfg(feature = "http2")]
     header_value: HeaderValue,
-    /// mrtr-router patch: the Unix second the date is next rendered in (stock hyper kept the
-    /// `SystemTime` of its start and compared the fine clock with it).
-    next_second: u64,
+    next_update: SystemTime,
 }
 
 thread_local!(static CACHED: RefCell<CachedDate> = RefCell::new(CachedDate::new()));
@@ -93,9 +63,9 @@ impl CachedDate {
             pos: 0,
             #[cfg(feature = "http2")]
             header_value: HeaderValue::from_static(""),
-            next_second: 0,
+            next_update: SystemTime::now(),
         };
-        cache.update(SystemTime::now());
+        cache.update(cache.next_update);
         cache
     }
 
@@ -104,17 +74,19 @@ impl CachedDate {
     }
 
     fn check(&mut self) {
-        if coarse_second() >= self.next_second {
-            self.update(SystemTime::now());
+        let now = SystemTime::now();
+        if now > self.next_update {
+            self.update(now);
         }
     }
 
     fn update(&mut self, now: SystemTime) {
-        let second = unix_second(now);
-        SECONDS.store(second as u32, Ordering::Relaxed);
+        let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let nanos = since_epoch.subsec_nanos();
+        SECONDS.store(since_epoch.as_secs() as u32, Ordering::Relaxed);
 
         self.render(now);
-        self.next_second = second + 1;
+        self.next_update = now + Duration::new(1, 0) - Duration::from_nanos(u64::from(nanos));
     }
 
     fn render(&mut self, now: SystemTime) {

@@ -1,4 +1,4 @@
-use super::recv::RecvHeaderBlockError;
+use super::recv::{DataFrameAccounting, RecvHeaderBlockError};
 use super::store::{self, Entry, Resolve, Store};
 use super::{Buffer, BufferStatus, Config, Counts, Prioritized, Recv, Send, Stream, StreamId};
 use crate::codec::{Codec, SendError, UserError};
@@ -652,15 +652,23 @@ impl Inner {
             let sz = frame.flow_controlled_len();
             let is_end_stream = frame.is_end_stream();
             let payload_len = frame.payload().len();
-            let mut res = actions.recv.recv_data(frame, stream);
-            // A stream can receive at most one final DATA frame, so it cannot
-            // be used to create unbounded framing overhead on that stream.
-            if res.is_ok() && !is_end_stream {
-                res = counts.record_data_frame(payload_len).map_err(|_| {
-                    tracing::debug!("too many small DATA frames");
-                    Error::library_go_away_data(Reason::ENHANCE_YOUR_CALM, "too_many_data_frames")
+            let res = actions
+                .recv
+                .recv_data(frame, stream)
+                .and_then(|accounting| {
+                    // Final DATA frames and empty frames using the stream's allowance
+                    // are exempt from the connection-wide accounting.
+                    if !is_end_stream && matches!(accounting, DataFrameAccounting::Charge) {
+                        counts.record_data_frame(payload_len).map_err(|_| {
+                            tracing::debug!("too many small DATA frames");
+                            Error::library_go_away_data(
+                                Reason::ENHANCE_YOUR_CALM,
+                                "too_many_data_frames",
+                            )
+                        })?;
+                    }
+                    Ok(())
                 });
-            }
 
             // Any stream error after receiving a DATA frame means
             // we won't give the data to the user, and so they can't

@@ -727,7 +727,9 @@ where
                 // to do only speak HTTP/1.0 as well.
                 head.version = Version::HTTP_10;
             }
-            Version::HTTP_11 => {
+            // A 101 hands off the connection to another protocol, so disabled
+            // HTTP keep-alive must not add a close option to the upgrade response
+            Version::HTTP_11 if !T::is_switching_protocols(head) => {
                 if let KA::Disabled = self.state.keep_alive.status() {
                     match head.headers.entry(CONNECTION) {
                         Entry::Occupied(mut entry) => {
@@ -798,24 +800,25 @@ where
         }
     }
 
-    pub(crate) fn write_body_and_end(&mut self, chunk: B) {
+    pub(crate) fn write_body_and_end(&mut self, chunk: B) -> crate::Result<()> {
         debug_assert!(self.can_write_body() && self.can_buffer_body());
         // empty chunks should be discarded at Dispatcher level
         debug_assert!(chunk.remaining() != 0);
 
         let state = match &mut self.state.writing {
-            Writing::Body(encoder) => {
-                let can_keep_alive = encoder.encode_and_end(chunk, self.io.write_buf());
-                if can_keep_alive {
-                    Writing::KeepAlive
-                } else {
-                    Writing::Closed
+            Writing::Body(encoder) => match encoder.encode_and_end(chunk, self.io.write_buf()) {
+                Ok(true) => Writing::KeepAlive,
+                Ok(false) => Writing::Closed,
+                Err(not_eof) => {
+                    self.state.writing = Writing::Closed;
+                    return Err(crate::Error::new_body_write_aborted().with(not_eof));
                 }
-            }
+            },
             _ => unreachable!("write_body invalid state: {:?}", self.state.writing),
         };
 
         self.state.writing = state;
+        Ok(())
     }
 
     pub(crate) fn end_body(&mut self) -> crate::Result<()> {
@@ -1102,8 +1105,8 @@ impl KA {
         *self = KA::Disabled;
     }
 
-    fn status(&self) -> KA {
-        *self
+    fn status(self) -> KA {
+        self
     }
 }
 

@@ -185,7 +185,10 @@ where
     pub(crate) fn graceful_shutdown(&mut self) {
         trace!("graceful_shutdown");
         match &mut self.state {
-            State::Handshaking { .. } => {
+            State::Handshaking {
+                ping_config: _,
+                hs: _,
+            } => {
                 self.close_pending = true;
             }
             State::Serving(srv) => {
@@ -286,7 +289,7 @@ where
                             if content_length.map_or(false, |len| len != 0) {
                                 warn!("h2 connect request with non-zero body not supported");
                                 respond.send_reset(h2::Reason::INTERNAL_ERROR);
-                                return Poll::Ready(Ok(()));
+                                continue;
                             }
                             let (pending, upgrade) = crate::upgrade::pending();
                             debug_assert!(parts.extensions.get::<OnUpgrade>().is_none());
