@@ -40,6 +40,7 @@ use crate::state::Shared;
 use crate::telemetry::Observation;
 use crate::upstream::Backend;
 use deadline::Deadline;
+use forward::Forward;
 use phases::Exchange;
 
 /// What a request's client connection lends it.
@@ -139,24 +140,52 @@ async fn run_phases(
     // Every decision below that reads the path reads the one the backend will see.
     path::check(parts.uri.path())?;
     cx.judge_method(&parts.method, &body)?;
-    if let Some(metadata) = cx.authenticate(&parts).await? {
-        return Ok(metadata);
+    // Each async phase's future is made only when its feature is on: off, it costs a branch.
+    if cx.snap.auth.is_some() {
+        if let Some(metadata) = cx.authenticate(&parts).await? {
+            return Ok(metadata);
+        }
     }
     cx.caller(&parts.headers);
     let read = cx.read(&parts.method, body).await?;
     let handles = cx.handles(&parts.headers, &read)?;
     cx.authorize(&handles)?;
     let routed = cx.decide(&handles)?;
-    let open_call = cx.admit(&handles, &routed, &parts.method).await?;
+    let open_call = match cx.snap.quotas.is_some() {
+        true => cx.admit(&handles, &routed, &parts.method).await?,
+        false => None,
+    };
     // One deadline bounds the whole exchange with the backend, up to a JSON answer's last byte.
     let at = tokio::time::Instant::now() + cx.snap.config.server.upstream_timeout;
     let mut own_timer = std::pin::pin!(None);
     let mut deadline = Deadline::new(at, connection.timer, own_timer.as_mut());
-    let connected = cx
-        .connect(&handles, &routed, &parts.method, open_call, deadline.reborrow())
-        .await?;
+    // The driver awaits the exchange's I/O itself, between the phases: a phase that awaited it
+    // would be a future holding the I/O's, moved whole at each call (Pingora's split too).
+    cx.route_taken(&routed);
+    let trace = cx.record.obs.as_mut().and_then(|o| o.trace.as_mut());
+    let forward = Forward {
+        shared: cx.shared,
+        snap: &cx.snap,
+    };
+    let reached = forward.connect(&routed.decision, handles.client_key(), deadline.reborrow(), trace);
+    let reached = reached.await?;
+    let connected = cx.connected(&handles, &routed, &parts.method, open_call, reached);
     drop(handles);
-    let answered = cx.forward(parts, read, routed, connected, deadline.reborrow()).await?;
+    let (sending, request, conn) = cx.upstream_request(parts, read, &routed, connected)?;
+    let sent = std::pin::pin!(conn.send(request));
+    join_the_write_burst().await;
+    let first = deadline::within(deadline.reborrow(), sent).await;
+    let client_fault = sending.client_fault.as_ref();
+    let forward = cx.forwarding();
+    let response = forward.answer(
+        first,
+        sending.reused,
+        &sending.backend,
+        client_fault,
+        deadline.reborrow(),
+    );
+    let response = response.await?;
+    let answered = cx.answered(sending, response);
     cx.answer(answered, deadline).await
 }
 

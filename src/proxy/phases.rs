@@ -17,12 +17,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::request::Parts;
-use http::{Method, Response};
+use http::{Method, Request, Response};
 use http_body::Body;
 use http_body_util::Either;
 use hyper::body::Incoming;
 
-use super::deadline::{within, Deadline};
+use super::deadline::Deadline;
 use super::forward::Forward;
 use super::read::{self, Held};
 use super::{admit, answer, gate, headers, join_the_write_burst, method_label, Connection, Record, RpcId};
@@ -36,7 +36,7 @@ use crate::route::{self, Decision};
 use crate::sealing::{self, Unsealed};
 use crate::state::{Shared, Snapshot};
 use crate::telemetry::Observation;
-use crate::upstream::{Backend, ClientBody, FaultCell, InflightGuard, PooledConn};
+use crate::upstream::{Backend, ClientBody, DrivenBody, FaultCell, InflightGuard, PooledConn, UpstreamBody};
 
 /// One request on its way through the phases: what the connection lends it, and what each
 /// phase found for the next.
@@ -65,7 +65,7 @@ pub(super) enum Read<'c> {
 
 /// The route `decide` chose: the backend and why, and what the request's sealed handles hold.
 pub(super) struct Routed {
-    decision: Decision,
+    pub decision: Decision,
     unsealed: Option<Unsealed>,
 }
 
@@ -77,6 +77,20 @@ pub(super) struct Connected {
     call: Call,
     /// The `method` label of the request's metrics.
     method: &'static str,
+}
+
+/// A request on its way to the backend: what its answer will need (the driver sends it, and
+/// awaits the answer's head with `Forward::answer`).
+pub(super) struct Sending<'c> {
+    pub backend: Arc<Backend>,
+    guard: InflightGuard,
+    call: Call,
+    method: &'static str,
+    held: Held<'c>,
+    /// A streamed body's failure: its client's, never the backend's.
+    pub client_fault: Option<FaultCell>,
+    /// The connection came from the pool (it may turn out closed: then sent again).
+    pub reused: bool,
 }
 
 /// The backend's answer head, and what observing its body needs.
@@ -248,21 +262,13 @@ impl<'c> Exchange<'c> {
         Ok(open_call)
     }
 
-    /// A connection to the backend (or, when it refuses an unpinned request, the next one on
-    /// the ring), and the call the request is part of, bound to the incarnation it goes to: an
-    /// ejection while it is in flight voids any pin its answer makes.
-    pub async fn connect(
-        &mut self,
-        handles: &RequestHandles<'_>,
-        routed: &Routed,
-        method: &Method,
-        open_call: Option<OpenCall>,
-        deadline: Deadline<'_>,
-    ) -> Result<Connected, RouterError> {
-        let (shared, decision) = (self.shared, &routed.decision);
-        decision.source.count(&shared.metrics);
+    /// The route taken, counted and noted (metrics, the access log, the trace), before a
+    /// connection to its backend is sought (`Forward::connect`, awaited by the driver).
+    pub fn route_taken(&mut self, routed: &Routed) {
+        let decision = &routed.decision;
+        decision.source.count(&self.shared.metrics);
         if decision.pin_lost {
-            shared.metrics.pins_lost.inc();
+            self.shared.metrics.pins_lost.inc();
         }
         if let Some(obs) = &mut self.record.obs {
             let pin_used = decision
@@ -271,15 +277,39 @@ impl<'c> Exchange<'c> {
                 .map(|m| m.pin.kind.label());
             obs.routed(decision.source.label(), &decision.backend.name, pin_used);
         }
-        let forward = Forward {
-            shared,
+    }
+
+    /// What forwarding needs of the context: the shared state and the snapshot.
+    pub fn forwarding(&self) -> Forward<'_> {
+        Forward {
+            shared: self.shared,
             snap: &self.snap,
-        };
-        let trace = self.record.obs.as_mut().and_then(|o| o.trace.as_mut());
-        let (conn, backend, guard) = forward.connect(decision, handles.client_key(), deadline, trace).await?;
-        let unsealed = routed.unsealed.as_ref();
+        }
+    }
+
+    /// The call the request is part of, once a connection to the backend (or, when it refused
+    /// an unpinned request, the next one on the ring) is had: bound to the incarnation it goes
+    /// to, so that an ejection while it is in flight voids any pin its answer makes.
+    pub fn connected(
+        &mut self,
+        handles: &RequestHandles<'_>,
+        routed: &Routed,
+        method: &Method,
+        open_call: Option<OpenCall>,
+        (conn, backend, guard): (PooledConn, Arc<Backend>, InflightGuard),
+    ) -> Connected {
+        let shared = self.shared;
         let incarnation = backend.incarnation();
-        let mut call = Call::new(shared, &self.snap, handles, decision, incarnation, method, unsealed);
+        let unsealed = routed.unsealed.as_ref();
+        let mut call = Call::new(
+            shared,
+            &self.snap,
+            handles,
+            &routed.decision,
+            incarnation,
+            method,
+            unsealed,
+        );
         call.issue_to(self.caller.as_ref().map(|c| c.tag));
         call.hold(open_call);
         if let Some(obs) = &mut self.record.obs {
@@ -287,26 +317,25 @@ impl<'c> Exchange<'c> {
             call.note_pins_in(obs.pins_created.clone());
         }
         let method = method_label(method, handles.method.as_deref());
-        Ok(Connected {
+        Connected {
             conn,
             backend,
             guard,
             call,
             method,
-        })
+        }
     }
 
     /// The request as the backend gets it (its own handles back, the hop-by-hop headers out,
-    /// then what the router owns set: `Host`, `X-Forwarded-*`, the identity headers), sent,
-    /// and its answer's head.
-    pub async fn forward(
+    /// then what the router owns set: `Host`, `X-Forwarded-*`, the identity headers), and the
+    /// connection to send it on (the driver sends it and awaits the answer's head).
+    pub fn upstream_request(
         &mut self,
         parts: Parts,
         read: Read<'c>,
-        routed: Routed,
+        routed: &Routed,
         connected: Connected,
-        mut deadline: Deadline<'_>,
-    ) -> Result<Answered<'c>, RouterError> {
+    ) -> Result<(Sending<'c>, Request<UpstreamBody>, PooledConn), RouterError> {
         let Connected {
             conn,
             backend,
@@ -352,26 +381,37 @@ impl<'c> Exchange<'c> {
         if let Some(trace) = self.record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
             trace.inject(request.headers_mut());
         }
-        let reused = conn.reused;
-        let sending = std::pin::pin!(conn.send(request));
-        join_the_write_burst().await;
-        let first = within(deadline.reborrow(), sending).await;
-        let forward = Forward {
-            shared: self.shared,
-            snap: &self.snap,
+        let sending = Sending {
+            backend,
+            guard,
+            call,
+            method,
+            held,
+            client_fault,
+            reused: conn.reused,
         };
-        let response = forward
-            .answer(first, reused, &backend, client_fault.as_ref(), deadline)
-            .await?;
+        Ok((sending, request, conn))
+    }
+
+    /// The backend's answer head is in: recorded for the metrics and the access log.
+    pub fn answered(&mut self, sending: Sending<'c>, response: Response<DrivenBody>) -> Answered<'c> {
+        let Sending {
+            backend,
+            guard,
+            call,
+            method,
+            held,
+            ..
+        } = sending;
         let elapsed = self.started.elapsed().as_secs_f64();
         self.record.answered = Some((backend.clone(), method, response.status(), elapsed));
-        Ok(Answered {
+        Answered {
             response,
             backend,
             guard,
             call,
             held,
-        })
+        }
     }
 
     /// The answer for the client, observed on its way: pins are in place before the client can
