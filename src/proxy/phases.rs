@@ -2,14 +2,16 @@
 //! request context ([`Exchange`], Pingora's CTX) returning `Result<_, RouterError>`:
 //!
 //! judge_method → authenticate → caller → read → handles → authorize → decide → admit →
-//! connect → forward → answer
+//! route_taken → (connect) → connected → upstream_request → (send) → answered → answer
 //!
-//! The order is what keeps the edge's invariants: a method never forwarded is refused whoever
-//! asks; who calls is known from the head before any body is read; the handles are read only
-//! from a body the read phase produced ([`Read`]); whether a request is a follow-up is one
-//! function (`route::is_follow_up`), asked by `decide`, whose answer `admit` uses; identity
-//! headers are written by `forward`, which builds the upstream request, after the hop-by-hop
-//! headers are removed.
+//! The driver awaits the exchange's I/O itself, in the parentheses (`Forward::connect`, the
+//! send and `Forward::answer`): a phase that awaited it would be a future holding the I/O's
+//! futures, kilobytes copied at each call. The order is what keeps the edge's invariants: a
+//! method never forwarded is refused whoever asks; who calls is known from the head before any
+//! body is read; the handles are read only from a body the read phase produced ([`Read`]);
+//! whether a request is a follow-up is one function (`route::is_follow_up`), asked by `decide`,
+//! whose answer `admit` uses; identity headers are written by `upstream_request`, which builds
+//! the upstream request, after the hop-by-hop headers are removed.
 
 use std::sync::Arc;
 use std::time::Instant;
