@@ -1454,6 +1454,7 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
          [routing]\npin_idle_ttl = \"1s\"\n[health]\ninterval = \"1h\"\n\
          [tokens]\nkeys = [\"${{MRTR_TOKEN_KEY}}\"]\n\
          [discovery]\ndns = \"{}\"\ninterval = \"1s\"\n\
+         [catalog]\nenabled = true\ninterval = \"1s\"\n\
          [[backend]]\nname = \"w1\"\nurl = \"{}\"\n[[backend]]\nname = \"w2\"\nurl = \"{}\"\n\
          [[backend]]\nname = \"gone\"\nurl = \"http://127.0.0.1:{}\"\n",
         workers[1].addr,
@@ -1474,6 +1475,8 @@ async fn every_metric_in_the_dashboard_and_the_rules_exists_on_a_live_router() {
     let c = client();
     let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
     wait_readyz(&mut router.0, &c, admin, 200, "the router to become ready").await;
+    // The catalog's series, once the workers' tools are learned.
+    metrics_with(&c, admin, "mrtr_tool_definitions{tool=\"whoami\"}").await;
     let url = format!("http://127.0.0.1:{port}/mcp");
     let post = |headers: Vec<(&'static str, String)>, body: String| {
         let (c, url) = (c.clone(), url.clone());
