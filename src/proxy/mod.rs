@@ -185,8 +185,14 @@ async fn run_phases(
         deadline.reborrow(),
     );
     let response = response.await?;
-    let answered = cx.answered(sending, response);
-    cx.answer(answered, deadline).await
+    let mut answered = cx.answered(sending, response);
+    let collected = match answered.whole_body() {
+        Some(body) => Some(read::collect_json(body, deadline).await),
+        None => None,
+    };
+    let answer = cx.answer(answered, collected)?;
+    join_the_write_burst().await;
+    Ok(answer)
 }
 
 /// A request's JSON-RPC id as the client wrote it: short ones (almost all) copied inline, so

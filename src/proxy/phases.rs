@@ -24,10 +24,9 @@ use http_body::Body;
 use http_body_util::Either;
 use hyper::body::Incoming;
 
-use super::deadline::Deadline;
 use super::forward::Forward;
 use super::read::{self, Held};
-use super::{admit, answer, gate, headers, join_the_write_burst, method_label, Connection, Record, RpcId};
+use super::{admit, answer, gate, headers, method_label, Connection, Record, RpcId};
 use crate::auth::Caller;
 use crate::body::ProxyBody;
 use crate::calls::Call;
@@ -95,15 +94,29 @@ pub(super) struct Sending<'c> {
     pub reused: bool,
 }
 
-/// The backend's answer head, and what observing its body needs.
+/// The backend's answer head, observed, and what observing its body needs.
 pub(super) struct Answered<'c> {
-    response: Response<crate::upstream::DrivenBody>,
+    parts: http::response::Parts,
+    /// Taken by the driver to be read whole when [`Answered::whole_body`] says so.
+    body: Option<DrivenBody>,
+    head: answer::Head,
     backend: Arc<Backend>,
     guard: InflightGuard,
     call: Call,
     /// The request body's share of the budget, given back once the answer's head (a JSON
     /// answer: its whole body) is in.
     held: Held<'c>,
+}
+
+impl Answered<'_> {
+    /// A JSON answer's body, for the driver to read whole (within the deadline) before
+    /// [`Exchange::answer`]: its messages are observed before the client may have them.
+    pub fn whole_body(&mut self) -> Option<DrivenBody> {
+        match self.head.kind {
+            answer::Kind::Json => self.body.take(),
+            _ => None,
+        }
+    }
 }
 
 impl<'c> Exchange<'c> {
@@ -395,7 +408,8 @@ impl<'c> Exchange<'c> {
         Ok((sending, request, conn))
     }
 
-    /// The backend's answer head is in: recorded for the metrics and the access log.
+    /// The backend's answer head is in: recorded for the metrics and the access log, and
+    /// observed (a session id pins the session; hop-by-hop headers out).
     pub fn answered(&mut self, sending: Sending<'c>, response: Response<DrivenBody>) -> Answered<'c> {
         let Sending {
             backend,
@@ -406,9 +420,20 @@ impl<'c> Exchange<'c> {
             ..
         } = sending;
         let elapsed = self.started.elapsed().as_secs_f64();
-        self.record.answered = Some((backend.clone(), method, response.status(), elapsed));
+        let status = response.status();
+        self.record.answered = Some((backend.clone(), method, status, elapsed));
+        let (mut parts, body) = response.into_parts();
+        let head = answer::head(&call, status, &mut parts);
+        if matches!(head.kind, answer::Kind::Sse) {
+            // A stream waits on no deadline: its connection holds no timer while it streams.
+            if let Some(timer) = self.connection.timer {
+                timer.release();
+            }
+        }
         Answered {
-            response,
+            parts,
+            body: Some(body),
+            head,
             backend,
             guard,
             call,
@@ -417,14 +442,16 @@ impl<'c> Exchange<'c> {
     }
 
     /// The answer for the client, observed on its way: pins are in place before the client can
-    /// read what needs them; a JSON answer is read whole within the deadline first.
-    pub async fn answer(
-        &mut self,
+    /// read what needs them. A JSON answer's body comes read whole (`collected`, by the driver).
+    pub fn answer(
+        &self,
         answered: Answered<'_>,
-        deadline: Deadline<'_>,
+        collected: Option<Result<read::Collected, read::CollectError>>,
     ) -> Result<Response<ProxyBody>, RouterError> {
         let Answered {
-            response,
+            mut parts,
+            body,
+            head,
             backend,
             guard,
             call,
@@ -434,24 +461,14 @@ impl<'c> Exchange<'c> {
             shared: self.shared,
             snap: &self.snap,
         };
-        let status = response.status();
-        let (mut parts, body) = response.into_parts();
-        let head = answer::head(&call, status, &mut parts);
-        let body = match head.kind {
-            answer::Kind::Sse => {
-                // A stream waits on no deadline: its connection holds no timer while it streams.
-                if let Some(timer) = self.connection.timer {
-                    timer.release();
-                }
+        let body = match (collected, body) {
+            (Some(collected), _) => answer::json(&forward, &call, &mut parts, head, collected, &backend, guard)?,
+            (None, Some(body)) if matches!(head.kind, answer::Kind::Sse) => {
                 answer::sse(&forward, call, &mut parts, head.pinned, body, &backend, guard)
             }
-            answer::Kind::Json => {
-                let collected = read::collect_json(body, deadline).await;
-                answer::json(&forward, &call, &mut parts, head, collected, &backend, guard)?
-            }
-            answer::Kind::Other => answer::other(&forward, &call, &mut parts, head.pinned, body, &backend, guard),
+            (None, Some(body)) => answer::other(&forward, &call, &mut parts, head.pinned, body, &backend, guard),
+            (None, None) => unreachable!("a JSON answer's body comes read whole"),
         };
-        join_the_write_burst().await;
         Ok(Response::from_parts(parts, body))
     }
 }
