@@ -41,6 +41,16 @@ pub async fn answer(
     req: Request<Incoming>,
     loopback: bool,
 ) -> Response<AdminBody> {
+    if loopback && !addressed_to_this_machine(&req) {
+        // A page on a name whose DNS answer turns into 127.0.0.1 is same-origin with
+        // whatever it reaches there: the browser's own rules cannot stop it, the name can.
+        return reply(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "a loopback admin listener answers requests addressed to an IP address or localhost only\n",
+        )
+        .map(Either::Left);
+    }
     match status::route(shared, status, &req, loopback).await {
         Some(answer) => answer,
         None => serve(shared, req, loopback).await.map(Either::Left),
@@ -67,8 +77,40 @@ enum Need {
     Nothing,
     /// `/backends`, `/debug/route`: `admin.token` when `admin.protect_reads` is on.
     Read,
+    /// `GET /catalog` (tool descriptions, as the status page's sensitive members): the rule
+    /// of changes without the page-origin check (another site's page cannot read an answer).
+    Sensitive,
     /// `POST /backends/*`: `admin.token`; with none configured, a loopback listener.
     Change,
+}
+
+/// Whether a request names this machine as its host (an IP address, `localhost` or a name
+/// under `.localhost`), or names none: a browser always names the host of the page's URL.
+fn addressed_to_this_machine<B>(req: &Request<B>) -> bool {
+    let named = req
+        .headers()
+        .get(header::HOST)
+        .map(HeaderValue::as_bytes)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
+    let Some(authority) = named else { return true };
+    let Ok(authority) = std::str::from_utf8(authority) else {
+        return false;
+    };
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split_once(']')
+                .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let under_localhost = host
+        .len()
+        .checked_sub(".localhost".len())
+        .filter(|&start| start > 0)
+        .is_some_and(|start| host.as_bytes()[start..].eq_ignore_ascii_case(b".localhost"));
+    host.parse::<std::net::Ipv4Addr>().is_ok() || host.eq_ignore_ascii_case("localhost") || under_localhost
 }
 
 /// Whether a browser sent the request from a page of another origin than this listener's: its
@@ -83,7 +125,7 @@ fn from_another_site(headers: &HeaderMap) -> bool {
         }
         None => headers
             .get("sec-fetch-site")
-            .is_some_and(|v| !matches!(v.as_bytes(), b"same-origin" | b"none")),
+            .is_some_and(|v| v.as_bytes() != b"same-origin"),
     }
 }
 
@@ -106,13 +148,19 @@ fn refuse(shared: &Shared, headers: &HeaderMap, need: Need, loopback: bool) -> O
     let snap = shared.snapshot();
     let admin = &snap.config.admin;
     let Some(secret) = &admin.token else {
-        return (need == Need::Change && !loopback).then(|| {
-            reply(
+        return match need {
+            Need::Change if !loopback => Some(reply(
                 StatusCode::FORBIDDEN,
                 "text/plain",
                 "set admin.token to change backends through an admin listener that is not on loopback\n",
-            )
-        });
+            )),
+            Need::Sensitive if !loopback => Some(reply(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "set admin.token to read the catalog through an admin listener that is not on loopback\n",
+            )),
+            _ => None,
+        };
     };
     if need == Need::Read && !admin.protect_reads {
         return None;
@@ -146,7 +194,8 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 pub async fn serve(shared: &Shared, req: Request<Incoming>, loopback: bool) -> Response<ProxyBody> {
     let need = match (req.method(), req.uri().path()) {
         (&Method::POST, path) if path.starts_with("/backends/") => Need::Change,
-        (_, "/backends" | "/debug/route" | "/catalog") => Need::Read,
+        (_, "/backends" | "/debug/route") => Need::Read,
+        (_, "/catalog") => Need::Sensitive,
         _ => Need::Nothing,
     };
     if let Some(refused) = refuse(shared, req.headers(), need, loopback) {
@@ -405,4 +454,50 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addressed(host: &[u8]) -> bool {
+        let req = Request::builder()
+            .uri("/api/status")
+            .header(header::HOST, HeaderValue::from_bytes(host).unwrap())
+            .body(())
+            .unwrap();
+        addressed_to_this_machine(&req)
+    }
+
+    #[test]
+    fn a_loopback_listener_knows_its_own_names() {
+        for ok in [
+            &b"127.0.0.1:9090"[..],
+            b"127.0.0.1",
+            b"[::1]:9090",
+            b"localhost:9090",
+            b"LOCALHOST.",
+            b"ui.localhost:1",
+        ] {
+            assert!(addressed(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for refused in [
+            &b"evil.example:9090"[..],
+            b"127.0.0.1.nip.io",
+            b"[::1",
+            b"localhost.evil",
+            b".localhost",
+            b"\xe9.localhost",
+            b"x\xc3\xa9localhost",
+        ] {
+            assert!(!addressed(refused), "{}", String::from_utf8_lossy(refused));
+        }
+        let no_host = Request::builder().uri("/metrics").body(()).unwrap();
+        assert!(addressed_to_this_machine(&no_host));
+        let h2 = Request::builder()
+            .uri("http://evil.example:9090/metrics")
+            .body(())
+            .unwrap();
+        assert!(!addressed_to_this_machine(&h2));
+    }
 }

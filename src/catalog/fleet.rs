@@ -13,10 +13,22 @@ pub struct BackendTools {
 }
 
 impl BackendTools {
+    /// A catalog of `definitions` in the order listed. A name listed twice is one tool whose
+    /// definition is all of its entries (the fingerprint is over each entry's, in order): a
+    /// client may read either, so no lock approves it by approving one of them.
     pub fn new(definitions: impl IntoIterator<Item = Definition>) -> BackendTools {
-        BackendTools {
-            tools: definitions.into_iter().map(|d| (d.name.clone(), d)).collect(),
+        let mut tools: BTreeMap<String, Definition> = BTreeMap::new();
+        for d in definitions {
+            match tools.get_mut(&d.name) {
+                None => {
+                    tools.insert(d.name.clone(), d);
+                }
+                Some(listed) => {
+                    listed.fingerprint = Fingerprint::of_parts([&listed.fingerprint.0[..], &d.fingerprint.0[..]]);
+                }
+            }
         }
+        BackendTools { tools }
     }
 
     /// The catalog's own fingerprint: over its tools' names and fingerprints, in name order.
@@ -158,5 +170,18 @@ mod tests {
         );
         fleet.forget("w2");
         assert_eq!(exposing(&fleet, "b"), ["w1"]);
+    }
+
+    #[test]
+    fn a_name_listed_twice_is_neither_of_its_definitions() {
+        let one = tools(json!([{"name": "a", "description": "v1"}]));
+        let other = tools(json!([{"name": "a", "description": "v2"}]));
+        let twice = tools(json!([{"name": "a", "description": "v1"}, {"name": "a", "description": "v2"}]));
+        let fp = |t: &BackendTools| t.tools["a"].fingerprint;
+        assert_eq!(twice.tools.len(), 1);
+        assert_ne!(fp(&twice), fp(&one));
+        assert_ne!(fp(&twice), fp(&other));
+        let reversed = tools(json!([{"name": "a", "description": "v2"}, {"name": "a", "description": "v1"}]));
+        assert_ne!(fp(&twice), fp(&reversed));
     }
 }

@@ -23,6 +23,14 @@ pub const ASK_AGAIN_AFTER: Duration = Duration::from_secs(1);
 /// backends): the drifted ones first; the rest are counted in `mrtr_tool_definitions_unlabelled`.
 pub const LABELLED_TOOLS: usize = 500;
 
+/// The longest tool name given a label (the MCP spec asks for names of 1 to 128 characters).
+const LABEL_MAX: usize = 128;
+
+/// Whether a tool name may be a label of `mrtr_tool_definitions`.
+fn labelable(tool: &str) -> bool {
+    !tool.is_empty() && tool.len() <= LABEL_MAX && crate::config::printable(tool)
+}
+
 /// The `result` labels of `mrtr_catalog_refreshes_total`: `ok`, and each `AskFailed::label`.
 const RESULTS: [&str; 5] = ["ok", "unreachable", "refused", "too_large", "timeout"];
 
@@ -290,7 +298,9 @@ impl Catalog {
     /// [`LABELLED_TOOLS`]; the series of tools gone or past the cap removed.
     fn label_definitions(&self) {
         let counts = self.fleet.lock().definition_counts();
-        let mut order: Vec<(&String, &usize)> = counts.iter().collect();
+        // A label is a name an operator can read: a longer name, or one with characters that
+        // render as nothing or move the text, is counted unlabelled.
+        let mut order: Vec<(&String, &usize)> = counts.iter().filter(|(t, _)| labelable(t)).collect();
         order.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         let keep: BTreeSet<String> = order.iter().take(LABELLED_TOOLS).map(|(t, _)| (*t).clone()).collect();
         let mut labelled = self.labelled.lock();
@@ -384,5 +394,25 @@ impl Catalog {
             "backends_learned": fleet.backends().count(),
             "tools": drifted,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::labelable;
+
+    #[test]
+    fn a_label_is_a_short_printable_name() {
+        assert!(labelable("search_v2.docs-x"));
+        assert!(labelable(&"a".repeat(128)));
+        for refused in [
+            String::new(),
+            "a".repeat(129),
+            "a\u{2028}b".into(),
+            "a\u{202E}b".into(),
+            "a\rb".into(),
+        ] {
+            assert!(!labelable(&refused), "{refused:?}");
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! What routing reads of the catalog (one part of the snapshot): for each tool, the backends
-//! that serve it and whether the lock approves what each serves. Built when the catalog or the
+//! that serve it in the definition the lock approves. Built when the catalog or the
 //! fleet changes, never on the request path.
 
 use std::collections::HashMap;
@@ -13,10 +13,8 @@ use crate::upstream::BackendKey;
 /// The backends serving one tool.
 #[derive(Debug, Default)]
 struct Serving {
-    /// Every backend that lists the tool, with whether the lock approves its definition (true
-    /// for all without a lock).
-    backends: Box<[(BackendKey, bool)]>,
-    /// Those whose definition is approved: where a new call of the tool may go.
+    /// Those that list the tool in the definition the lock approves (every one that lists it,
+    /// without a lock): where a new call of the tool may go.
     approved: Box<[BackendKey]>,
 }
 
@@ -26,6 +24,9 @@ pub struct ToolRoutes {
     tools: HashMap<Box<str>, Serving>,
     /// `route_by_tool`: a new call goes only to the backends serving its tool.
     by_tool: bool,
+    /// A lock is read: a tool the catalog or the lock names is called only where the lock
+    /// approves what is served.
+    locked: bool,
 }
 
 /// A tool name in an error answer: the client's own bytes, bounded.
@@ -57,15 +58,23 @@ impl ToolRoutes {
                 tools.entry(name.as_str().into()).or_default().push((key, approved));
             }
         }
+        // A tool the lock names and no backend is known to serve is served by no approved
+        // definition: a backend that serves it anyway serves one nobody checked.
+        for name in lock.iter().flat_map(|l| l.tools.keys()) {
+            tools.entry(name.as_str().into()).or_default();
+        }
         let tools = tools
             .into_iter()
             .map(|(name, backends)| {
                 let approved = backends.iter().filter(|(_, a)| *a).map(|(k, _)| *k).collect();
-                let backends = backends.into_boxed_slice();
-                (name, Serving { backends, approved })
+                (name, Serving { approved })
             })
             .collect();
-        ToolRoutes { tools, by_tool }
+        ToolRoutes {
+            tools,
+            by_tool,
+            locked: lock.is_some(),
+        }
     }
 
     /// The tool a request calls, if it calls one the catalog knows (a batch: its first message).
@@ -93,16 +102,20 @@ impl ToolRoutes {
     }
 
     /// Every tool call of a request that starts calls (a batch's each) checked against the
-    /// lock for the backend it goes to: refused when that backend serves the tool in a
-    /// definition the lock does not approve. A backend that does not list the tool answers
-    /// for itself.
+    /// lock for the backend it goes to: a tool the catalog or the lock knows is refused unless
+    /// that backend serves it in the approved definition (a backend that does not list it
+    /// may serve it all the same, in a definition nobody approved). A tool nobody knows is
+    /// the backend's to answer.
     pub fn approve(&self, handles: &RequestHandles, backend: BackendKey) -> Result<(), RouterError> {
+        if !self.locked {
+            return Ok(());
+        }
         for (method, name) in handles.messages() {
             let (Some("tools/call"), Some(tool)) = (method, name) else {
                 continue;
             };
             let Some(serving) = self.tools.get(tool) else { continue };
-            if serving.backends.iter().any(|&(k, approved)| k == backend && !approved) {
+            if !serving.approved.contains(&backend) {
                 return Err(RouterError::ToolDefinitionChanged { tool: shown(tool) });
             }
         }
@@ -149,8 +162,16 @@ mod tests {
         );
         assert!(locked.approve(&handles("a"), BackendKey::of("w1")).is_ok());
         assert!(locked.approve(&handles("a"), BackendKey::of("w2")).is_err());
-        // A backend that does not list the tool answers for itself.
-        assert!(locked.approve(&handles("a"), BackendKey::of("w3")).is_ok());
+        // A backend that does not list a tool the catalog knows may serve it unchecked.
+        assert!(locked.approve(&handles("a"), BackendKey::of("w3")).is_err());
+        // A tool nobody knows is the backend's to answer.
+        assert!(locked.approve(&handles("b"), BackendKey::of("w3")).is_ok());
+        // A tool the lock names and no backend lists is refused wherever it goes.
+        lock.tools.insert("b".into(), v1.fingerprint.0);
+        let named = ToolRoutes::build(&fleet, key, Some(&lock), true);
+        assert!(named.for_new_call(&handles("b")).unwrap().is_err());
+        assert!(named.approve(&handles("b"), BackendKey::of("w1")).is_err());
+        lock.tools.remove("b");
         lock.tools.clear();
         let none = ToolRoutes::build(&fleet, key, Some(&lock), true);
         assert!(none.for_new_call(&handles("a")).unwrap().is_err());

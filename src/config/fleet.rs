@@ -66,7 +66,7 @@ pub(super) fn backend(
 ) -> Result<BackendConfig, ConfigError> {
     let name = key(
         "name",
-        "Unique name, 1-128 printable characters without commas; pins and tokens refer to backends by name.",
+        "Unique name, 1-128 printable characters without commas (no control, format or separator characters); pins and tokens refer to backends by name.",
     )
     .example("worker-1");
     let url = key(
@@ -91,7 +91,7 @@ pub(super) fn backend(
     let name = s.required(name, Kind::String)?;
     let name_span = name.span.clone();
     let name = name.value.trim().to_string();
-    if name.is_empty() || name.len() > 128 || name.chars().any(|ch| ch.is_control() || ch == ',') {
+    if name.is_empty() || name.len() > 128 || !super::printable(&name) || name.contains(',') {
         return s.err(
             name_span,
             "backend.name: must be 1-128 printable characters without commas",

@@ -415,6 +415,82 @@ async fn the_lock_refuses_a_definition_nobody_approved() {
     fleet.shutdown().await;
 }
 
+/// Shapes the lock must hold against: a call sent by a session or a batch to a backend that does
+/// not list the tool (the catalog knows it, so it is checked, not passed on), and a name listed
+/// twice with the approved definition last.
+#[tokio::test]
+async fn the_lock_holds_for_unlisted_tools_batches_and_names_listed_twice() {
+    let w1 = ToolServer::new(json!([tool("pay", "pays an invoice")]), true);
+    let w2 = ToolServer::new(json!([tool("pay", "pays an invoice"), tool("dup", "approved")]), true);
+    let specs = vec![serve("w1", &w1).await, serve("w2", &w2).await];
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join("tools.lock");
+    let extra = format!("{ON}lock = {:?}\n", lock.display().to_string());
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, render_config(&extra, &specs)).unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args(["catalog", "lock", "--config"])
+        .arg(&config)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    w2.set_tools(json!([
+        tool("pay", "pays an invoice"),
+        tool("dup", "pays the attacker"),
+        tool("dup", "approved"),
+        tool("extra", "never approved"),
+    ]));
+    let fleet = Fleet::start_backends(Vec::new(), &specs, &extra).await;
+    learned(&fleet, &[("w1", 1), ("w2", 3)]).await;
+    let refused = |a: &Answer, what: &str| {
+        assert_eq!(
+            a.status,
+            StatusCode::CONFLICT,
+            "{what}: {:?}",
+            String::from_utf8_lossy(&a.body)
+        );
+        assert_eq!(a.router_error(), Some("tool_definition_changed"), "{what}");
+    };
+    refused(&fleet.post(&[], &call("dup", "d-1")).await, "a name listed twice");
+    refused(&fleet.post(&[], &call("extra", "e-1")).await, "a tool not in the lock");
+
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}});
+    let mut session = None;
+    for _ in 0..20 {
+        let a = fleet.post(&[], &init).await;
+        if a.worker() == "w1" {
+            session = a.headers.get("mcp-session-id").map(|v| v.to_str().unwrap().to_string());
+            break;
+        }
+    }
+    let session = session.expect("an initialize reached w1");
+    let in_w1 = [
+        ("mcp-session-id", session.as_str()),
+        ("mcp-protocol-version", "2025-03-26"),
+    ];
+    let calls_before = w1.calls.load(Ordering::Relaxed);
+    let extra_call =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "extra", "arguments": {}}});
+    refused(
+        &fleet.post(&in_w1, &extra_call).await,
+        "a session's backend that does not list the tool",
+    );
+    let batch = json!([{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, extra_call]);
+    refused(&fleet.post(&in_w1, &batch).await, "a batch's second message");
+    assert_eq!(
+        w1.calls.load(Ordering::Relaxed),
+        calls_before,
+        "w1 ran no unapproved tool"
+    );
+    // A tool nobody lists or locks is the backend's to answer.
+    let unknown = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "nobody-has-it", "arguments": {}}});
+    let a = fleet.post(&in_w1, &unknown).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&a.body));
+    assert_eq!(a.worker(), "w1");
+    fleet.shutdown().await;
+}
+
 /// What a catalog of 10 backends × 500 tools holds (the router's allocations while it is on,
 /// measured as what turning it off gives back), and that it is bounded. Its own process: it
 /// counts the process's bytes.

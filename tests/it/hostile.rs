@@ -669,7 +669,7 @@ async fn draining_of(rig: &Rig) -> bool {
 async fn healthz(admin: SocketAddr) -> Duration {
     let started = Instant::now();
     let mut s = TcpStream::connect(admin).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let got = read_to_close(&mut s, Duration::from_secs(5))
@@ -705,7 +705,9 @@ async fn admin_slowloris_cannot_blind_the_probes() {
         let mut s = TcpStream::connect(rig.admin).await.unwrap();
         // Half send part of a head and nothing more; half send nothing at all.
         if i % 2 == 0 {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .await
+                .unwrap();
         }
         slow.push(s);
     }
@@ -750,7 +752,7 @@ async fn a_stalled_debug_route_body_gets_408_at_the_admin_body_read_timeout() {
     let rig = Rig::start(1, "", "body_read_timeout = \"500ms\"", "").await;
     let rss_before = rss_kib();
     let mut s = TcpStream::connect(rig.admin).await.unwrap();
-    s.write_all(b"POST /debug/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\":")
+    s.write_all(b"POST /debug/route HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\":")
         .await
         .unwrap();
     let sent = Instant::now();

@@ -163,6 +163,8 @@ async fn a_non_loopback_listener_without_a_token_never_serves_the_sensitive_memb
     )
     .await;
     assert_eq!(drain.status, StatusCode::FORBIDDEN);
+    // The catalog tells the tools' descriptions: a sensitive read.
+    assert_eq!(admin.get("/catalog", None).await.status, StatusCode::FORBIDDEN);
 }
 
 #[tokio::test]
@@ -198,6 +200,9 @@ async fn with_a_token_but_open_reads_the_numbers_are_open_and_the_config_is_not(
     assert!(doc["access"]["why"].as_str().unwrap().contains("admin token"));
     let with = admin.get("/api/status", Some(TOKEN)).await.json();
     assert!(with["config"].is_string());
+    // The catalog is a sensitive read: the token (then 404 here, the catalog being off).
+    assert_eq!(admin.get("/catalog", None).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(admin.get("/catalog", Some(TOKEN)).await.status, StatusCode::NOT_FOUND);
 }
 
 /// A page of another site cannot make a visiting browser drain a backend through a loopback
@@ -212,6 +217,7 @@ async fn a_change_from_another_site_s_page_is_refused() {
         vec![("origin", "http://evil.example")],
         vec![("origin", "null")],
         vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "none")],
         vec![("origin", "http://evil.example"), ("host", host.as_str())],
     ];
     for headers in &refused {
@@ -225,4 +231,42 @@ async fn a_change_from_another_site_s_page_is_refused() {
         let a = send(&admin.client, Method::POST, &drain, &headers, Bytes::new()).await;
         assert_eq!(a.status, StatusCode::OK, "{headers:?}: {a:?}");
     }
+}
+
+/// DNS rebinding: a page on a name that comes to resolve to 127.0.0.1 is same-origin with what it
+/// reaches there, so a loopback listener answers only requests addressed by IP or `localhost`.
+#[tokio::test]
+async fn a_loopback_listener_answers_only_its_own_names() {
+    let admin = Admin::start("", "127.0.0.1:0").await;
+    let port = admin.url.rsplit(':').next().unwrap().to_string();
+    let rebound = format!("rebound.example:{port}");
+    for path in ["/api/status", "/catalog", "/metrics", "/"] {
+        let a = send(
+            &admin.client,
+            Method::GET,
+            &format!("{}{path}", admin.url),
+            &[("host", rebound.as_str())],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{path}");
+    }
+    let drain = format!("{}/backends/worker-0/drain", admin.url);
+    let same_origin = format!("http://{rebound}");
+    let headers = [("host", rebound.as_str()), ("origin", same_origin.as_str())];
+    let a = send(&admin.client, Method::POST, &drain, &headers, Bytes::new()).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    let backends = admin.get("/backends", None).await.json();
+    assert_eq!(backends["backends"][0]["draining"], false, "nothing was drained");
+    let localhost = format!("localhost:{port}");
+    let a = send(
+        &admin.client,
+        Method::GET,
+        &format!("{}/api/status", admin.url),
+        &[("host", localhost.as_str())],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["access"]["sensitive"], true);
 }
