@@ -455,3 +455,116 @@ fn the_code_map_check_finds_a_missing_and_an_extra_module() {
 
     assert_eq!(code_map_problems(src, "# Architecture\n").len(), 1);
 }
+
+/// Each function of a file's code (unit tests left out) with the lines it spans: from its
+/// `fn` line to its closing brace. Comments, strings and character literals are skipped, so a
+/// brace in them counts for nothing.
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let code = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let chars: Vec<char> = code.chars().collect();
+    let (mut line, mut depth, mut i) = (1usize, 0usize, 0usize);
+    // Open functions: name, line of `fn`, the depth its body opens at (set at its `{`).
+    let mut open: Vec<(String, usize, Option<usize>)> = Vec::new();
+    let mut out = Vec::new();
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '\n' => line += 1,
+            '/' if chars.get(i + 1) == Some(&'/') => {
+                while i + 1 < chars.len() && chars[i + 1] != '\n' {
+                    i += 1;
+                }
+            }
+            '"' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    if chars[i] == '\n' {
+                        line += 1;
+                    }
+                    i += if chars[i] == '\\' { 2 } else { 1 };
+                }
+            }
+            // A character literal ('{', '\n'), not a lifetime ('a).
+            '\'' if chars.get(i + 2) == Some(&'\'') => i += 2,
+            '\'' if chars.get(i + 1) == Some(&'\\') => {
+                while i + 1 < chars.len() && chars[i + 1] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            '{' => {
+                if let Some(f) = open.last_mut().filter(|f| f.2.is_none()) {
+                    f.2 = Some(depth);
+                }
+                depth += 1;
+            }
+            '}' => {
+                depth -= 1;
+                if open.last().is_some_and(|f| f.2 == Some(depth)) {
+                    let (name, from, _) = open.pop().expect("an open function");
+                    out.push((name, line - from + 1));
+                }
+            }
+            // A declaration without a body (in a trait) ends at its `;`.
+            ';' if open.last().is_some_and(|f| f.2.is_none()) => {
+                open.pop();
+            }
+            _ if c.is_alphanumeric() || c == '_' => {
+                let start = i;
+                while i + 1 < chars.len() && (chars[i + 1].is_alphanumeric() || chars[i + 1] == '_') {
+                    i += 1;
+                }
+                let word: String = chars[start..=i].iter().collect();
+                let before = start.checked_sub(1).map(|b| chars[b]);
+                if word == "fn" && !before.is_some_and(|b| b.is_alphanumeric() || b == '_') {
+                    let name: String = chars[i + 1..]
+                        .iter()
+                        .skip_while(|c| c.is_whitespace())
+                        .take_while(|c| c.is_alphanumeric() || **c == '_')
+                        .collect();
+                    // `fn(` is a function pointer type, not a function.
+                    if !name.is_empty() {
+                        open.push((name, line, None));
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Files read in one sitting, functions that fit on a screen or two: no file of `src/` over
+/// 600 lines, no function over 80 lines in `src/proxy/` (the request path) or 150 elsewhere.
+/// The metric registration (one long list of declarations) and unit tests are left out.
+#[test]
+fn files_and_functions_stay_short() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for (_, path) in source_files(&src) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let rel = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        let lines = text.lines().count();
+        if lines > 600 {
+            long.push(format!("{rel}: {lines} lines"));
+        }
+        let limit = if rel.starts_with("proxy/") { 80 } else { 150 };
+        let unit_tests = rel.contains("tests/") || rel.ends_with("tests.rs");
+        for (name, n) in function_lengths(&text).into_iter().filter(|_| !unit_tests) {
+            if n > limit && !(rel == "metrics.rs" && name == "new") {
+                long.push(format!("{rel}: fn {name} is {n} lines (at most {limit})"));
+            }
+        }
+    }
+    assert!(long.is_empty(), "too long to read in one sitting:\n{}", long.join("\n"));
+}
+
+#[test]
+fn the_length_check_counts_bodies_not_braces_in_text() {
+    let text = "fn a() {\n    let c = '{';\n    let s = \"}}\";\n    // }\n}\ntrait T { fn b(&self); }\nfn c<'x>(v: &'x str) -> fn() {\n    todo!()\n}\n";
+    assert_eq!(function_lengths(text), [("a".to_string(), 5), ("c".to_string(), 3)]);
+}
