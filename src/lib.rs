@@ -55,21 +55,18 @@ use state::Shared;
 pub mod internals {
     pub use crate::auth::{
         is_valid_scope, keep_fresh, Algorithm, AlgorithmSet, AuthFailure, FetchOutcome, InvalidScope, IssuerKeys,
-        JwksConfig, JwksError, Key, KeySet, ParsedKeySet, Part as BearerPart, Policy as AuthPolicy, Principal, Scopes,
-        SkippedKey, Verified, AUTH_RESULTS, MAX_BEARER_BYTES, MAX_JWKS_BYTES, MAX_KEYS, REFRESH_RESULTS,
+        JwksConfig, Key, KeySet, Policy as AuthPolicy, Principal, Scopes, Verified, AUTH_RESULTS, MAX_BEARER_BYTES,
+        MAX_JWKS_BYTES, MAX_KEYS,
     };
     pub use crate::balance::HashRing;
     pub use crate::body::split_sse;
     pub use crate::dialect::{
-        parse_outcome, parse_request, request_state_at, Ambiguity, Envelopes, NotJson, Outcome, Reading,
-        RequestEnvelope, Unreadable,
+        parse_outcome, parse_request, request_state_at, Ambiguity, NotJson, Outcome, Reading, RequestEnvelope,
+        Unreadable,
     };
     pub use crate::pins::{Clock, Pin, PinKey, PinKind, PinTable, PinTtls};
-    pub use crate::quotas::{
-        rate_limit_headers, Admission, CallerKey, CallerRule, OpenCall, OpenCalls, PerCaller, Quota, Quotas,
-        RateLimiter, Refusal, Request as QuotaRequest, RetryAfter, Scope as QuotaScope, Stats as QuotaStats,
-    };
-    pub use crate::token::{Claims, Kind as TokenKind, LegacySealingKeys, Rejected, SealingKeys};
+    pub use crate::quotas::{CallerKey, PerCaller, RateLimiter};
+    pub use crate::token::{Claims, Kind as TokenKind, LegacySealingKeys, SealingKeys};
     pub use crate::upstream::{Backend, BackendKey};
 }
 

@@ -33,8 +33,8 @@ mod scopes;
 
 pub use crate::config::{Algorithm, AlgorithmSet};
 pub use issuer_keys::{FetchOutcome, IssuerKeys, REFRESH_RESULTS};
-pub use jwks::{JwksError, Key, KeySet, ParsedKeySet, SkippedKey, MAX_JWKS_BYTES, MAX_KEYS};
-pub use jwt::{AuthFailure, Part, Policy, Verified, MAX_BEARER_BYTES};
+pub use jwks::{Key, KeySet, MAX_JWKS_BYTES, MAX_KEYS};
+pub use jwt::{AuthFailure, Policy, Verified, MAX_BEARER_BYTES};
 pub use principal::{Caller, Principal};
 pub use refresh::{keep_fresh, JwksConfig};
 pub use resource::Resource;

@@ -235,7 +235,6 @@ pub struct Quotas {
     in_flight: Option<Arc<PerCaller>>,
     open_calls: Option<OpenCalls>,
     tools: HashMap<String, ToolQuotas>,
-    max_body_bytes_per_connection: Option<usize>,
     bodies: Option<Arc<BodyShares>>,
     max_tracked_callers: usize,
     /// The shared store, when `store` names one: the rates above are then counted there (the
@@ -264,7 +263,6 @@ impl Quotas {
             in_flight: config.max_in_flight.map(|n| PerCaller::new(n, cap)),
             open_calls: config.max_open_calls.map(|n| OpenCalls::new(n, cap)),
             tools: tools.collect(),
-            max_body_bytes_per_connection: config.max_body_bytes_per_connection,
             bodies: config.max_body_bytes_per_caller.map(|n| BodyShares::new(n as u64, cap)),
             max_tracked_callers: cap,
             refused: RefusedCallers::new(epoch),
@@ -416,11 +414,6 @@ impl Quotas {
             full_tables,
             overflowed: rates().map(RateLimiter::overflowed).sum(),
         }
-    }
-
-    /// `max_body_bytes_per_connection`: what one client connection may buffer.
-    pub fn max_body_bytes_per_connection(&self) -> Option<usize> {
-        self.max_body_bytes_per_connection
     }
 
     /// The share of `caller`'s bodies one body takes from (`max_body_bytes_per_caller`).

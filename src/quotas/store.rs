@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::{Histogram, IntCounter};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::rate::{RateLimiter, RetryAfter};
@@ -108,9 +108,10 @@ impl StoreMetrics {
     /// The `kind` labels of `mrtr_quota_store_errors_total`, in `errors`' order.
     pub const KINDS: [&'static str; 3] = ["timeout", "error", "down"];
 
-    /// Metrics no registry shows (for quotas built without one, as in unit tests).
+    /// Metrics no registry shows (for quotas built without one, in unit tests).
+    #[cfg(test)]
     pub fn unregistered() -> StoreMetrics {
-        let opts = HistogramOpts::new("mrtr_quota_store_seconds", "unregistered");
+        let opts = prometheus::HistogramOpts::new("mrtr_quota_store_seconds", "unregistered");
         StoreMetrics {
             seconds: Histogram::with_opts(opts).expect("valid metric"),
             errors: Self::KINDS.map(|k| IntCounter::new(format!("unregistered_{k}"), k).expect("valid metric")),

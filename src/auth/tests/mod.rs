@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use super::jwks::{JwksError, SkippedKey};
+use super::jwt::Part;
 use super::signer::{b64, compact, jwks, Signer};
 use super::*;
 
