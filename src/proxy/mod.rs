@@ -1,7 +1,5 @@
-//! The request path: a pipeline of named phases over one request context (`phases`), driven in
-//! their order by `run_phases`:
-//!
-//! authenticate → caller → read → handles → authorize → decide → admit → connect → forward → answer
+//! The request path: a pipeline of named phases over one request context (`phases`, whose doc
+//! lists them in order), driven by `run_phases`, which awaits the I/O between them.
 //!
 //! Around them: `path` (the path every reader will take), `gate` (`[auth]`'s checks and what
 //! backends receive instead of the bearer), `admit` (`[quotas]`), `read` (bodies within their

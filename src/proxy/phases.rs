@@ -1,11 +1,13 @@
 //! The phases of one request, in the order `run_phases` runs them, each a method over the one
-//! request context ([`Exchange`], Pingora's CTX) returning `Result<_, RouterError>`:
+//! request context ([`Exchange`], Pingora's CTX), the fallible ones returning
+//! `Result<_, RouterError>`:
 //!
 //! judge_method → authenticate → caller → read → handles → authorize → decide → admit →
-//! route_taken → (connect) → connected → upstream_request → (send) → answered → answer
+//! route_taken → (connect) → connected → upstream_request → (send) → answered →
+//! (collect_json) → answer
 //!
 //! The driver awaits the exchange's I/O itself, in the parentheses (`Forward::connect`, the
-//! send and `Forward::answer`): a phase that awaited it would be a future holding the I/O's
+//! send and `Forward::answer`, a JSON answer's body by `read::collect_json`): a phase that awaited it would be a future holding the I/O's
 //! futures, kilobytes copied at each call. The order is what keeps the edge's invariants: a
 //! method never forwarded is refused whoever asks; who calls is known from the head before any
 //! body is read; the handles are read only from a body the read phase produced ([`Read`]);
@@ -58,7 +60,8 @@ pub(super) struct Exchange<'c> {
 }
 
 /// A request's body as the read phase left it: read whole (a POST's, held within the body
-/// budget until the request ends), or still to stream (any other method's).
+/// budget until the answer's head is in, or a JSON answer's last byte), or still to stream
+/// (any other method's).
 pub(super) enum Read<'c> {
     Whole(Bytes, Held<'c>),
     Streamed(Incoming),
@@ -193,7 +196,7 @@ impl<'c> Exchange<'c> {
     }
 
     /// A POST's body whole (bounded in size and time, held within the budget all bodies share
-    /// until the request ends); any other method's streams, if the method is forwarded at all.
+    /// until the answer is observed); any other method's streams, if the method is forwarded at all.
     pub async fn read(&self, method: &Method, body: Incoming) -> Result<Read<'c>, RouterError> {
         if *method != Method::POST {
             return Ok(Read::Streamed(body));
@@ -207,8 +210,8 @@ impl<'c> Exchange<'c> {
     }
 
     /// Every handle the headers and the read body carry, and what the body asks for; a body
-    /// that reads two ways, a batch that cannot be one request and headers that disagree with
-    /// the body are refused here.
+    /// that reads two ways and a batch that cannot be one request are refused here (headers
+    /// that disagree with the body, by [`Exchange::authorize`]).
     pub fn handles<'r>(
         &mut self,
         headers: &'r HeaderMap,

@@ -63,7 +63,7 @@ impl ConnectionShare {
 }
 
 /// A body's share of `max_body_buffer_bytes` (and of its connection's and its caller's
-/// shares), given back when dropped (the request ends).
+/// shares), given back when dropped (once the answer is observed).
 pub(super) struct Held<'a> {
     budget: Option<&'a BodyBuffer>,
     share: Option<&'a ConnectionShare>,
