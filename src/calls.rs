@@ -135,7 +135,8 @@ impl Call {
 
     /// With `[catalog]` on, what one message from the backend tells of its tools: a
     /// `notifications/tools/list_changed`, or a `tools/list` answer naming a tool the catalog
-    /// does not know of it in that definition, has the backend asked again (docs/src/catalog.md).
+    /// does not know of it in that definition, has the backend asked again; a definition told
+    /// otherwise than to the catalog is noted (docs/src/catalog.md).
     /// A forwarded list is never taken as the backend's whole catalog: it may be one page, or
     /// filtered for its caller.
     pub fn tell_catalog(&self, msg: &[u8]) {
@@ -147,8 +148,8 @@ impl Call {
             if changed {
                 self.shared.catalog.ask_again(backend);
             }
-        } else if listed && !self.shared.catalog.knows_listed(backend, msg) {
-            self.shared.catalog.ask_again(backend);
+        } else if listed && self.shared.catalog.client_saw(backend, msg) {
+            self.shared.rebuild();
         }
     }
 

@@ -215,17 +215,23 @@ fn learn(shared: &Shared, backend: &str, asked: Result<Vec<catalog::Definition>,
         Ok(tools) => tools,
         Err(e) => {
             tracing::warn!(backend, error = %e, "catalog: asking the backend for its tools failed; its last known tools stay");
-            shared.catalog.failed(backend, &e, next);
+            if shared.catalog.failed(backend, &e, next) {
+                // Under a lock, none of its definitions is approved until an ask succeeds.
+                shared.rebuild();
+            }
             return;
         }
     };
     let learned = shared.catalog.learned(backend, BackendTools::new(tools), Some(next));
     for c in &learned.changes {
         let (was, is) = (c.was.map(|f| f.short()), c.is.map(|f| f.short()));
-        tracing::warn!(backend, tool = %c.tool, was = ?was, is = ?is, "catalog: a tool's definition changed on a backend");
+        // A tool's name is the backend's text: escaped and cut, it forges no log line.
+        let tool = catalog::shown(&c.tool);
+        tracing::warn!(backend, tool = ?tool, was = ?was, is = ?is, "catalog: a tool's definition changed on a backend");
     }
     for (tool, definitions) in &learned.drifted {
-        tracing::warn!(tool = %tool, definitions, "catalog: tool definitions differ across the fleet");
+        let tool = catalog::shown(tool);
+        tracing::warn!(tool = ?tool, definitions, "catalog: tool definitions differ across the fleet");
     }
     if learned.routes_changed {
         shared.rebuild();

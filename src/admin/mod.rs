@@ -87,11 +87,17 @@ enum Need {
 /// Whether a request names this machine as its host (an IP address, `localhost` or a name
 /// under `.localhost`), or names none: a browser always names the host of the page's URL.
 fn addressed_to_this_machine<B>(req: &Request<B>) -> bool {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let (host, another) = (hosts.next(), hosts.next());
+    if another.is_some() {
+        return false;
+    }
+    // An absolute-form target's authority is the one that counts (RFC 9112, 3.2.2).
     let named = req
-        .headers()
-        .get(header::HOST)
-        .map(HeaderValue::as_bytes)
-        .or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
+        .uri()
+        .authority()
+        .map(|a| a.as_str().as_bytes())
+        .or(host.map(HeaderValue::as_bytes));
     let Some(authority) = named else { return true };
     let Ok(authority) = std::str::from_utf8(authority) else {
         return false;
@@ -499,5 +505,18 @@ mod tests {
             .body(())
             .unwrap();
         assert!(!addressed_to_this_machine(&h2));
+        let absolute = Request::builder()
+            .uri("http://evil.example/api/status")
+            .header(header::HOST, "localhost")
+            .body(())
+            .unwrap();
+        assert!(!addressed_to_this_machine(&absolute));
+        let two = Request::builder()
+            .uri("/api/status")
+            .header(header::HOST, "localhost")
+            .header(header::HOST, "evil.example")
+            .body(())
+            .unwrap();
+        assert!(!addressed_to_this_machine(&two));
     }
 }

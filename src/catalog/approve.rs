@@ -33,7 +33,15 @@ pub async fn lock_of(backends: &[Arc<Backend>], cfg: &CatalogConfig, only: Optio
         .await
         .map_err(|_| format!("{}: no whole answer within catalog.timeout", backend.name))?
         .map_err(|e| format!("{}: {e}", backend.name))?;
-        fleet.learn(&backend.name, BackendTools::new(listed));
+        let tools = BackendTools::new(listed);
+        if !tools.twice.is_empty() {
+            let names: Vec<&String> = tools.twice.iter().collect();
+            return Err(format!(
+                "{} lists these tools more than once, in definitions a client cannot tell apart: {names:?}",
+                backend.name
+            ));
+        }
+        fleet.learn(&backend.name, tools);
     }
     let drifted = fleet.drifted();
     if !drifted.is_empty() {

@@ -10,6 +10,12 @@ use super::definition::{Definition, Fingerprint};
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackendTools {
     pub tools: BTreeMap<String, Definition>,
+    /// Names its list gave more than once (each one tool whose definition is all its entries).
+    pub twice: BTreeSet<String>,
+    /// Tools a `tools/list` answer to a client defined otherwise than the backend's last
+    /// answer to the catalog, with the fingerprint the client saw: a backend that tells the
+    /// router one thing and its clients another. Cleared when either answer agrees again.
+    pub seen_otherwise: BTreeMap<String, Fingerprint>,
 }
 
 impl BackendTools {
@@ -18,6 +24,7 @@ impl BackendTools {
     /// client may read either, so no lock approves it by approving one of them.
     pub fn new(definitions: impl IntoIterator<Item = Definition>) -> BackendTools {
         let mut tools: BTreeMap<String, Definition> = BTreeMap::new();
+        let mut twice = BTreeSet::new();
         for d in definitions {
             match tools.get_mut(&d.name) {
                 None => {
@@ -25,10 +32,20 @@ impl BackendTools {
                 }
                 Some(listed) => {
                     listed.fingerprint = Fingerprint::of_parts([&listed.fingerprint.0[..], &d.fingerprint.0[..]]);
+                    twice.insert(d.name);
                 }
             }
         }
-        BackendTools { tools }
+        BackendTools {
+            tools,
+            twice,
+            seen_otherwise: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `other` lists the same tools in the same definitions.
+    pub fn lists_as(&self, other: &BackendTools) -> bool {
+        self.tools == other.tools && self.twice == other.twice
     }
 
     /// The catalog's own fingerprint: over its tools' names and fingerprints, in name order.
@@ -79,8 +96,39 @@ impl FleetTools {
                     .collect()
             }
         };
+        let mut tools = tools;
+        if let Some(before) = self.backends.remove(backend) {
+            // What clients were told otherwise stays noted until this answer agrees with it.
+            tools.seen_otherwise = before
+                .seen_otherwise
+                .into_iter()
+                .filter(|(name, fp)| tools.tools.get(name).is_some_and(|d| d.fingerprint != *fp))
+                .collect();
+        }
         self.backends.insert(backend.to_string(), tools);
         changes
+    }
+
+    /// What a `tools/list` answer to a client said of `backend`'s tools: each definition that
+    /// differs from the one the backend gave the catalog is noted (a tool it did not list to
+    /// the catalog is for an ask to learn); one that agrees clears a note. True when the notes
+    /// changed (routes change with them).
+    pub fn seen_by_client(&mut self, backend: &str, seen: &[Definition]) -> bool {
+        let Some(tools) = self.backends.get_mut(backend) else {
+            return false;
+        };
+        let mut changed = false;
+        for d in seen {
+            let Some(asked) = tools.tools.get(&d.name) else {
+                continue;
+            };
+            if asked.fingerprint == d.fingerprint {
+                changed |= tools.seen_otherwise.remove(&d.name).is_some();
+            } else if tools.seen_otherwise.insert(d.name.clone(), d.fingerprint) != Some(d.fingerprint) {
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Forgets a backend that left the fleet.
@@ -111,12 +159,20 @@ impl FleetTools {
         out
     }
 
-    /// Each tool's number of distinct definitions across the fleet.
+    /// Each tool's number of distinct definitions across the fleet: a backend that lists it
+    /// twice, or tells its clients another definition than the catalog, adds one.
     pub fn definition_counts(&self) -> BTreeMap<String, usize> {
-        self.definitions()
+        let mut counts: BTreeMap<String, usize> = self
+            .definitions()
             .into_iter()
             .map(|(name, defs)| (name.to_string(), defs.len()))
-            .collect()
+            .collect();
+        for tools in self.backends.values() {
+            for name in tools.twice.iter().chain(tools.seen_otherwise.keys()) {
+                *counts.entry(name.clone()).or_default() += 1;
+            }
+        }
+        counts
     }
 
     /// The tools the fleet serves in more than one definition.

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::ask::AskFailed;
 use super::definition::Definition;
 use super::fleet::{BackendTools, Change, FleetTools};
-use super::routes::ToolRoutes;
+use super::routes::{shown, ToolRoutes};
 use crate::config::Lock;
 use crate::upstream::BackendKey;
 
@@ -22,6 +22,10 @@ pub const ASK_AGAIN_AFTER: Duration = Duration::from_secs(1);
 /// Tools given a label of their own in `mrtr_tool_definitions{tool}` (names come from
 /// backends): the drifted ones first; the rest are counted in `mrtr_tool_definitions_unlabelled`.
 pub const LABELLED_TOOLS: usize = 500;
+
+/// Drifted tools the status page's `catalog` member shows (its names and descriptions cut as an
+/// error shows a name): the page is sent every second, and backends write what is in it.
+const SUMMARY_TOOLS: usize = 50;
 
 /// The longest tool name given a label (the MCP spec asks for names of 1 to 128 characters).
 const LABEL_MAX: usize = 128;
@@ -144,7 +148,16 @@ impl Catalog {
         lock: Option<&Lock>,
         by_tool: bool,
     ) -> ToolRoutes {
-        ToolRoutes::build(&self.fleet.lock(), key_of, lock, by_tool)
+        let failing: BTreeSet<String> = {
+            let asked = self.asked.lock();
+            asked
+                .iter()
+                .filter(|(_, a)| a.failure.is_some())
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        let failing = |backend: &str| failing.contains(backend);
+        ToolRoutes::build(&self.fleet.lock(), key_of, lock, by_tool, failing)
     }
 
     /// Asks `backend` again at the next round (its tools may have changed: a
@@ -177,22 +190,37 @@ impl Catalog {
         });
     }
 
-    /// Whether every tool of a `tools/list` answer's body (a JSON-RPC message) is known of
-    /// `backend` in the definition it lists; an answer that lists no tools tells nothing.
-    pub fn knows_listed(&self, backend: &str, msg: &[u8]) -> bool {
+    /// What a `tools/list` answer's body (a JSON-RPC message) `backend` gave a client tells:
+    /// a tool it lists that the catalog does not know of it in that definition has it asked
+    /// again, and is noted as told otherwise (unapproved under a lock until an answer agrees).
+    /// True when the routes change with what it told.
+    pub fn client_saw(&self, backend: &str, msg: &[u8]) -> bool {
         let Ok(message) = serde_json::from_slice::<Value>(msg) else {
-            return true;
+            return false;
         };
         let Some(tools) = message["result"]["tools"].as_array() else {
-            return true;
+            return false;
         };
-        let fleet = self.fleet.lock();
-        let known = fleet.backend(backend);
-        tools.iter().filter_map(Definition::read).all(|d| {
-            known
-                .and_then(|k| k.tools.get(&d.name))
-                .is_some_and(|k| k.fingerprint == d.fingerprint)
-        })
+        let seen: Vec<Definition> = tools.iter().filter_map(Definition::read).collect();
+        let (known, changed) = {
+            let mut fleet = self.fleet.lock();
+            let known = fleet.backend(backend).is_some_and(|k| {
+                seen.iter()
+                    .all(|d| k.tools.get(&d.name).is_some_and(|k| k.fingerprint == d.fingerprint))
+            });
+            (known, fleet.seen_by_client(backend, &seen))
+        };
+        if !known {
+            self.ask_again(backend);
+        }
+        if changed {
+            tracing::warn!(
+                backend,
+                "catalog: a backend told a client other tool definitions than it told the catalog"
+            );
+            self.label_definitions();
+        }
+        changed
     }
 
     /// The backends of `present` due to be asked at `now`, marked as being asked.
@@ -251,7 +279,7 @@ impl Catalog {
         let (changes, routes_changed, drifted) = {
             let mut fleet = self.fleet.lock();
             let before = fleet.drifted();
-            let same = fleet.backend(backend) == Some(&tools);
+            let same = fleet.backend(backend).is_some_and(|b| b.lists_as(&tools));
             let changes = fleet.learn(backend, tools);
             let drifted = fleet
                 .drifted()
@@ -260,15 +288,18 @@ impl Catalog {
                 .collect();
             (changes, !same, drifted)
         };
-        {
+        let was_failing = {
             let mut asked = self.asked.lock();
             let a = asked.entry(backend.to_string()).or_default();
             a.learned = Some(SystemTime::now());
-            a.failure = None;
+            let was_failing = a.failure.take().is_some();
             if let Some(next) = next {
                 Catalog::ended(a, next);
             }
-        }
+            was_failing
+        };
+        // A backend whose ask failed served no approved definition: it may again.
+        let routes_changed = routes_changed || was_failing;
         self.metrics.tools.with_label_values(&[backend]).set(count as i64);
         self.metrics.refreshes.with_label_values(&[backend, "ok"]).inc();
         self.metrics.changes.inc_by(changes.len() as u64);
@@ -282,16 +313,19 @@ impl Catalog {
         }
     }
 
-    /// An ask of `backend` failed: counted, and its last good tools kept.
-    pub fn failed(&self, backend: &str, failure: &AskFailed, next: Instant) {
+    /// An ask of `backend` failed: counted, and its last good tools kept (shown, and routed
+    /// by; under a lock, no longer approved: what it serves now is not known). True when the
+    /// routes change: its last ask had not failed.
+    pub fn failed(&self, backend: &str, failure: &AskFailed, next: Instant) -> bool {
         let mut asked = self.asked.lock();
         let a = asked.entry(backend.to_string()).or_default();
-        a.failure = Some(failure.to_string());
+        let newly = a.failure.replace(failure.to_string()).is_none();
         Catalog::ended(a, next);
         self.metrics
             .refreshes
             .with_label_values(&[backend, failure.label()])
             .inc();
+        newly
     }
 
     /// Sets `mrtr_tool_definitions{tool}`: the drifted tools first, then by name, up to
@@ -322,8 +356,9 @@ impl Catalog {
     /// `GET /catalog`: each backend's tools (name, fingerprint, hints, description) and how its
     /// asks go, and each tool's definitions across the fleet with the backends serving each.
     pub fn document(&self, lock: Option<&Lock>) -> Value {
-        let fleet = self.fleet.lock();
+        // `asked` before `fleet`, as everywhere both are held.
         let asked = self.asked.lock();
+        let fleet = self.fleet.lock();
         let names: BTreeSet<&str> = asked
             .keys()
             .map(String::as_str)
@@ -342,6 +377,8 @@ impl Catalog {
                     "tools": tools.map(|t| t.tools.values().map(|d| json!({
                         "name": d.name,
                         "fingerprint": d.fingerprint.short(),
+                        "listed_twice": t.twice.contains(&d.name),
+                        "told_clients": t.seen_otherwise.get(&d.name).map(|f| f.short()),
                         "description": d.description,
                         "read_only": d.hints.read_only,
                         "idempotent": d.hints.idempotent,
@@ -378,19 +415,21 @@ impl Catalog {
         let drifted: Vec<Value> = definitions
             .iter()
             .filter(|(_, defs)| defs.len() > 1)
+            .take(SUMMARY_TOOLS)
             .map(|(name, defs)| {
                 let description = fleet
                     .backends()
-                    .find_map(|(_, t)| t.tools.get(*name).map(|d| d.description.clone()));
+                    .find_map(|(_, t)| t.tools.get(*name).map(|d| shown(&d.description)));
                 let backends: Vec<String> = defs
                     .iter()
                     .map(|(fp, backends)| format!("{} ({})", backends.join(", "), fp.short()))
                     .collect();
-                json!({"name": name, "description": description, "definitions": defs.len(), "backends": backends})
+                json!({"name": shown(name), "description": description, "definitions": defs.len(), "backends": backends})
             })
             .collect();
         json!({
             "tools_known": definitions.len(),
+            "tools_drifted": definitions.values().filter(|defs| defs.len() > 1).count(),
             "backends_learned": fleet.backends().count(),
             "tools": drifted,
         })

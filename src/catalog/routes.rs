@@ -43,18 +43,27 @@ pub fn shown(tool: &str) -> String {
 
 impl ToolRoutes {
     /// The routes of `fleet`'s tools, for the backends `key_of` knows (a backend the snapshot
-    /// no longer has is left out), checked against `lock` when there is one.
+    /// no longer has is left out), checked against `lock` when there is one. Under a lock, a
+    /// backend is approved for a tool only when what it told the catalog last is approved, its
+    /// last ask did not fail (`failing`: what it serves now is not known), and it told no
+    /// client another definition since.
     pub fn build(
         fleet: &FleetTools,
         key_of: impl Fn(&str) -> Option<BackendKey>,
         lock: Option<&Lock>,
         by_tool: bool,
+        failing: impl Fn(&str) -> bool,
     ) -> ToolRoutes {
         let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool)>> = HashMap::new();
         for (backend, catalog) in fleet.backends() {
             let Some(key) = key_of(backend) else { continue };
+            let known_now = !failing(backend);
             for (name, definition) in &catalog.tools {
-                let approved = lock.is_none_or(|l| l.approves(name, &definition.fingerprint.0));
+                let approved = lock.is_none_or(|l| {
+                    known_now
+                        && !catalog.seen_otherwise.contains_key(name)
+                        && l.approves(name, &definition.fingerprint.0)
+                });
                 tools.entry(name.as_str().into()).or_default().push((key, approved));
             }
         }
@@ -150,12 +159,12 @@ mod tests {
             let body = bodies[usize::from(tool == "b")].as_bytes();
             RequestHandles::read(&headers, &routing, "messageId", Some(body)).unwrap()
         };
-        let open = ToolRoutes::build(&fleet, key, None, true);
+        let open = ToolRoutes::build(&fleet, key, None, true, |_| false);
         assert_eq!(open.for_new_call(&handles("a")).unwrap().unwrap().len(), 2);
         assert!(open.for_new_call(&handles("b")).is_none());
         let mut lock = Lock::default();
         lock.tools.insert("a".into(), v1.fingerprint.0);
-        let locked = ToolRoutes::build(&fleet, key, Some(&lock), true);
+        let locked = ToolRoutes::build(&fleet, key, Some(&lock), true, |_| false);
         assert_eq!(
             locked.for_new_call(&handles("a")).unwrap().unwrap(),
             [BackendKey::of("w1")]
@@ -168,12 +177,12 @@ mod tests {
         assert!(locked.approve(&handles("b"), BackendKey::of("w3")).is_ok());
         // A tool the lock names and no backend lists is refused wherever it goes.
         lock.tools.insert("b".into(), v1.fingerprint.0);
-        let named = ToolRoutes::build(&fleet, key, Some(&lock), true);
+        let named = ToolRoutes::build(&fleet, key, Some(&lock), true, |_| false);
         assert!(named.for_new_call(&handles("b")).unwrap().is_err());
         assert!(named.approve(&handles("b"), BackendKey::of("w1")).is_err());
         lock.tools.remove("b");
         lock.tools.clear();
-        let none = ToolRoutes::build(&fleet, key, Some(&lock), true);
+        let none = ToolRoutes::build(&fleet, key, Some(&lock), true, |_| false);
         assert!(none.for_new_call(&handles("a")).unwrap().is_err());
     }
 }

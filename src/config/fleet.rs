@@ -66,7 +66,7 @@ pub(super) fn backend(
 ) -> Result<BackendConfig, ConfigError> {
     let name = key(
         "name",
-        "Unique name, 1-128 printable characters without commas (no control, format or separator characters); pins and tokens refer to backends by name.",
+        "Unique name, 1 to 128 bytes of printable characters without commas (no control, format or separator characters but the space); pins and tokens refer to backends by name.",
     )
     .example("worker-1");
     let url = key(
@@ -94,7 +94,7 @@ pub(super) fn backend(
     if name.is_empty() || name.len() > 128 || !super::printable(&name) || name.contains(',') {
         return s.err(
             name_span,
-            "backend.name: must be 1-128 printable characters without commas",
+            "backend.name: must be 1 to 128 bytes of printable characters without commas",
         );
     }
     if others.iter().any(|o| o.name == name) {

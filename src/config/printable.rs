@@ -2,13 +2,19 @@
 //! no character that renders as nothing or moves the text around it.
 
 /// Whether `ch` renders as itself: not a control character, not a format character (bidi
-/// overrides and isolates, zero-width ones, the byte-order mark, tags), not a line or
-/// paragraph separator.
+/// overrides and isolates, zero-width ones, the byte-order mark, tags), not a separator other
+/// than the plain space (no-break and wide spaces, line and paragraph separators).
 pub fn printable_char(ch: char) -> bool {
     !(ch.is_control()
         || matches!(
             ch,
-            '\u{00AD}'
+            '\u{00A0}'
+                | '\u{1680}'
+                | '\u{2000}'..='\u{200A}'
+                | '\u{202F}'
+                | '\u{205F}'
+                | '\u{3000}'
+                | '\u{00AD}'
                 | '\u{0600}'..='\u{0605}'
                 | '\u{061C}'
                 | '\u{06DD}'

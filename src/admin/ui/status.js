@@ -22,14 +22,21 @@
   };
 
   // ---- small DOM helpers: text only -------------------------------------------------------
+  // Characters that render as nothing or reorder the text around them (controls, bidi
+  // overrides and isolates, zero-width ones, separators other than the space) are shown as
+  // their code points: a name from a backend cannot pass for another.
+  const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u00a0\u00ad\u061c\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ufff9-\ufffb]/g;
+  function visible(text) {
+    return String(text).replace(HIDDEN, (c) => '\\u{' + c.charCodeAt(0).toString(16).toUpperCase() + '}');
+  }
   function el(tag, text, cls) {
     const e = document.createElement(tag);
-    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (text !== undefined && text !== null) e.textContent = visible(text);
     if (cls) e.className = cls;
     return e;
   }
   function setText(id, text) {
-    $(id).textContent = text === undefined || text === null ? '–' : String(text);
+    $(id).textContent = text === undefined || text === null ? '–' : visible(text);
   }
   function fillDl(dl, pairs) {
     dl.replaceChildren();
