@@ -167,23 +167,17 @@ async fn run_phases(
     };
     let reached = forward.connect(&routed.decision, handles.client_key(), deadline.reborrow(), trace);
     let reached = reached.await?;
-    let connected = cx.connected(&handles, &routed, &parts.method, open_call, reached);
+    let conn = cx.connected(&handles, &routed, &parts.method, open_call, reached);
     drop(handles);
-    let (sending, request, conn) = cx.upstream_request(parts, read, &routed, connected)?;
+    let (sending, request) = cx.upstream_request(parts, read, &routed, &conn)?;
     let sent = std::pin::pin!(conn.send(request));
     join_the_write_burst().await;
     let first = deadline::within(deadline.reborrow(), sent).await;
     let client_fault = sending.client_fault.as_ref();
-    let forward = cx.forwarding();
-    let response = forward.answer(
-        first,
-        sending.reused,
-        &sending.backend,
-        client_fault,
-        deadline.reborrow(),
-    );
+    let (forward, backend) = cx.forwarding();
+    let response = forward.answer(first, sending.reused, backend, client_fault, deadline.reborrow());
     let response = response.await?;
-    let mut answered = cx.answered(sending, response);
+    let mut answered = cx.answered(response);
     let collected = match answered.whole_body() {
         Some(body) => Some(read::collect_json(body, deadline).await),
         None => None,

@@ -57,6 +57,21 @@ pub(super) struct Exchange<'c> {
     caller: Option<Arc<Caller>>,
     /// The caller `[quotas]` counts the request against (caller).
     quota_caller: Option<CallerKey>,
+    /// The exchange with the chosen backend, from `connected` until the answer is observed:
+    /// kept here, never moved from phase to phase (its call alone is hundreds of bytes).
+    at_backend: Option<AtBackend<'c>>,
+}
+
+/// What the exchange with the chosen backend holds until its answer is observed.
+struct AtBackend<'c> {
+    backend: Arc<Backend>,
+    guard: InflightGuard,
+    call: Call,
+    /// The `method` label of the request's metrics.
+    method: &'static str,
+    /// The request body's share of the budget, given back once the answer's head (a JSON
+    /// answer: its whole body) is in.
+    held: Held<'c>,
 }
 
 /// A request's body as the read phase left it: read whole (a POST's, held within the body
@@ -73,45 +88,24 @@ pub(super) struct Routed {
     unsealed: Option<Unsealed>,
 }
 
-/// A connection to the chosen backend, and the call the request is part of.
-pub(super) struct Connected {
-    conn: PooledConn,
-    backend: Arc<Backend>,
-    guard: InflightGuard,
-    call: Call,
-    /// The `method` label of the request's metrics.
-    method: &'static str,
-}
-
-/// A request on its way to the backend: what its answer will need (the driver sends it, and
-/// awaits the answer's head with `Forward::answer`).
-pub(super) struct Sending<'c> {
-    pub backend: Arc<Backend>,
-    guard: InflightGuard,
-    call: Call,
-    method: &'static str,
-    held: Held<'c>,
+/// What sending the request needs to know beside it (the driver sends it, and awaits the
+/// answer's head with `Forward::answer`).
+pub(super) struct Sending {
     /// A streamed body's failure: its client's, never the backend's.
     pub client_fault: Option<FaultCell>,
     /// The connection came from the pool (it may turn out closed: then sent again).
     pub reused: bool,
 }
 
-/// The backend's answer head, observed, and what observing its body needs.
-pub(super) struct Answered<'c> {
+/// The backend's answer head, observed.
+pub(super) struct Answered {
     parts: http::response::Parts,
     /// Taken by the driver to be read whole when [`Answered::whole_body`] says so.
     body: Option<DrivenBody>,
     head: answer::Head,
-    backend: Arc<Backend>,
-    guard: InflightGuard,
-    call: Call,
-    /// The request body's share of the budget, given back once the answer's head (a JSON
-    /// answer: its whole body) is in.
-    held: Held<'c>,
 }
 
-impl Answered<'_> {
+impl Answered {
     /// A JSON answer's body, for the driver to read whole (within the deadline) before
     /// [`Exchange::answer`]: its messages are observed before the client may have them.
     pub fn whole_body(&mut self) -> Option<DrivenBody> {
@@ -141,6 +135,7 @@ impl<'c> Exchange<'c> {
             record,
             caller: None,
             quota_caller: None,
+            at_backend: None,
         }
     }
 
@@ -297,12 +292,15 @@ impl<'c> Exchange<'c> {
         }
     }
 
-    /// What forwarding needs of the context: the shared state and the snapshot.
-    pub fn forwarding(&self) -> Forward<'_> {
-        Forward {
+    /// What forwarding needs of the context: the shared state and the snapshot, and the
+    /// backend the request went to (once `connected`).
+    pub fn forwarding(&self) -> (Forward<'_>, &Backend) {
+        let forward = Forward {
             shared: self.shared,
             snap: &self.snap,
-        }
+        };
+        let backend = &self.at_backend.as_ref().expect("connected before it is forwarded").backend;
+        (forward, backend)
     }
 
     /// The call the request is part of, once a connection to the backend (or, when it refused
@@ -315,7 +313,7 @@ impl<'c> Exchange<'c> {
         method: &Method,
         open_call: Option<OpenCall>,
         (conn, backend, guard): (PooledConn, Arc<Backend>, InflightGuard),
-    ) -> Connected {
+    ) -> PooledConn {
         let shared = self.shared;
         let incarnation = backend.incarnation();
         let unsealed = routed.unsealed.as_ref();
@@ -335,13 +333,14 @@ impl<'c> Exchange<'c> {
             call.note_pins_in(obs.pins_created.clone());
         }
         let method = method_label(method, handles.method.as_deref());
-        Connected {
-            conn,
+        self.at_backend = Some(AtBackend {
             backend,
             guard,
             call,
             method,
-        }
+            held: Held::nothing(),
+        });
+        conn
     }
 
     /// The request as the backend gets it (its own handles back, the hop-by-hop headers out,
@@ -352,15 +351,8 @@ impl<'c> Exchange<'c> {
         parts: Parts,
         read: Read<'c>,
         routed: &Routed,
-        connected: Connected,
-    ) -> Result<(Sending<'c>, Request<UpstreamBody>, PooledConn), RouterError> {
-        let Connected {
-            conn,
-            backend,
-            guard,
-            call,
-            method,
-        } = connected;
+        conn: &PooledConn,
+    ) -> Result<(Sending, Request<UpstreamBody>), RouterError> {
         let unsealed = routed.unsealed.as_ref();
         // A streamed body's failure is its client's, never the backend's.
         let mut client_fault = None;
@@ -394,39 +386,30 @@ impl<'c> Exchange<'c> {
             caller: self.caller.as_deref(),
         });
         let (peer, tls) = (self.peer, self.tls);
-        let mut request = headers::build_upstream_request(parts, body, &backend, peer, tls, originals, identity)
+        let at = self.at_backend.as_mut().expect("connected before its request is built");
+        at.held = held;
+        let backend = &at.backend;
+        let mut request = headers::build_upstream_request(parts, body, backend, peer, tls, originals, identity)
             .map_err(|_| RouterError::upstream_unavailable(&backend.name))?;
         if let Some(trace) = self.record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
             trace.inject(request.headers_mut());
         }
         let sending = Sending {
-            backend,
-            guard,
-            call,
-            method,
-            held,
             client_fault,
             reused: conn.reused,
         };
-        Ok((sending, request, conn))
+        Ok((sending, request))
     }
 
     /// The backend's answer head is in: recorded for the metrics and the access log, and
     /// observed (a session id pins the session; hop-by-hop headers out).
-    pub fn answered(&mut self, sending: Sending<'c>, response: Response<DrivenBody>) -> Answered<'c> {
-        let Sending {
-            backend,
-            guard,
-            call,
-            method,
-            held,
-            ..
-        } = sending;
+    pub fn answered(&mut self, response: Response<DrivenBody>) -> Answered {
+        let at = self.at_backend.as_ref().expect("connected before it is answered");
         let elapsed = self.started.elapsed().as_secs_f64();
         let status = response.status();
-        self.record.answered = Some((backend.clone(), method, status, elapsed));
+        self.record.answered = Some((at.backend.clone(), at.method, status, elapsed));
         let (mut parts, body) = response.into_parts();
-        let head = answer::head(&call, status, &mut parts);
+        let head = answer::head(&at.call, status, &mut parts);
         if matches!(head.kind, answer::Kind::Sse) {
             // A stream waits on no deadline: its connection holds no timer while it streams.
             if let Some(timer) = self.connection.timer {
@@ -437,29 +420,24 @@ impl<'c> Exchange<'c> {
             parts,
             body: Some(body),
             head,
-            backend,
-            guard,
-            call,
-            held,
         }
     }
 
     /// The answer for the client, observed on its way: pins are in place before the client can
     /// read what needs them. A JSON answer's body comes read whole (`collected`, by the driver).
     pub fn answer(
-        &self,
-        answered: Answered<'_>,
+        &mut self,
+        answered: Answered,
         collected: Option<Result<read::Collected, read::CollectError>>,
     ) -> Result<Response<ProxyBody>, RouterError> {
-        let Answered {
-            mut parts,
-            body,
-            head,
+        let Answered { mut parts, body, head } = answered;
+        let AtBackend {
             backend,
             guard,
             call,
             held: _held,
-        } = answered;
+            ..
+        } = self.at_backend.take().expect("connected before it is answered");
         let forward = Forward {
             shared: self.shared,
             snap: &self.snap,
