@@ -152,7 +152,7 @@ pub fn resolve(
     handles: &RequestHandles,
     caller: Option<&PrincipalTag>,
     lookup: Lookup,
-) -> Result<(Decision, Option<Unsealed>), RouterError> {
+) -> Result<(Decision, Option<Box<Unsealed>>), RouterError> {
     let unsealed = match &snap.sealing {
         Some(s) => s
             .unseal(handles, SystemTime::now(), caller)
@@ -162,11 +162,13 @@ pub fn resolve(
                 _ => RouterError::InvalidToken {
                     reason: refused.reason(),
                 },
-            })?,
+            })?
+            // Boxed: hundreds of bytes, carried through the request path only with `[tokens]`.
+            .map(Box::new),
         None => None,
     };
-    let mut decision = decide(snap, pins, handles, unsealed.as_ref(), lookup == Lookup::Refresh)?;
-    decision.follow_up = is_follow_up(handles, decision.matched, unsealed.as_ref());
+    let mut decision = decide(snap, pins, handles, unsealed.as_deref(), lookup == Lookup::Refresh)?;
+    decision.follow_up = is_follow_up(handles, decision.matched, unsealed.as_deref());
     // A new call goes only to a backend serving its tool as the lock approves (a pinned
     // session's backend included); a call under way goes on where it lives.
     if let (Some(tools), false) = (&snap.tools, decision.follow_up) {

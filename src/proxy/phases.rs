@@ -85,7 +85,7 @@ pub(super) enum Read<'c> {
 /// The route `decide` chose: the backend and why, and what the request's sealed handles hold.
 pub(super) struct Routed {
     pub decision: Decision,
-    unsealed: Option<Unsealed>,
+    unsealed: Option<Box<Unsealed>>,
 }
 
 /// What sending the request needs to know beside it (the driver sends it, and awaits the
@@ -299,7 +299,11 @@ impl<'c> Exchange<'c> {
             shared: self.shared,
             snap: &self.snap,
         };
-        let backend = &self.at_backend.as_ref().expect("connected before it is forwarded").backend;
+        let backend = &self
+            .at_backend
+            .as_ref()
+            .expect("connected before it is forwarded")
+            .backend;
         (forward, backend)
     }
 
@@ -316,7 +320,7 @@ impl<'c> Exchange<'c> {
     ) -> PooledConn {
         let shared = self.shared;
         let incarnation = backend.incarnation();
-        let unsealed = routed.unsealed.as_ref();
+        let unsealed = routed.unsealed.as_deref();
         let mut call = Call::new(
             shared,
             &self.snap,
@@ -353,7 +357,7 @@ impl<'c> Exchange<'c> {
         routed: &Routed,
         conn: &PooledConn,
     ) -> Result<(Sending, Request<UpstreamBody>), RouterError> {
-        let unsealed = routed.unsealed.as_ref();
+        let unsealed = routed.unsealed.as_deref();
         // A streamed body's failure is its client's, never the backend's.
         let mut client_fault = None;
         let (body, held) = match read {
