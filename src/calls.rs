@@ -139,8 +139,15 @@ impl Call {
     /// otherwise than to the catalog is noted (docs/src/catalog.md).
     /// A forwarded list is never taken as the backend's whole catalog: it may be one page, or
     /// filtered for its caller.
+    #[inline]
     pub fn tell_catalog(&self, msg: &[u8]) {
-        let Some(listed) = self.tells_tools else { return };
+        if let Some(listed) = self.tells_tools {
+            self.tell_catalog_of(listed, msg);
+        }
+    }
+
+    /// [`Call::tell_catalog`] with the catalog on; `listed`: the answer is a `tools/list`'s.
+    fn tell_catalog_of(&self, listed: bool, msg: &[u8]) {
         let backend = &self.target.backend.name;
         if LIST_CHANGED.find(msg).is_some() {
             let changed = serde_json::from_slice::<serde_json::Value>(msg)

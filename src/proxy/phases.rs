@@ -229,6 +229,7 @@ impl<'c> Exchange<'c> {
     }
 
     /// Whether the caller's scopes cover what the body asks for (every message of a batch).
+    #[inline]
     pub fn authorize(&self, handles: &RequestHandles) -> Result<(), RouterError> {
         if let (Some(resource), Some(caller)) = (&self.snap.auth, &self.caller) {
             gate::authorize(resource, caller, handles)?;
@@ -241,6 +242,7 @@ impl<'c> Exchange<'c> {
 
     /// The backend: sealed handles first (verified, and bound to the caller), then pins, then
     /// the ring (docs/src/routing.md).
+    #[inline]
     pub fn decide(&self, handles: &RequestHandles) -> Result<Routed, RouterError> {
         let tag = self.caller.as_ref().map(|c| c.tag);
         let lookup = route::Lookup::Refresh;
@@ -318,32 +320,32 @@ impl<'c> Exchange<'c> {
         open_call: Option<OpenCall>,
         (conn, backend, guard): (PooledConn, Arc<Backend>, InflightGuard),
     ) -> PooledConn {
-        let shared = self.shared;
         let incarnation = backend.incarnation();
         let unsealed = routed.unsealed.as_deref();
-        let mut call = Call::new(
-            shared,
-            &self.snap,
-            handles,
-            &routed.decision,
-            incarnation,
-            method,
-            unsealed,
-        );
-        call.issue_to(self.caller.as_ref().map(|c| c.tag));
-        call.hold(open_call);
         if let Some(obs) = &mut self.record.obs {
             obs.sent_to(&backend.name);
-            call.note_pins_in(obs.pins_created.clone());
         }
-        let method = method_label(method, handles.method.as_deref());
-        self.at_backend = Some(AtBackend {
+        // Made where it stays (the call is hundreds of bytes), then told the rest.
+        let at = self.at_backend.insert(AtBackend {
+            call: Call::new(
+                self.shared,
+                &self.snap,
+                handles,
+                &routed.decision,
+                incarnation,
+                method,
+                unsealed,
+            ),
             backend,
             guard,
-            call,
-            method,
+            method: method_label(method, handles.method.as_deref()),
             held: Held::nothing(),
         });
+        at.call.issue_to(self.caller.as_ref().map(|c| c.tag));
+        at.call.hold(open_call);
+        if let Some(obs) = &self.record.obs {
+            at.call.note_pins_in(obs.pins_created.clone());
+        }
         conn
     }
 
