@@ -11,6 +11,7 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use memchr::memmem;
 
+use crate::auth::Caller;
 use crate::dialect::{self, Message, Outcome, RequestHandles, TaskState, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
 use crate::quotas::OpenCall;
@@ -62,6 +63,8 @@ pub struct Call {
     /// With `[catalog]` on, what its answer may tell of the backend's tools: `Some(true)` for
     /// a `tools/list`, whose tools it may list.
     tells_tools: Option<bool>,
+    /// With `filter_list_by_scope`, the caller whose scopes a `tools/list` answer is cut to.
+    list_for: Option<Arc<Caller>>,
 }
 
 /// What observing one message did.
@@ -130,7 +133,34 @@ impl Call {
                 .catalog
                 .as_ref()
                 .map(|_| handles.method.as_deref() == Some("tools/list")),
+            list_for: None,
         }
+    }
+
+    /// With `filter_list_by_scope` on and a `tools/list` from a caller `[auth]` verified: its
+    /// answer's tools are cut to what the caller's scopes reach.
+    pub fn filter_list_for(&mut self, caller: Option<&Arc<Caller>>) {
+        let on = self
+            .snap
+            .config
+            .catalog
+            .as_ref()
+            .is_some_and(|c| c.filter_list_by_scope);
+        if on && self.tells_tools == Some(true) {
+            self.list_for = caller.cloned();
+        }
+    }
+
+    /// Whether answers are cut to the caller's scopes (their bodies change length).
+    pub fn filters_list(&self) -> bool {
+        self.list_for.is_some()
+    }
+
+    /// The edit that cuts a `tools/list` answer's tools to the caller's scopes, if it drops any.
+    #[inline]
+    pub fn filter_list(&self, msg: &[u8]) -> Option<Replacement> {
+        let caller = self.list_for.as_ref()?;
+        crate::catalog::drop_unscoped(msg, self.snap.auth.as_deref()?, caller)
     }
 
     /// With `[catalog]` on, what one message from the backend tells of its tools: a

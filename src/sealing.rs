@@ -121,8 +121,29 @@ impl Replacement {
         Replacement { edits: Vec::new() }.and(message, at, wrapped)
     }
 
+    /// Replaces the JSON value at `at` in `message` by `json` as it is (a whole value).
+    pub fn json(message: &[u8], at: Range<usize>, json: String) -> Replacement {
+        let mut r = Replacement { edits: Vec::new() };
+        r.insert(message, at, json);
+        r
+    }
+
+    /// This replacement and `other` (of the same message) both.
+    pub fn merged(mut self, other: Replacement) -> Replacement {
+        for edit in other.edits {
+            let before = self.edits.partition_point(|e| e.place > edit.place);
+            self.edits.insert(before, edit);
+        }
+        self
+    }
+
     /// This replacement, and the literal at `at` in `message` by `wrapped` too.
     pub fn and(mut self, message: &[u8], at: Range<usize>, wrapped: &str) -> Replacement {
+        self.insert(message, at, format!("\"{wrapped}\""));
+        self
+    }
+
+    fn insert(&mut self, message: &[u8], at: Range<usize>, to: String) {
         // In valid JSON no occurrence can straddle the literal's opening quote (what precedes
         // a string is structure, never a backslash), so counting whole ones before it is exact.
         let nth = memchr::memmem::find_iter(&message[..at.start], &message[at.clone()]).count();
@@ -130,11 +151,10 @@ impl Replacement {
             place: at.start,
             from: message[at].into(),
             nth,
-            to: format!("\"{wrapped}\""),
+            to,
         };
         let before = self.edits.partition_point(|e| e.place > edit.place);
         self.edits.insert(before, edit);
-        self
     }
 
     /// `body` with the literals replaced, if `body` holds them all.

@@ -90,6 +90,14 @@ impl Resource {
         all
     }
 
+    /// The scopes `[[auth.tool]]` asks of a call of `tool` (none when it names no such tool).
+    pub fn tool_scopes(&self, tool: &str) -> &[String] {
+        self.tools
+            .iter()
+            .find(|s| s.name == tool)
+            .map_or(&[][..], |s| &s.scopes[..])
+    }
+
     /// The scopes a request without an access token is told it needs: the required ones.
     pub fn required(&self) -> Option<String> {
         (!self.required.is_empty()).then(|| self.required.join(" "))

@@ -9,9 +9,12 @@ mod fleet;
 mod keeper;
 mod routes;
 
+mod filter;
+
 pub use approve::lock_of;
 pub use ask::{tools, AskFailed, Limits};
 pub use definition::Definition;
+pub use filter::drop_unscoped;
 pub use fleet::BackendTools;
 pub use keeper::{Catalog, CatalogMetrics};
 pub use routes::{shown, ToolRoutes};

@@ -22,7 +22,8 @@ pub struct CatalogConfig {
     pub path: String,
     /// New calls go only to the backends that expose their tool.
     pub route_by_tool: bool,
-    /// Reserved (filtering `tools/list` by the caller's scopes): only `false` is accepted.
+    /// A `tools/list` answer is cut to the tools the caller's scopes reach (`[auth]` with
+    /// `[[auth.tool]]` scopes).
     pub filter_list_by_scope: bool,
     /// The approved definitions (`mrtr-router catalog lock`): a call of a tool whose served
     /// definition differs is refused.
@@ -66,8 +67,9 @@ pub(super) fn catalog(mut s: Section, auth_scopes_tools: bool) -> Result<Option<
     );
     let filter = key(
         "filter_list_by_scope",
-        "Reserved: dropping from a `tools/list` answer the tools the caller lacks the scopes of is not built \
-         yet, so only `false` is accepted.",
+        "Drop from each `tools/list` answer the tools whose `[[auth.tool]]` scopes the caller's access token \
+         lacks (needs `[auth]` with `[[auth.tool]]` scopes). Off, every caller sees every tool and a call \
+         past its scopes is refused 403 with the scope to ask for (step-up).",
     );
     let lock = key(
         "lock",
@@ -89,13 +91,12 @@ pub(super) fn catalog(mut s: Section, auth_scopes_tools: bool) -> Result<Option<
     }
     let route_by_tool = s.bool(route_by_tool, true)?;
     let filter_list_by_scope = s.bool(filter, false)?;
-    if filter_list_by_scope {
+    if filter_list_by_scope && !auth_scopes_tools {
         let span = s.span();
-        let why = match auth_scopes_tools {
-            true => "catalog.filter_list_by_scope: filtering tools/list by scope is not built yet; set it to false",
-            false => "catalog.filter_list_by_scope needs [auth] with [[auth.tool]] scopes to filter by",
-        };
-        return s.err(span, why);
+        return s.err(
+            span,
+            "catalog.filter_list_by_scope needs [auth] with [[auth.tool]] scopes to filter by",
+        );
     }
     let lock = match s.text(lock, Kind::Path)? {
         Some(text) => {

@@ -17,6 +17,7 @@ use crate::body::{MessageSink, ProxyBody};
 use crate::calls::Call;
 use crate::dialect::SESSION_HEADER;
 use crate::error::RouterError;
+use crate::sealing::Replacement;
 use crate::upstream::{Backend, DrivenBody, InflightGuard};
 
 /// What kind of body an answer has, as far as observing it goes.
@@ -89,14 +90,15 @@ pub(super) fn sse(
     if pinned || call.may_create_pin() {
         set_routing_token(&mut parts.headers, &call);
     }
-    if forward.snap.sealing.is_some() {
-        // Sealing changes the length of events.
+    if forward.snap.sealing.is_some() || call.filters_list() {
+        // Sealing, and cutting a list to the caller's scopes, change the length of events.
         parts.headers.remove(header::CONTENT_LENGTH);
     }
     let sink: MessageSink = Box::new(move |msg: &[u8]| {
         call.keep_session_alive();
         call.tell_catalog(msg);
-        call.observe_message(msg).replacement
+        let sealed = call.observe_message(msg).replacement;
+        merge(sealed, call.filter_list(msg))
     });
     stream(forward, body, None, Some(sink), backend, guard)
 }
@@ -118,7 +120,7 @@ pub(super) fn json(
             call.tell_catalog(&bytes);
             let seen = call.observe_message(&bytes);
             pinned |= seen.created || seen.continues;
-            let bytes = match seen.replacement {
+            let bytes = match merge(seen.replacement, call.filter_list(&bytes)) {
                 Some(r) => r.apply(&bytes).unwrap_or(bytes),
                 None => bytes,
             };
@@ -175,5 +177,13 @@ fn set_routing_token(headers: &mut HeaderMap, call: &Call) {
     let Some(token) = call.routing_token() else { return };
     if let Ok(v) = HeaderValue::from_str(&token) {
         headers.insert(call.routing_header().clone(), v);
+    }
+}
+
+/// Both edits of one message (a handle sealed, a list cut), either, or none.
+fn merge(a: Option<Replacement>, b: Option<Replacement>) -> Option<Replacement> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.merged(b)),
+        (a, b) => a.or(b),
     }
 }

@@ -342,6 +342,7 @@ impl<'c> Exchange<'c> {
             held: Held::nothing(),
         });
         at.call.issue_to(self.caller.as_ref().map(|c| c.tag));
+        at.call.filter_list_for(self.caller.as_ref());
         at.call.hold(open_call);
         if let Some(obs) = &self.record.obs {
             at.call.note_pins_in(obs.pins_created.clone());

@@ -33,6 +33,7 @@ mod hostile;
 mod hyper_heads;
 mod hyper_queue;
 mod jwks;
+mod list_filter;
 mod metrics_docs;
 mod opaque_errors;
 mod partition;
