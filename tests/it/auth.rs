@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 /// `[auth]` of the table: one scope for everything, one more for two tools and two methods,
 /// one public prefix.
-fn table_auth(issuer: &Issuer, origin: &str) -> String {
+pub(crate) fn table_auth(issuer: &Issuer, origin: &str) -> String {
     format!(
         r#"[auth]
 issuer = "{ISSUER}"

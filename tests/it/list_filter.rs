@@ -42,26 +42,11 @@ fn lister(seen: &Seen) -> http::Response<http_body_util::Full<Bytes>> {
     }
 }
 
+/// The main `[auth]` table (`transfer-funds` needs `payments:write`, `whoami` `profile:read`),
+/// and the catalog filtering lists by it.
 fn config(issuer: &Issuer, origin: &str) -> String {
-    format!(
-        r#"[auth]
-issuer = "{ISSUER}"
-jwks_file = "{jwks}"
-required_scopes = ["mcp"]
-[auth.resource_metadata]
-resource = "{origin}/mcp"
-[[auth.tool]]
-name = "transfer-funds"
-scopes = ["payments:write"]
-[[auth.tool]]
-name = "whoami"
-scopes = ["profile:read"]
-[catalog]
-enabled = true
-filter_list_by_scope = true
-"#,
-        jwks = issuer.jwks_path.display()
-    )
+    let auth = crate::auth::table_auth(issuer, origin);
+    format!("{auth}[catalog]\nenabled = true\nfilter_list_by_scope = true\n")
 }
 
 /// The tool names and the cursor of a `tools/list` answer (JSON, or the one SSE event).
