@@ -93,6 +93,9 @@ pub struct Metrics {
     pub(crate) upstream_errors: IntCounterVec,
     pub(crate) upstream_connections: IntCounterVec,
     pub(crate) upstream_resends: IntCounterVec,
+    /// `mrtr_retries_total{reason}`: `connect` (the only reason so far).
+    pub(crate) retries_connect: IntCounter,
+    pub(crate) retries_budget_exhausted: IntCounter,
     pub(crate) router_errors: IntCounterVec,
     /// HTTP/1 connections closed because their client left while a request was in flight, or
     /// took nothing of its answer for `stream_idle_timeout`.
@@ -209,6 +212,20 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(spans_dropped.clone())).expect("unique metric");
+        let retries = counter(
+            &r,
+            "mrtr_retries_total",
+            "Requests tried again on the next backend of the ring, by reason (connect: the backend refused the connection or failed its TLS handshake, so it cannot have seen the request)",
+            &["reason"],
+        );
+        let retries_connect = retries.with_label_values(&["connect"]);
+        let retries_budget_exhausted = IntCounter::new(
+            "mrtr_retries_budget_exhausted_total",
+            "Retries not made because upstream.retry_budget was spent",
+        )
+        .expect("valid metric");
+        r.register(Box::new(retries_budget_exhausted.clone()))
+            .expect("unique metric");
         r.register(Box::new(LOG_LINES_DROPPED.clone())).expect("unique metric");
         let body_buffer_bytes = IntGauge::new(
             "mrtr_body_buffer_bytes",
@@ -383,6 +400,8 @@ impl Metrics {
             client_aborts,
             ring_members,
             spans_dropped,
+            retries_connect,
+            retries_budget_exhausted,
             body_buffer: BodyBuffer::default(),
             body_buffer_bytes,
             registry: r,

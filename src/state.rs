@@ -19,7 +19,7 @@ use crate::pins::{PinKind, PinTable, PinTtls};
 use crate::quotas::Quotas;
 use crate::sealing::Sealing;
 use crate::telemetry::Tracing;
-use crate::upstream::{Backend, BackendKey, Lookup, Membership};
+use crate::upstream::{Backend, BackendKey, Lookup, Membership, RetryBudget};
 
 /// Everything a request needs that changes only on reload, read as one consistent unit.
 pub struct Snapshot {
@@ -66,6 +66,8 @@ pub struct Shared {
     pub(crate) issuer_keys: IssuerKeys,
     /// The fleet's tools, when `[catalog]` is on (kept across reloads).
     pub(crate) catalog: Catalog,
+    /// Requests forwarded and retries made, for `upstream.retry_budget`.
+    pub(crate) retry_budget: RetryBudget,
     membership: Mutex<Membership>,
     /// How `[discovery]` resolves its name.
     pub(crate) lookup: Lookup,
@@ -83,6 +85,7 @@ impl Shared {
         Arc::new(Shared {
             issuer_keys,
             catalog,
+            retry_budget: RetryBudget::default(),
             config_file,
             snapshot: ArcSwap::from_pointee(snapshot),
             pins: PinTable::new(),

@@ -44,6 +44,10 @@ pub const REPLAY_WINDOW: Duration = Duration::from_secs(60);
 pub const MAX_ROUNDS: u32 = 32;
 pub const MAX_PINS: usize = 1_000_000;
 pub const ON_PIN_LOST: &str = "strict";
+/// `upstream.retry`: retries of what cannot have changed state.
+pub const UPSTREAM_RETRY: &str = "idempotent";
+/// `upstream.retry_budget`: retries at most this share of requests over the last 10 s.
+pub const RETRY_BUDGET: f64 = 0.2;
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 pub const RETRY_AFTER_SECS: u64 = 1;
 pub const WEIGHT: u32 = 1;

@@ -40,7 +40,7 @@ pub use routing::{OnPinLost, RoutingConfig};
 pub use server::{AdminConfig, AdminSecret, ServerConfig, TlsConfig};
 pub use tokens::TokensConfig;
 pub use tracing::TracingConfig;
-pub use upstream::{TlsClients, UpstreamConfig, UpstreamTls};
+pub use upstream::{Retry, TlsClients, UpstreamConfig, UpstreamTls};
 
 use reader::{Doc, Section};
 

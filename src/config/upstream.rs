@@ -29,7 +29,19 @@ pub struct UpstreamConfig {
     pub max_connections_per_backend: usize,
     /// How long a request waits for a connection of a backend at that cap.
     pub queue_timeout: Duration,
+    /// Whether a request that cannot have changed state is tried once more on the next backend.
+    pub retry: Retry,
+    /// Retries at most this share of requests over the last 10 s (with a floor).
+    pub retry_budget: f64,
     pub tls: UpstreamTls,
+}
+
+/// `upstream.retry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// What cannot have changed state: a connect that never completed.
+    Idempotent,
+    Off,
 }
 
 /// What verifies `https://` backends and what the router presents to them.
@@ -118,8 +130,30 @@ pub(super) fn upstream(mut s: Section) -> Result<UpstreamConfig, ConfigError> {
         "How long a request waits for a connection of a backend at that cap before it is answered 503 \
          `upstream_busy` (`server.upstream_timeout` bounds the wait too).",
     );
+    let retry = key(
+        "retry",
+        "`idempotent`: a request whose backend refused the connection (or failed its TLS handshake), \
+         which it cannot have seen, is tried once on the next backend of the ring, unless pinned; \
+         `off`: never.",
+    );
+    let retry_budget = key(
+        "retry_budget",
+        "Retries at most this share of the requests forwarded over the last 10 s (at least 10 in that \
+         window); past it a request gets its first backend's 502.",
+    );
     let tls = tls_files(&mut s)?;
     let http2 = s.bool(http2, defaults::UPSTREAM_HTTP2)?;
+    let retry = s.choice(
+        retry,
+        defaults::UPSTREAM_RETRY,
+        &[("idempotent", Retry::Idempotent), ("off", Retry::Off)],
+    )?;
+    let retry_budget = s.float(
+        retry_budget,
+        defaults::RETRY_BUDGET,
+        |f| (0.0..=1.0).contains(&f),
+        "from 0 to 1",
+    )?;
     let idle_timeout = s.duration(idle_timeout, defaults::UPSTREAM_IDLE_TIMEOUT)?;
     let max_connections_per_backend = s.int(
         max_connections_per_backend,
@@ -133,6 +167,8 @@ pub(super) fn upstream(mut s: Section) -> Result<UpstreamConfig, ConfigError> {
         idle_timeout,
         max_connections_per_backend,
         queue_timeout,
+        retry,
+        retry_budget,
         tls,
     })
 }

@@ -1,6 +1,6 @@
 //! Forwarding one request: a connection to the chosen backend (pooled, else new; an unpinned
 //! request whose backend refuses the connection, or fails its TLS handshake, moves once to the
-//! next candidate), sending it (once more when it never reached the backend: a pooled
+//! next candidate, with `upstream.retry` on and within its budget), sending it (once more when it never reached the backend: a pooled
 //! connection turned out closed before the request went out, or an HTTP/2 backend refused the
 //! stream), all within the request's one upstream deadline; failures count toward the backend's
 //! health, TLS failures as `upstream_tls`.
@@ -9,10 +9,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::time::Instant;
+
 use http::{Request, Response};
 
 use super::deadline::{within, Deadline};
 use crate::body::ErrorHook;
+use crate::config::Retry;
 use crate::error::RouterError;
 use crate::route::{self, Decision};
 use crate::state::{Shared, Snapshot};
@@ -46,6 +49,7 @@ impl Forward<'_> {
         let unpinned = decision.pin_lost || (decision.matched.is_none() && decision.source != route::Source::Token);
         let mut backend = decision.backend.clone();
         let mut retried = false;
+        shared.retry_budget.count_request();
         loop {
             if let Some(t) = trace.as_deref_mut() {
                 t.start_attempt(&backend.name, backend.host().to_str().unwrap_or(""));
@@ -85,7 +89,11 @@ impl Forward<'_> {
             connect_failed(shared, snap, &backend, &e);
             let next = (unpinned && !retried)
                 .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())
-                .flatten();
+                .flatten()
+                .filter(|_| self.may_retry());
+            if next.is_some() {
+                shared.metrics.retries_connect.inc();
+            }
             let Some(next) = next else {
                 return Err(match e.is_tls() {
                     true => RouterError::upstream_tls(&backend.name),
@@ -95,6 +103,23 @@ impl Forward<'_> {
             backend = next;
             retried = true;
         }
+    }
+
+    /// Whether a request its backend never saw may go to the next one: `upstream.retry` on, and
+    /// the retry budget not spent (counted when it is).
+    fn may_retry(&self) -> bool {
+        let upstream = &self.snap.config.upstream;
+        if upstream.retry == Retry::Off {
+            return false;
+        }
+        let fits = self
+            .shared
+            .retry_budget
+            .try_retry(upstream.retry_budget, Instant::now());
+        if !fits {
+            self.shared.metrics.retries_budget_exhausted.inc();
+        }
+        fits
     }
 
     /// The answer's head, once the request's first attempt (on a connection taken from the

@@ -3,7 +3,8 @@
 //! writer's own writes the queue out, many lines per write. When the output is not being read
 //! (a full pipe, a stalled terminal or log shipper), the queue fills up and further lines are
 //! dropped and counted in `mrtr_log_lines_dropped_total`: never waited for, never queued
-//! without bound.
+//! without bound. Kept over `tracing-appender`'s writer, which costs the same per line but
+//! drops uncounted and hangs at exit when stdout is stuck (bench/FINDINGS.md).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};

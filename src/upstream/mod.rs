@@ -11,6 +11,7 @@ pub mod health;
 mod membership;
 mod pool;
 mod request_body;
+mod retry_budget;
 mod slots;
 mod tls;
 
@@ -20,4 +21,5 @@ pub use exchange::{SendError, UpstreamBody};
 pub use membership::Membership;
 pub use pool::{DrivenBody, PooledConn};
 pub use request_body::{BodyFault, ClientBody, FaultCell};
+pub use retry_budget::RetryBudget;
 pub use tls::{tls_error, Chain, ConnectError};

@@ -421,3 +421,66 @@ async fn a_connect_that_hangs_is_502_after_the_connect_timeout() {
     );
     drop(held);
 }
+
+/// A backend that refuses the connection never saw the request: with `upstream.retry` on, it
+/// goes once to the next backend of the ring, within `retry_budget` (a share of the requests
+/// over the last 10 s, at least 10); past the budget, or with `retry = "off"`, the client gets
+/// the 502. The dead backend stays on the ring (no ejection) so every request can ask.
+#[tokio::test]
+async fn a_refused_connect_moves_on_once_within_the_retry_budget() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let keep_dead = "[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n";
+    for (upstream, budget_bound) in [
+        ("retry_budget = 1.0\n", None),
+        ("retry_budget = 0.1\n", Some(0.1)),
+        ("retry = \"off\"\n", Some(0.0)),
+    ] {
+        let worker = start_worker("worker-0").await;
+        let mut specs = specs_of(std::slice::from_ref(&worker));
+        specs.push(BackendSpec {
+            name: "dead".into(),
+            url: format!("http://127.0.0.1:{port}"),
+            weight: 1,
+        });
+        let extra = format!("{keep_dead}[upstream]\n{upstream}");
+        let fleet = Fleet::start_backends(vec![worker], &specs, &extra).await;
+        let mut refused = 0u32;
+        for i in 0..300 {
+            let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "whoami"}});
+            let a = fleet.post(&[("mcp-routing-id", &format!("k-{i}"))], &call).await;
+            match a.status.as_u16() {
+                200 => {}
+                502 => refused += 1,
+                other => panic!("{upstream}: {other}"),
+            }
+        }
+        let m = fleet.metrics().await;
+        let retries = metric(&m, "mrtr_retries_total{reason=\"connect\"}").unwrap_or(0.0);
+        let exhausted = metric(&m, "mrtr_retries_budget_exhausted_total").unwrap_or(0.0);
+        match budget_bound {
+            // Every request the dead backend refused went on and was served.
+            None => {
+                assert_eq!(refused, 0, "{upstream}");
+                assert!(retries >= 50.0, "{upstream}: {retries} retries");
+                assert_eq!(exhausted, 0.0);
+            }
+            // Off: never asked.
+            Some(0.0) => {
+                assert!(refused >= 50, "{upstream}: {refused} refused");
+                assert_eq!((retries, exhausted), (0.0, 0.0), "{upstream}");
+            }
+            // Each refused request asked, and the budget said no.
+            Some(share) => {
+                assert!(refused > 0, "{upstream}: nothing refused");
+                assert!(retries <= share * 300.0 + 10.0, "{upstream}: {retries} retries");
+                assert!(retries >= 10.0, "{upstream}: at least the floor: {retries}");
+                assert_eq!(exhausted, f64::from(refused), "{upstream}");
+            }
+        }
+        fleet.shutdown().await;
+    }
+}
