@@ -151,6 +151,11 @@ impl Call {
         }
     }
 
+    /// Whether the answer is a `tools/list`'s that the catalog reads (it asks for it unencoded).
+    pub fn reads_tools_list(&self) -> bool {
+        self.tells_tools == Some(true)
+    }
+
     /// Whether answers are cut to the caller's scopes (their bodies change length).
     pub fn filters_list(&self) -> bool {
         self.list_for.is_some()

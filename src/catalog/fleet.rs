@@ -102,7 +102,7 @@ impl FleetTools {
             tools.seen_otherwise = before
                 .seen_otherwise
                 .into_iter()
-                .filter(|(name, fp)| tools.tools.get(name).is_some_and(|d| d.fingerprint != *fp))
+                .filter(|(name, fp)| tools.tools.get(name).is_none_or(|d| d.fingerprint != *fp))
                 .collect();
         }
         self.backends.insert(backend.to_string(), tools);
@@ -110,19 +110,17 @@ impl FleetTools {
     }
 
     /// What a `tools/list` answer to a client said of `backend`'s tools: each definition that
-    /// differs from the one the backend gave the catalog is noted (a tool it did not list to
-    /// the catalog is for an ask to learn); one that agrees clears a note. True when the notes
-    /// changed (routes change with them).
+    /// differs from the one the backend gave the catalog is noted, and so is a tool it did not
+    /// list to the catalog at all; one that agrees clears a note. True when the notes changed
+    /// (routes change with them).
     pub fn seen_by_client(&mut self, backend: &str, seen: &[Definition]) -> bool {
         let Some(tools) = self.backends.get_mut(backend) else {
             return false;
         };
         let mut changed = false;
         for d in seen {
-            let Some(asked) = tools.tools.get(&d.name) else {
-                continue;
-            };
-            if asked.fingerprint == d.fingerprint {
+            let asked = tools.tools.get(&d.name).map(|a| a.fingerprint);
+            if asked == Some(d.fingerprint) {
                 changed |= tools.seen_otherwise.remove(&d.name).is_some();
             } else if tools.seen_otherwise.insert(d.name.clone(), d.fingerprint) != Some(d.fingerprint) {
                 changed = true;

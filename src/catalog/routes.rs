@@ -66,6 +66,17 @@ impl ToolRoutes {
                 });
                 tools.entry(name.as_str().into()).or_default().push((key, approved));
             }
+            // A tool it told a client of and never the catalog is known, and served unapproved.
+            for name in catalog
+                .seen_otherwise
+                .keys()
+                .filter(|n| !catalog.tools.contains_key(*n))
+            {
+                tools
+                    .entry(name.as_str().into())
+                    .or_default()
+                    .push((key, lock.is_none()));
+            }
         }
         // A tool the lock names and no backend is known to serve is served by no approved
         // definition: a backend that serves it anyway serves one nobody checked.

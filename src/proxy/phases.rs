@@ -401,6 +401,10 @@ impl<'c> Exchange<'c> {
         if let Some(trace) = self.record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
             trace.inject(request.headers_mut());
         }
+        if at.call.reads_tools_list() {
+            // The catalog (and the scope filter) read the list: it comes unencoded.
+            request.headers_mut().remove(http::header::ACCEPT_ENCODING);
+        }
         let sending = Sending {
             client_fault,
             reused: conn.reused,

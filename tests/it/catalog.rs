@@ -574,6 +574,21 @@ async fn the_lock_fails_closed_on_failed_asks_and_two_faced_lists() {
     *w1.told_clients.lock() = None;
     assert_eq!(fleet.post(&[], &list).await.status, StatusCode::OK);
     assert_eq!(fleet.post(&[], &call("pay", "p-3")).await.status, StatusCode::OK);
+    // A tool told to clients and never to the catalog is known, and approved by no one.
+    *w1.told_clients.lock() = Some(json!([
+        tool("pay", "pays an invoice"),
+        tool("hidden", "told no catalog")
+    ]));
+    assert_eq!(fleet.post(&[], &list).await.status, StatusCode::OK);
+    let calls_before = w1.calls.load(Ordering::Relaxed);
+    let a = fleet.post(&[], &call("hidden", "h-1")).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{:?}", String::from_utf8_lossy(&a.body));
+    assert_eq!(
+        w1.calls.load(Ordering::Relaxed),
+        calls_before,
+        "the hidden tool ran nowhere"
+    );
+    *w1.told_clients.lock() = None;
 
     // A name listed twice: drift, and no lock can be written of it.
     w1.set_tools(json!([
