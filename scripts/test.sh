@@ -13,7 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # over the test binaries) and time. Set CARGO_INCREMENTAL=1 to keep it for repeated local runs.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says how long the run has taken so far: where the time goes, run after run.
+step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -138,4 +139,4 @@ if ! python3 bench/run.py --smoke --router-bin target/debug/mrtr-router; then
   echo "==> FAILED: bench smoke run (bench/run.py exited non-zero; see the status column and the bench: lines above)" >&2
   exit 1
 fi
-echo "==> bench smoke run passed (results in bench/results/smoke.json)"
+echo "==> [${SECONDS}s] bench smoke run passed (results in bench/results/smoke.json)"
