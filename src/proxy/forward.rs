@@ -1,9 +1,9 @@
 //! Forwarding one request: a connection to the chosen backend (pooled, else new; an unpinned
 //! request whose backend refuses the connection, or fails its TLS handshake, moves once to the
-//! next candidate, with `upstream.retry` on and within its budget), sending it (once more when it never reached the backend: a pooled
-//! connection turned out closed before the request went out, or an HTTP/2 backend refused the
-//! stream), all within the request's one upstream deadline; failures count toward the backend's
-//! health, TLS failures as `upstream_tls`.
+//! next candidate, with `upstream.retry` on and within its budget), sending it (once more when
+//! it never reached the backend: a pooled connection turned out closed before the request went
+//! out, or an HTTP/2 backend refused the stream), all within the request's one upstream
+//! deadline; failures count toward the backend's health, TLS failures as `upstream_tls`.
 
 use std::future::Future;
 use std::pin::Pin;

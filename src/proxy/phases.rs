@@ -7,8 +7,8 @@
 //! (collect_json) → answer
 //!
 //! The driver awaits the exchange's I/O itself, in the parentheses (`Forward::connect`, the
-//! send and `Forward::answer`, a JSON answer's body by `read::collect_json`): a phase that awaited it would be a future holding the I/O's
-//! futures, kilobytes copied at each call. The order is what keeps the edge's invariants: a
+//! send and `Forward::answer`, a JSON answer's body by `read::collect_json`): a phase that
+//! awaited it would be a future holding the I/O's futures, kilobytes copied at each call. The order is what keeps the edge's invariants: a
 //! method never forwarded is refused whoever asks; who calls is known from the head before any
 //! body is read; the handles are read only from a body the read phase produced ([`Read`]);
 //! whether a request is a follow-up is one function (`route::is_follow_up`), asked by `decide`,
@@ -191,7 +191,8 @@ impl<'c> Exchange<'c> {
     }
 
     /// A POST's body whole (bounded in size and time, held within the budget all bodies share
-    /// until the answer is observed); any other method's streams, if the method is forwarded at all.
+    /// until the answer is observed); any other method's streams, if the method is forwarded
+    /// at all.
     pub async fn read(&self, method: &Method, body: Incoming) -> Result<Read<'c>, RouterError> {
         if *method != Method::POST {
             return Ok(Read::Streamed(body));
