@@ -151,6 +151,11 @@ impl Call {
         }
     }
 
+    /// The request goes to another backend (a retry): what its answer pins names that one.
+    pub fn retarget(&mut self, target: Incarnation) {
+        self.target = target;
+    }
+
     /// Whether the answer is a `tools/list`'s that the catalog reads (it asks for it unencoded).
     pub fn reads_tools_list(&self) -> bool {
         self.tells_tools == Some(true)

@@ -93,8 +93,10 @@ pub struct Metrics {
     pub(crate) upstream_errors: IntCounterVec,
     pub(crate) upstream_connections: IntCounterVec,
     pub(crate) upstream_resends: IntCounterVec,
-    /// `mrtr_retries_total{reason}`: `connect` (the only reason so far).
+    /// `mrtr_retries_total{reason}`: `connect` (the backend never saw the request) and `reset`
+    /// (it failed before any byte of its answer, and the request may run twice).
     pub(crate) retries_connect: IntCounter,
+    pub(crate) retries_reset: IntCounter,
     pub(crate) retries_budget_exhausted: IntCounter,
     pub(crate) router_errors: IntCounterVec,
     /// HTTP/1 connections closed because their client left while a request was in flight, or
@@ -215,10 +217,11 @@ impl Metrics {
         let retries = counter(
             &r,
             "mrtr_retries_total",
-            "Requests tried again on the next backend of the ring, by reason (connect: the backend refused the connection or failed its TLS handshake, so it cannot have seen the request)",
+            "Requests tried again on the next backend of the ring, by reason (connect: the backend refused the connection or failed its TLS handshake, so it cannot have seen the request; reset: it failed before any byte of its answer, and the request may run twice)",
             &["reason"],
         );
         let retries_connect = retries.with_label_values(&["connect"]);
+        let retries_reset = retries.with_label_values(&["reset"]);
         let retries_budget_exhausted = IntCounter::new(
             "mrtr_retries_budget_exhausted_total",
             "Retries not made because upstream.retry_budget was spent",
@@ -401,6 +404,7 @@ impl Metrics {
             ring_members,
             spans_dropped,
             retries_connect,
+            retries_reset,
             retries_budget_exhausted,
             body_buffer: BodyBuffer::default(),
             body_buffer_bytes,

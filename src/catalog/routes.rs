@@ -16,6 +16,9 @@ struct Serving {
     /// Those that list the tool in the definition the lock approves (every one that lists it,
     /// without a lock): where a new call of the tool may go.
     approved: Box<[BackendKey]>,
+    /// Every definition of it says a call changes nothing (`readOnlyHint`) or may run twice
+    /// (`idempotentHint`): a first round that failed after it was sent may go elsewhere.
+    repeatable: bool,
 }
 
 /// Tool name → the backends serving it.
@@ -55,6 +58,7 @@ impl ToolRoutes {
         failing: impl Fn(&str) -> bool,
     ) -> ToolRoutes {
         let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool)>> = HashMap::new();
+        let mut unrepeatable: std::collections::HashSet<&str> = std::collections::HashSet::new();
         for (backend, catalog) in fleet.backends() {
             let Some(key) = key_of(backend) else { continue };
             let known_now = !failing(backend);
@@ -65,6 +69,10 @@ impl ToolRoutes {
                         && l.approves(name, &definition.fingerprint.0)
                 });
                 tools.entry(name.as_str().into()).or_default().push((key, approved));
+                let hints = definition.hints;
+                if !(hints.read_only || hints.idempotent) || catalog.twice.contains(name) {
+                    unrepeatable.insert(name);
+                }
             }
             // A tool it told a client of and never the catalog is known, and served unapproved.
             for name in catalog
@@ -76,6 +84,7 @@ impl ToolRoutes {
                     .entry(name.as_str().into())
                     .or_default()
                     .push((key, lock.is_none()));
+                unrepeatable.insert(name);
             }
         }
         // A tool the lock names and no backend is known to serve is served by no approved
@@ -87,7 +96,8 @@ impl ToolRoutes {
             .into_iter()
             .map(|(name, backends)| {
                 let approved = backends.iter().filter(|(_, a)| *a).map(|(k, _)| *k).collect();
-                (name, Serving { approved })
+                let repeatable = !backends.is_empty() && !unrepeatable.contains(&*name);
+                (name, Serving { approved, repeatable })
             })
             .collect();
         ToolRoutes {
@@ -119,6 +129,11 @@ impl ToolRoutes {
             true => Err(RouterError::ToolDefinitionChanged { tool: shown(tool) }),
             false => Ok(&serving.approved),
         })
+    }
+
+    /// Whether every known definition of `tool` says a call of it may run twice.
+    pub fn repeatable(&self, tool: &str) -> bool {
+        self.tools.get(tool).is_some_and(|s| s.repeatable)
     }
 
     /// Every tool call of a request that starts calls (a batch's each) checked against the

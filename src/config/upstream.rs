@@ -39,7 +39,7 @@ pub struct UpstreamConfig {
 /// `upstream.retry`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
-    /// What cannot have changed state: a connect that never completed.
+    /// What cannot have changed state (a connect that never completed), and what may run twice.
     Idempotent,
     Off,
 }
@@ -133,8 +133,10 @@ pub(super) fn upstream(mut s: Section) -> Result<UpstreamConfig, ConfigError> {
     let retry = key(
         "retry",
         "`idempotent`: a request whose backend refused the connection (or failed its TLS handshake), \
-         which it cannot have seen, is tried once on the next backend of the ring, unless pinned; \
-         `off`: never.",
+         which it cannot have seen, is tried once on the next backend of the ring, unless pinned; so is a \
+         first round that may run twice (a `ping`, a list, a `tools/call` of a tool the catalog knows as \
+         `readOnlyHint` or `idempotentHint`) whose backend failed after it was sent, unless pinned, in a \
+         session or a batch; `off`: never.",
     );
     let retry_budget = key(
         "retry_budget",

@@ -107,7 +107,7 @@ impl Forward<'_> {
 
     /// Whether a request its backend never saw may go to the next one: `upstream.retry` on, and
     /// the retry budget not spent (counted when it is).
-    fn may_retry(&self) -> bool {
+    pub(super) fn may_retry(&self) -> bool {
         let upstream = &self.snap.config.upstream;
         if upstream.retry == Retry::Off {
             return false;

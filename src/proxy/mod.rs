@@ -18,6 +18,7 @@ mod headers;
 mod path;
 mod phases;
 mod read;
+mod resend;
 
 pub use deadline::ConnectionTimer;
 pub use read::ConnectionShare;
@@ -176,7 +177,11 @@ async fn run_phases(
     let client_fault = sending.client_fault.as_ref();
     let (forward, backend) = cx.forwarding();
     let response = forward.answer(first, sending.reused, backend, client_fault, deadline.reborrow());
-    let response = response.await?;
+    let response = match response.await {
+        // A first round that may run twice goes once to the next backend (`resend`).
+        Err(failed) if cx.may_resend(&failed) => cx.resend(failed, deadline.reborrow()).await?,
+        answered => answered?,
+    };
     let mut answered = cx.answered(response);
     let collected = match answered.whole_body() {
         Some(body) => Some(read::collect_json(body, deadline).await),

@@ -72,6 +72,15 @@ struct AtBackend<'c> {
     /// The request body's share of the budget, given back once the answer's head (a JSON
     /// answer: its whole body) is in.
     held: Held<'c>,
+    /// A first round that may be sent again elsewhere (`resend`).
+    resend: Option<Box<Resend>>,
+}
+
+/// What sending a first round again needs: the copy (once the request is built) and the key
+/// that orders the ring for it.
+pub(super) struct Resend {
+    pub request: Option<Box<Request<UpstreamBody>>>,
+    pub key: Option<Box<str>>,
 }
 
 /// A request's body as the read phase left it: read whole (a POST's, held within the body
@@ -341,12 +350,17 @@ impl<'c> Exchange<'c> {
             guard,
             method: method_label(method, handles.method.as_deref()),
             held: Held::nothing(),
+            resend: None,
         });
         at.call.issue_to(self.caller.as_ref().map(|c| c.tag));
         at.call.filter_list_for(self.caller.as_ref());
         at.call.hold(open_call);
         if let Some(obs) = &self.record.obs {
             at.call.note_pins_in(obs.pins_created.clone());
+        }
+        let resend = self.resend_of(handles, routed, method);
+        if let Some(at) = self.at_backend.as_mut() {
+            at.resend = resend;
         }
         conn
     }
@@ -402,6 +416,9 @@ impl<'c> Exchange<'c> {
         if let Some(trace) = self.record.obs.as_ref().and_then(|o| o.trace.as_ref()) {
             trace.inject(request.headers_mut());
         }
+        if let Some(resend) = at.resend.as_mut() {
+            resend.request = copy_of(&request);
+        }
         if at.call.reads_tools_list() {
             // The catalog (and the scope filter) read the list: it comes unencoded.
             request.headers_mut().remove(http::header::ACCEPT_ENCODING);
@@ -411,6 +428,38 @@ impl<'c> Exchange<'c> {
             reused: conn.reused,
         };
         Ok((sending, request))
+    }
+
+    /// Whether a copy to send again elsewhere is kept.
+    pub(super) fn has_resend_copy(&self) -> bool {
+        let resend = self.at_backend.as_ref().and_then(|at| at.resend.as_ref());
+        resend.is_some_and(|r| r.request.is_some())
+    }
+
+    /// What sending again needs (the copy, the ring key), taken.
+    pub(super) fn take_resend(&mut self) -> Option<Box<Resend>> {
+        self.at_backend.as_mut()?.resend.take()
+    }
+
+    /// The backend the request went to, by its ring key.
+    pub(super) fn backend_key(&self) -> crate::upstream::BackendKey {
+        self.at_backend
+            .as_ref()
+            .expect("connected before it is sent again")
+            .backend
+            .key
+    }
+
+    /// The request went on to `backend` (a retry): the call, the in-flight count and the
+    /// access log follow it.
+    pub(super) fn moved_to(&mut self, backend: Arc<Backend>, guard: InflightGuard) {
+        let at = self.at_backend.as_mut().expect("connected before it is sent again");
+        at.call.retarget(backend.incarnation());
+        if let Some(obs) = &mut self.record.obs {
+            obs.sent_to(&backend.name);
+        }
+        at.backend = backend;
+        at.guard = guard;
     }
 
     /// The backend's answer head is in: recorded for the metrics and the access log, and
@@ -496,4 +545,17 @@ fn unreadable(e: Unreadable) -> RouterError {
             },
         },
     }
+}
+
+/// A copy of a request whose body was read whole (`None` for a streamed one).
+fn copy_of(request: &Request<UpstreamBody>) -> Option<Box<Request<UpstreamBody>>> {
+    let Either::Left(body) = request.body() else {
+        return None;
+    };
+    let mut copy = Request::new(Either::Left(body.clone()));
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    Some(Box::new(copy))
 }

@@ -692,3 +692,52 @@ async fn a_change_heard_in_passing_has_the_backend_asked_again() {
     learned(&fleet, &[("w", 3)]).await;
     fleet.shutdown().await;
 }
+
+/// A `tools/call` whose backend fails after it was sent goes once to the next backend when
+/// every definition of its tool says it changes nothing (`readOnlyHint`); a tool without the
+/// hint gets the 502 and ran once. The ring decides alone (`route_by_tool = false`), so some
+/// calls land on the failing backend.
+#[tokio::test]
+async fn a_read_only_tool_goes_on_after_a_reset_and_another_does_not() {
+    use std::sync::atomic::Ordering as O;
+    let lookup = json!({"name": "lookup", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+    let server = ToolServer::new(json!([lookup, tool("pay", "pays")]), true);
+    let (dropper, seen) = resetter().await;
+    let specs = vec![serve("w1", &server).await, dropper];
+    let extra = format!(
+        "{ON}route_by_tool = false\n[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n[upstream]\nretry_budget = 1.0\n"
+    );
+    let fleet = Fleet::start_backends(Vec::new(), &specs, &extra).await;
+    learned(&fleet, &[("w1", 2)]).await;
+    let mut failed = 0;
+    for i in 0..60 {
+        let a = fleet
+            .post(
+                &[("mcp-routing-id", &format!("r-{i}"))],
+                &call("lookup", &format!("r-{i}")),
+            )
+            .await;
+        if a.status != StatusCode::OK {
+            failed += 1;
+        }
+    }
+    let reset = seen.load(O::SeqCst);
+    assert!(reset >= 5, "the ring sent the failing backend only {reset}");
+    assert_eq!(failed, 0, "every read-only call the failing backend dropped went on");
+    let before = seen.load(O::SeqCst);
+    let mut pays_failed = 0;
+    for i in 0..60 {
+        let a = fleet
+            .post(
+                &[("mcp-routing-id", &format!("p-{i}"))],
+                &call("pay", &format!("p-{i}")),
+            )
+            .await;
+        if a.status == StatusCode::BAD_GATEWAY {
+            pays_failed += 1;
+        }
+    }
+    assert!(pays_failed > 0);
+    assert_eq!(seen.load(O::SeqCst) - before, pays_failed, "each ran once, and failed");
+    fleet.shutdown().await;
+}

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use std::time::Duration;
 
 use crate::support::*;
-use http::Method;
+use http::{Method, StatusCode};
 use serde_json::json;
 
 fn assert_router_error(a: &Answer, status: u16, code: i64, reason: &str, id: serde_json::Value) {
@@ -481,6 +481,68 @@ async fn a_refused_connect_moves_on_once_within_the_retry_budget() {
                 assert_eq!(exhausted, f64::from(refused), "{upstream}");
             }
         }
+        fleet.shutdown().await;
+    }
+}
+
+/// A backend that fails after the request was sent (a reset before any byte of its answer):
+/// a first round that may run twice (a `tools/list`) goes once to the next backend; a
+/// `tools/call` of a tool nobody says is safe to repeat gets the 502 and ran at most once; with
+/// `retry = "off"` nothing goes on.
+#[tokio::test]
+async fn a_reset_first_round_goes_on_only_when_it_may_run_twice() {
+    use std::sync::atomic::Ordering;
+    let keep = "[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n";
+    for retry in ["idempotent", "off"] {
+        let (spec, seen) = resetter().await;
+        let worker = start_worker("worker-0").await;
+        let mut specs = specs_of(std::slice::from_ref(&worker));
+        specs.push(spec);
+        let extra = format!("{keep}[upstream]\nretry = \"{retry}\"\nretry_budget = 1.0\n");
+        let fleet = Fleet::start_backends(vec![worker], &specs, &extra).await;
+        let mut failed = 0;
+        for i in 0..60 {
+            let list = json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"});
+            let a = fleet.post(&[("mcp-routing-id", &format!("l-{i}"))], &list).await;
+            match a.status.as_u16() {
+                200 => {}
+                502 => failed += 1,
+                other => panic!("{retry}: {other}"),
+            }
+        }
+        let lists_reset = seen.load(Ordering::SeqCst);
+        assert!(
+            lists_reset >= 5,
+            "{retry}: the ring sent the resetter only {lists_reset}"
+        );
+        let m = fleet.metrics().await;
+        let resent = metric(&m, "mrtr_retries_total{reason=\"reset\"}").unwrap_or(0.0);
+        match retry {
+            "idempotent" => {
+                assert_eq!(failed, 0, "every list the resetter dropped went on");
+                assert_eq!(resent, lists_reset as f64);
+            }
+            _ => {
+                assert_eq!(failed, lists_reset, "{retry}");
+                assert_eq!(resent, 0.0);
+            }
+        }
+        // A call of a tool no catalog says is safe: never sent twice.
+        let before = seen.load(Ordering::SeqCst);
+        let mut calls_failed = 0;
+        for i in 0..60 {
+            let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "whoami"}});
+            let a = fleet.post(&[("mcp-routing-id", &format!("c-{i}"))], &call).await;
+            if a.status == StatusCode::BAD_GATEWAY {
+                calls_failed += 1;
+            }
+        }
+        assert!(calls_failed > 0, "{retry}");
+        assert_eq!(
+            seen.load(Ordering::SeqCst) - before,
+            calls_failed,
+            "each ran once, and failed"
+        );
         fleet.shutdown().await;
     }
 }

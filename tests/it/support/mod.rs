@@ -596,3 +596,51 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A backend that reads each request whole, then closes the connection without a byte of
+/// answer; it counts what it read.
+pub async fn resetter() -> (BackendSpec, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n) = sock.read(&mut buf).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got);
+                    let Some(end) = text.find("\r\n\r\n") else { continue };
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if got.len() >= end + 4 + length {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        return; // dropped: closed with no answer
+                    }
+                }
+            });
+        }
+    });
+    let spec = BackendSpec {
+        name: "resetter".into(),
+        url: format!("http://{addr}"),
+        weight: 1,
+    };
+    (spec, seen)
+}
