@@ -9,40 +9,11 @@ use crate::support::*;
 use mrtr_router::control::PinKind;
 use mrtr_router::example::Worker;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
 
 const FAST_HEALTH: &str =
     "[health]\ninterval = \"50ms\"\ntimeout = \"200ms\"\nunhealthy_after = 2\nhealthy_after = 2\n";
-
-/// Reads one HTTP/1.1 request (head, then a Content-Length body) from `conn`.
-async fn read_request(conn: &mut TcpStream) -> String {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let text = String::from_utf8_lossy(&buf).to_string();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let len = text[..end]
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().to_string())
-                })
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                return text;
-            }
-        }
-        let n = tokio::time::timeout(REQUEST_DEADLINE, conn.read(&mut chunk))
-            .await
-            .expect("request bytes in time")
-            .unwrap();
-        assert!(n > 0, "connection closed mid-request");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
 
 /// A backend instance shutting down gracefully (it stops accepting, then finishes what it had
 /// in hand: what uvicorn, hyper or any SDK server does on SIGTERM) answers `pending` after the
@@ -77,7 +48,7 @@ async fn a_call_answered_by_an_instance_already_ejected_never_follows_into_its_s
             }
         }
     };
-    let request = read_request(&mut conn).await;
+    let request = read_http_request(&mut conn).await.expect("a whole request in time");
     assert!(request.contains("\"late-1\""), "{request}");
     let epoch_at_send = fleet.control.backend("b").unwrap().epoch;
     // It stops accepting: the router ejects it.

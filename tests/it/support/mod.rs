@@ -22,7 +22,7 @@ use hyper_util::rt::TokioExecutor;
 use mrtr_router::example::Worker;
 use mrtr_router::{Listeners, Router, RouterControl};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -597,12 +597,44 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Reads one HTTP/1.1 request (head, then a Content-Length body) from `conn`: `None` when the
+/// connection closes first, or nothing comes for [`REQUEST_DEADLINE`].
+pub async fn read_http_request(conn: &mut TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return Some(text);
+            }
+        }
+        let n = tokio::time::timeout(REQUEST_DEADLINE, conn.read(&mut chunk))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
 /// A backend that reads each request whole, then closes the connection without a byte of
 /// answer; it counts what it read.
 pub async fn resetter() -> (BackendSpec, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::AsyncReadExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = std::sync::Arc::new(AtomicUsize::new(0));
     let counted = seen.clone();
@@ -610,30 +642,10 @@ pub async fn resetter() -> (BackendSpec, std::sync::Arc<std::sync::atomic::Atomi
         while let Ok((mut sock, _)) = listener.accept().await {
             let counted = counted.clone();
             tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(n) = sock.read(&mut buf).await else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    got.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&got);
-                    let Some(end) = text.find("\r\n\r\n") else { continue };
-                    let length = text[..end]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().to_string())
-                        })
-                        .and_then(|v| v.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if got.len() >= end + 4 + length {
-                        counted.fetch_add(1, Ordering::SeqCst);
-                        return; // dropped: closed with no answer
-                    }
+                if read_http_request(&mut sock).await.is_some() {
+                    counted.fetch_add(1, Ordering::SeqCst);
                 }
+                // Dropped: closed with no answer.
             });
         }
     });
