@@ -177,11 +177,14 @@ async fn run_phases(
     let client_fault = sending.client_fault.as_ref();
     let (forward, backend) = cx.forwarding();
     let response = forward.answer(first, sending.reused, backend, client_fault, deadline.reborrow());
-    let response = match response.await {
-        // A first round that may run twice goes once to the next backend (`resend`).
-        Err(failed) if cx.may_resend(&failed) => cx.resend(failed, deadline.reborrow()).await?,
-        answered => answered?,
-    };
+    let mut response = response.await;
+    // A first round that may run twice goes once to the next backend (`resend`).
+    if response.as_ref().is_err_and(|failed| cx.may_resend(failed)) {
+        if let Some(again) = cx.resend(deadline.reborrow()).await {
+            response = again;
+        }
+    }
+    let response = response?;
     let mut answered = cx.answered(response);
     let collected = match answered.whole_body() {
         Some(body) => Some(read::collect_json(body, deadline).await),

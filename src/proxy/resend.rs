@@ -29,10 +29,21 @@ fn lists_or_pings(method: &str) -> bool {
 impl Exchange<'_> {
     /// Whether this request may be sent again elsewhere should its backend fail after it was
     /// sent: what to keep for that, or `None`.
+    #[inline]
     pub(super) fn resend_of(&self, handles: &RequestHandles, routed: &Routed, method: &Method) -> Option<Box<Resend>> {
         if self.snap.config.upstream.retry == Retry::Off || *method != Method::POST {
             return None;
         }
+        // A call of a tool is repeatable only by what the catalog knows: without it, no work.
+        if handles.method.as_deref() == Some("tools/call") && self.snap.tools.is_none() {
+            return None;
+        }
+        self.repeatable_resend(handles, routed)
+    }
+
+    /// [`Exchange::resend_of`] once the cheap refusals are passed.
+    #[cold]
+    fn repeatable_resend(&self, handles: &RequestHandles, routed: &Routed) -> Option<Box<Resend>> {
         let repeatable = match handles.method.as_deref()? {
             "tools/call" => {
                 let tools = self.snap.tools.as_ref()?;
@@ -56,39 +67,29 @@ impl Exchange<'_> {
         matches!(failed, RouterError::UpstreamUnavailable { .. }) && self.has_resend_copy()
     }
 
-    /// The request sent to the next backend of the ring, within the budget and the deadline;
-    /// `first` is the answer when it cannot be. Boxed: a cold path, out of every request's
-    /// future.
+    /// The request sent to the next backend of the ring, within the budget and the deadline:
+    /// its answer, or `None` when it cannot be sent (the first backend's failure stands).
+    /// Boxed: a cold path, out of every request's future.
+    #[allow(clippy::type_complexity)]
     pub(super) fn resend<'a>(
         &'a mut self,
-        first: RouterError,
         mut deadline: Deadline<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<Response<DrivenBody>, RouterError>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Option<Result<Response<DrivenBody>, RouterError>>> + Send + 'a>> {
         Box::pin(async move {
-            let Some(Resend {
-                request: Some(request),
-                key,
-            }) = self.take_resend().map(|r| *r)
-            else {
-                return Err(first);
-            };
+            let Resend { request, key } = *self.take_resend()?;
+            let request = request?;
             let forward = self.forwarding().0;
-            let next = self
-                .shared
-                .snapshot()
-                .ring
-                .fallback(key.as_deref(), self.backend_key())
-                .cloned();
-            let Some(next) = next.filter(|_| forward.may_retry()) else {
-                return Err(first);
-            };
+            let snapshot = self.shared.snapshot();
+            let next = snapshot.ring.fallback(key.as_deref(), self.backend_key()).cloned();
+            drop(snapshot);
+            let next = next.filter(|_| forward.may_retry())?;
             self.shared.metrics.retries_reset.inc();
             let guard = next.start_request();
             let conn = match next.connection() {
                 Connection::Ready(conn) => conn,
                 Connection::Opening(mut opening) => match within(deadline.reborrow(), opening.as_mut()).await {
                     Some(Ok(conn)) => conn,
-                    _ => return Err(first),
+                    _ => return None,
                 },
             };
             let reused = conn.reused;
@@ -96,7 +97,7 @@ impl Exchange<'_> {
             let sent = std::pin::pin!(conn.send(*request));
             let sent = within(deadline.reborrow(), sent).await;
             let forward = self.forwarding().0;
-            forward.answer(sent, reused, &next, None, deadline).await
+            Some(forward.answer(sent, reused, &next, None, deadline).await)
         })
     }
 }

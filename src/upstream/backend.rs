@@ -319,6 +319,7 @@ impl Backend {
     /// A kept-alive connection from the pool (a stream on an HTTP/2 connection with room),
     /// else one being opened: the only place that chooses between the two (the request path and
     /// the health checks both come here).
+    #[inline]
     pub fn connection(&self) -> Connection<'_> {
         if self.is_http2() {
             return self.http2_connection();
