@@ -26,6 +26,7 @@ pub async fn upkeep(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         sweep_once(&shared);
+        shared.retry_budget.sample(std::time::Instant::now());
     }
 }
 

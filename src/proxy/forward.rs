@@ -9,8 +9,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use std::time::Instant;
-
 use http::{Request, Response};
 
 use super::deadline::{within, Deadline};
@@ -112,10 +110,7 @@ impl Forward<'_> {
         if upstream.retry == Retry::Off {
             return false;
         }
-        let fits = self
-            .shared
-            .retry_budget
-            .try_retry(upstream.retry_budget, Instant::now());
+        let fits = self.shared.retry_budget.try_retry(upstream.retry_budget);
         if !fits {
             self.shared.metrics.retries_budget_exhausted.inc();
         }

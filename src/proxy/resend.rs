@@ -53,8 +53,11 @@ impl Exchange<'_> {
         };
         let d = &routed.decision;
         let unpinned = d.pin_lost || (d.matched.is_none() && d.source != route::Source::Token);
-        let alone = handles.session_id.is_none() && handles.messages().count() == 1;
-        (repeatable && unpinned && alone && !d.follow_up).then(|| {
+        // A handle of a call under way (a state, a task) makes it a later round, known here
+        // or not; a batch, even of one, is never sent twice.
+        let first_round = handles.request_state.is_none() && handles.task_id.is_none();
+        let alone = handles.session_id.is_none() && !handles.is_batch();
+        (repeatable && unpinned && alone && first_round && !d.follow_up).then(|| {
             Box::new(Resend {
                 request: None,
                 key: handles.client_key().map(Into::into),

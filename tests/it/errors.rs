@@ -527,22 +527,31 @@ async fn a_reset_first_round_goes_on_only_when_it_may_run_twice() {
                 assert_eq!(resent, 0.0);
             }
         }
-        // A call of a tool no catalog says is safe: never sent twice.
-        let before = seen.load(Ordering::SeqCst);
-        let mut calls_failed = 0;
-        for i in 0..60 {
-            let call = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "whoami"}});
-            let a = fleet.post(&[("mcp-routing-id", &format!("c-{i}"))], &call).await;
-            if a.status == StatusCode::BAD_GATEWAY {
-                calls_failed += 1;
+        // Never sent twice: a call of a tool no catalog says is safe, a later round of a call (a
+        // state it echoes, known here or not), a batch even of one.
+        let later = |i: usize| json!({"jsonrpc": "2.0", "id": i, "method": "tools/list", "params": {"requestState": format!("s-{i}")}});
+        let batch = |i: usize| json!([{"jsonrpc": "2.0", "id": i, "method": "tools/list"}]);
+        let call = |i: usize| json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "whoami"}});
+        let shapes: [(&str, &dyn Fn(usize) -> serde_json::Value); 3] =
+            [("call", &call), ("later round", &later), ("batch of one", &batch)];
+        for (shape, body) in shapes {
+            let before = seen.load(Ordering::SeqCst);
+            let mut shape_failed = 0;
+            for i in 0..60 {
+                let key = format!("{shape}-{i}");
+                let headers = [("mcp-routing-id", key.as_str()), ("mcp-protocol-version", "2025-03-26")];
+                let a = fleet.post(&headers, &body(i)).await;
+                if a.status == StatusCode::BAD_GATEWAY {
+                    shape_failed += 1;
+                }
             }
+            assert!(shape_failed > 0, "{retry}, {shape}");
+            assert_eq!(
+                seen.load(Ordering::SeqCst) - before,
+                shape_failed,
+                "{retry}, {shape}: each ran once, and failed"
+            );
         }
-        assert!(calls_failed > 0, "{retry}");
-        assert_eq!(
-            seen.load(Ordering::SeqCst) - before,
-            calls_failed,
-            "each ran once, and failed"
-        );
         fleet.shutdown().await;
     }
 }
