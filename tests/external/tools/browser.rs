@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// How long the browser may take to start, and one command to answer.
@@ -46,15 +46,7 @@ impl Browser {
             .spawn()
             .expect("start node tests/browser/driver.mjs");
         let stdin = child.stdin.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let collected = stderr.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf).await {
-                collected.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let stderr = super::collect_stderr(&mut child);
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut browser = Browser {
             _child: child,

@@ -20,7 +20,7 @@ use http::{header, HeaderMap, Method, Request};
 use http_body_util::{BodyExt, Full};
 use ring::signature::{RsaPublicKeyComponents, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, RSA_PKCS1_2048_8192_SHA256};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::support::{client, Answer, HttpClient, REQUEST_DEADLINE};
@@ -132,15 +132,7 @@ impl ReadyChild {
             .kill_on_drop(true);
         let mut child = command.spawn().unwrap_or_else(|e| panic!("start {what}: {e}"));
         let stdin = child.stdin.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let collected = stderr.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf).await {
-                collected.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let stderr = super::collect_stderr(&mut child);
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let found = tokio::time::timeout(READY_DEADLINE, async {
             while let Ok(Some(line)) = lines.next_line().await {
