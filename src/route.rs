@@ -305,10 +305,14 @@ pub fn decide(
         return Err(RouterError::PinCapacity { max: routing.max_pins });
     }
     // With the catalog on, a new call of a tool it knows goes among the backends serving it.
-    let serving = match snap.tools.as_ref().and_then(|t| t.for_new_call(handles)) {
-        Some(serving) => Some(serving?),
+    let candidates = match snap.tools.as_ref().and_then(|t| t.for_new_call(handles)) {
+        Some(candidates) => Some(candidates?),
         None => None,
     };
+    if let (Some(tools), Some(c), true) = (&snap.tools, &candidates, refresh) {
+        tools.count(c.arguments);
+    }
+    let serving = candidates.as_ref().map(|c| &c.backends[..]);
     let (backend, source) = match handles.client_key() {
         Some(k) => (snap.ring.pick_among(k, serving), Source::Ring),
         None => (snap.ring.pick_keyless_among(serving), Source::Keyless),

@@ -13,9 +13,13 @@ pub struct BackendTools {
     /// Names its list gave more than once (each one tool whose definition is all its entries).
     pub twice: BTreeSet<String>,
     /// Tools a `tools/list` answer to a client defined otherwise than the backend's last
-    /// answer to the catalog, with the fingerprint the client saw: a backend that tells the
-    /// router one thing and its clients another. Cleared when either answer agrees again.
-    pub seen_otherwise: BTreeMap<String, Fingerprint>,
+    /// answer to the catalog, as the client saw them: a backend that tells the router one
+    /// thing and its clients another. Cleared when either answer agrees again.
+    pub seen_otherwise: BTreeMap<String, Definition>,
+    /// Not asked yet: all that is known is what it told clients (`seen_otherwise`), which
+    /// routes new calls of those tools to it until its first ask answers (a new instance of a
+    /// rollout is listed to clients before the catalog has asked it).
+    pub unasked: bool,
 }
 
 impl BackendTools {
@@ -40,6 +44,7 @@ impl BackendTools {
             tools,
             twice,
             seen_otherwise: BTreeMap::new(),
+            unasked: false,
         }
     }
 
@@ -77,7 +82,7 @@ impl FleetTools {
     /// Puts `tools` as `backend`'s, and says what changed on it (a tool added, removed or
     /// defined otherwise). The first catalog learned of a backend is no change.
     pub fn learn(&mut self, backend: &str, tools: BackendTools) -> Vec<Change> {
-        let changes = match self.backends.get(backend) {
+        let changes = match self.backends.get(backend).filter(|b| !b.unasked) {
             None => Vec::new(),
             Some(before) => {
                 let names: BTreeSet<&String> = before.tools.keys().chain(tools.tools.keys()).collect();
@@ -102,7 +107,7 @@ impl FleetTools {
             tools.seen_otherwise = before
                 .seen_otherwise
                 .into_iter()
-                .filter(|(name, fp)| tools.tools.get(name).is_none_or(|d| d.fingerprint != *fp))
+                .filter(|(name, told)| tools.tools.get(name).is_none_or(|d| d.fingerprint != told.fingerprint))
                 .collect();
         }
         self.backends.insert(backend.to_string(), tools);
@@ -114,16 +119,21 @@ impl FleetTools {
     /// list to the catalog at all; one that agrees clears a note. True when the notes changed
     /// (routes change with them).
     pub fn seen_by_client(&mut self, backend: &str, seen: &[Definition]) -> bool {
-        let Some(tools) = self.backends.get_mut(backend) else {
-            return false;
-        };
+        let tools = self
+            .backends
+            .entry(backend.to_string())
+            .or_insert_with(|| BackendTools {
+                unasked: true,
+                ..BackendTools::default()
+            });
         let mut changed = false;
         for d in seen {
             let asked = tools.tools.get(&d.name).map(|a| a.fingerprint);
             if asked == Some(d.fingerprint) {
                 changed |= tools.seen_otherwise.remove(&d.name).is_some();
-            } else if tools.seen_otherwise.insert(d.name.clone(), d.fingerprint) != Some(d.fingerprint) {
-                changed = true;
+            } else {
+                let told = tools.seen_otherwise.insert(d.name.clone(), d.clone());
+                changed |= told.is_none_or(|t| t.fingerprint != d.fingerprint);
             }
         }
         changed
@@ -146,7 +156,13 @@ impl FleetTools {
     pub fn definitions(&self) -> BTreeMap<&str, BTreeMap<Fingerprint, Vec<&str>>> {
         let mut out: BTreeMap<&str, BTreeMap<Fingerprint, Vec<&str>>> = BTreeMap::new();
         for (backend, tools) in &self.backends {
-            for (name, d) in &tools.tools {
+            // What an unasked backend told clients stands for its catalog until it is asked.
+            let served = if tools.unasked {
+                &tools.seen_otherwise
+            } else {
+                &tools.tools
+            };
+            for (name, d) in served {
                 out.entry(name)
                     .or_default()
                     .entry(d.fingerprint)
@@ -165,7 +181,7 @@ impl FleetTools {
             .into_iter()
             .map(|(name, defs)| (name.to_string(), defs.len()))
             .collect();
-        for tools in self.backends.values() {
+        for tools in self.backends.values().filter(|t| !t.unasked) {
             for name in tools.twice.iter().chain(tools.seen_otherwise.keys()) {
                 *counts.entry(name.clone()).or_default() += 1;
             }

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use serde_json::{json, Value};
 
+use super::arguments::{ArgumentChecks, Counted};
 use super::ask::AskFailed;
 use super::definition::Definition;
 use super::fleet::{BackendTools, Change, FleetTools};
@@ -40,6 +41,8 @@ const RESULTS: [&str; 5] = ["ok", "unreachable", "refused", "too_large", "timeou
 
 /// The catalog's metrics (docs/src/observability.md).
 pub struct CatalogMetrics {
+    /// `mrtr_tool_argument_checks_total{result}`.
+    argument_checks: Counted,
     tools: IntGaugeVec,
     refreshes: IntCounterVec,
     definitions: IntGaugeVec,
@@ -81,12 +84,22 @@ impl CatalogMetrics {
             "Tools added, removed or defined otherwise on a backend since it was first learned",
         )
         .expect("valid metric");
+        let argument_checks = IntCounterVec::new(
+            Opts::new(
+                "mrtr_tool_argument_checks_total",
+                "New calls of a tool served with more than one inputSchema, by whether a schema accepted their arguments (matched, unmatched)",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
         reg(Box::new(tools.clone()));
         reg(Box::new(refreshes.clone()));
+        reg(Box::new(argument_checks.clone()));
         reg(Box::new(definitions.clone()));
         reg(Box::new(unlabelled.clone()));
         reg(Box::new(changes.clone()));
         CatalogMetrics {
+            argument_checks: Counted::of(&argument_checks),
             tools,
             refreshes,
             definitions,
@@ -126,6 +139,8 @@ pub struct Catalog {
     fleet: Mutex<FleetTools>,
     asked: Mutex<BTreeMap<String, Asked>>,
     labelled: Mutex<BTreeSet<String>>,
+    /// The drifted tools' compiled schemas, kept from one build of the routes to the next.
+    argument_checks: Mutex<ArgumentChecks>,
     pub(crate) wake: tokio::sync::Notify,
     metrics: CatalogMetrics,
 }
@@ -136,6 +151,7 @@ impl Catalog {
             fleet: Mutex::default(),
             asked: Mutex::default(),
             labelled: Mutex::default(),
+            argument_checks: Mutex::new(ArgumentChecks::new(metrics.argument_checks.clone())),
             wake: tokio::sync::Notify::new(),
             metrics,
         }
@@ -157,7 +173,8 @@ impl Catalog {
                 .collect()
         };
         let failing = |backend: &str| failing.contains(backend);
-        ToolRoutes::build(&self.fleet.lock(), key_of, lock, by_tool, failing)
+        let mut checks = self.argument_checks.lock();
+        ToolRoutes::build(&self.fleet.lock(), key_of, lock, by_tool, failing, &mut checks)
     }
 
     /// Asks `backend` again at the next round (its tools may have changed: a
@@ -202,22 +219,32 @@ impl Catalog {
             return false;
         };
         let seen: Vec<Definition> = tools.iter().filter_map(Definition::read).collect();
-        let (known, changed) = {
+        // A backend the catalog keeps (one of the fleet's, asked or about to be); a name it
+        // has forgotten (left the fleet, an answer still under way) is not noted again.
+        if !self.asked.lock().contains_key(backend) {
+            return false;
+        }
+        let (known, changed, asked) = {
             let mut fleet = self.fleet.lock();
-            let known = fleet.backend(backend).is_some_and(|k| {
+            let asked = fleet.backend(backend).filter(|k| !k.unasked);
+            let known = asked.is_some_and(|k| {
                 seen.iter()
                     .all(|d| k.tools.get(&d.name).is_some_and(|k| k.fingerprint == d.fingerprint))
             });
-            (known, fleet.seen_by_client(backend, &seen))
+            let asked = asked.is_some();
+            (known, fleet.seen_by_client(backend, &seen), asked)
         };
         if !known {
             self.ask_again(backend);
         }
-        if changed {
+        // Before its first ask, what it told clients is all the catalog knows of it.
+        if changed && asked {
             tracing::warn!(
                 backend,
                 "catalog: a backend told a client other tool definitions than it told the catalog"
             );
+        }
+        if changed {
             self.label_definitions();
         }
         changed
@@ -279,7 +306,7 @@ impl Catalog {
         let (changes, routes_changed, drifted) = {
             let mut fleet = self.fleet.lock();
             let before = fleet.drifted();
-            let same = fleet.backend(backend).is_some_and(|b| b.lists_as(&tools));
+            let same = fleet.backend(backend).is_some_and(|b| !b.unasked && b.lists_as(&tools));
             let changes = fleet.learn(backend, tools);
             let drifted = fleet
                 .drifted()
@@ -378,7 +405,7 @@ impl Catalog {
                         "name": d.name,
                         "fingerprint": d.fingerprint.short(),
                         "listed_twice": t.twice.contains(&d.name),
-                        "told_clients": t.seen_otherwise.get(&d.name).map(|f| f.short()),
+                        "told_clients": t.seen_otherwise.get(&d.name).map(|f| f.fingerprint.short()),
                         "description": d.description,
                         "read_only": d.hints.read_only,
                         "idempotent": d.hints.idempotent,

@@ -3,6 +3,7 @@
 //! differ between backends; the lock of approved definitions; and what routing reads of it all.
 
 mod approve;
+mod arguments;
 mod ask;
 mod definition;
 mod fleet;

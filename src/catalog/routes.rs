@@ -2,8 +2,13 @@
 //! that serve it in the definition the lock approves. Built when the catalog or the
 //! fleet changes, never on the request path.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use serde_json::Value;
+
+use super::arguments::{arguments, ArgumentChecks, Counted, Schema};
 use super::fleet::FleetTools;
 use crate::config::Lock;
 use crate::dialect::RequestHandles;
@@ -19,7 +24,13 @@ struct Serving {
     /// Every definition of it says a call changes nothing (`readOnlyHint`) or may run twice
     /// (`idempotentHint`): a first round that failed after it was sent may go elsewhere.
     repeatable: bool,
+    /// When the approved backends serve it with more than one `inputSchema`: each schema and
+    /// the backends serving it. A new call goes to those whose schema accepts its arguments.
+    schemas: Option<Box<[BySchema]>>,
 }
+
+/// One `inputSchema` of a drifted tool and the backends serving it.
+type BySchema = (Arc<Schema>, Box<[BackendKey]>);
 
 /// Tool name → the backends serving it.
 #[derive(Debug, Default)]
@@ -30,6 +41,64 @@ pub struct ToolRoutes {
     /// A lock is read: a tool the catalog or the lock names is called only where the lock
     /// approves what is served.
     locked: bool,
+    /// `mrtr_tool_argument_checks_total{result}`.
+    counted: Option<Counted>,
+}
+
+/// Where a new call of a tool the catalog knows may go.
+#[derive(Debug)]
+pub struct Candidates<'r> {
+    pub backends: Cow<'r, [BackendKey]>,
+    /// What checking its arguments against the tool's schemas found.
+    pub arguments: ArgumentCheck,
+}
+
+/// The outcome of checking a call's arguments against a drifted tool's schemas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgumentCheck {
+    /// The backends agree on the tool's schema: nothing to check.
+    NotNeeded,
+    /// The call goes among the backends whose schema accepts its arguments.
+    Matched,
+    /// No schema accepts them (or they could not be read): the call goes among all.
+    Unmatched,
+}
+
+/// `approved` grouped by schema, each compiled by `compile`, when there is more than one.
+fn by_schema(
+    approved: &[(BackendKey, &Value)],
+    compile: &mut impl FnMut(&Value) -> Arc<Schema>,
+) -> Option<Box<[BySchema]>> {
+    let mut groups: Vec<(&Value, Vec<BackendKey>)> = Vec::new();
+    for &(key, schema) in approved {
+        match groups.iter_mut().find(|(s, _)| *s == schema) {
+            Some((_, keys)) => keys.push(key),
+            None => groups.push((schema, vec![key])),
+        }
+    }
+    if groups.len() < 2 {
+        return None;
+    }
+    Some(groups.into_iter().map(|(s, keys)| (compile(s), keys.into())).collect())
+}
+
+/// The backends whose schema accepts the arguments of the request's call; `None` when no
+/// schema does, the request is a batch, or its arguments cannot be read.
+#[cold]
+fn accepting<'r>(schemas: &[BySchema], handles: &RequestHandles) -> Option<Candidates<'r>> {
+    if handles.is_batch() {
+        return None;
+    }
+    let arguments = arguments(handles.body?)?;
+    let backends: Vec<BackendKey> = schemas
+        .iter()
+        .filter(|(schema, _)| schema.accepts(&arguments))
+        .flat_map(|(_, keys)| keys.iter().copied())
+        .collect();
+    (!backends.is_empty()).then_some(Candidates {
+        backends: Cow::Owned(backends),
+        arguments: ArgumentCheck::Matched,
+    })
 }
 
 /// A tool name in an error answer: the client's own bytes, bounded.
@@ -56,8 +125,10 @@ impl ToolRoutes {
         lock: Option<&Lock>,
         by_tool: bool,
         failing: impl Fn(&str) -> bool,
+        checks: &mut ArgumentChecks,
     ) -> ToolRoutes {
-        let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool)>> = HashMap::new();
+        // Tool → each backend serving it, whether in the approved definition, and its schema.
+        let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool, &Value)>> = HashMap::new();
         let mut unrepeatable: std::collections::HashSet<&str> = std::collections::HashSet::new();
         for (backend, catalog) in fleet.backends() {
             let Some(key) = key_of(backend) else { continue };
@@ -68,22 +139,22 @@ impl ToolRoutes {
                         && !catalog.seen_otherwise.contains_key(name)
                         && l.approves(name, &definition.fingerprint.0)
                 });
-                tools.entry(name.as_str().into()).or_default().push((key, approved));
+                let entry = (key, approved, &definition.input_schema);
+                tools.entry(name.as_str().into()).or_default().push(entry);
                 let hints = definition.hints;
                 if !(hints.read_only || hints.idempotent) || catalog.twice.contains(name) {
                     unrepeatable.insert(name);
                 }
             }
-            // A tool it told a client of and never the catalog is known, and served unapproved.
-            for name in catalog
+            // A tool it told a client of and never the catalog (all it told, before its first
+            // ask) is known, and served unapproved.
+            for (name, told) in catalog
                 .seen_otherwise
-                .keys()
-                .filter(|n| !catalog.tools.contains_key(*n))
+                .iter()
+                .filter(|(n, _)| !catalog.tools.contains_key(*n))
             {
-                tools
-                    .entry(name.as_str().into())
-                    .or_default()
-                    .push((key, lock.is_none()));
+                let entry = (key, lock.is_none(), &told.input_schema);
+                tools.entry(name.as_str().into()).or_default().push(entry);
                 unrepeatable.insert(name);
             }
         }
@@ -92,18 +163,29 @@ impl ToolRoutes {
         for name in lock.iter().flat_map(|l| l.tools.keys()) {
             tools.entry(name.as_str().into()).or_default();
         }
+        let mut schemas = checks.build();
         let tools = tools
             .into_iter()
             .map(|(name, backends)| {
-                let approved = backends.iter().filter(|(_, a)| *a).map(|(k, _)| *k).collect();
                 let repeatable = !backends.is_empty() && !unrepeatable.contains(&*name);
-                (name, Serving { approved, repeatable })
+                let approved: Vec<(BackendKey, &Value)> = backends
+                    .iter()
+                    .filter(|(_, a, _)| *a)
+                    .map(|(k, _, s)| (*k, *s))
+                    .collect();
+                let serving = Serving {
+                    schemas: by_schema(&approved, &mut |s| schemas.get(s)),
+                    approved: approved.iter().map(|(k, _)| *k).collect(),
+                    repeatable,
+                };
+                (name, serving)
             })
             .collect();
         ToolRoutes {
             tools,
             by_tool,
             locked: lock.is_some(),
+            counted: schemas.counted(),
         }
     }
 
@@ -117,18 +199,39 @@ impl ToolRoutes {
     }
 
     /// Where a new call of the request's tool may go: the backends serving its approved
-    /// definition. `None`: the request calls no tool the catalog knows (routed as any request).
-    /// Refused when every backend that serves the tool serves a definition the lock does not
-    /// approve.
-    pub fn for_new_call(&self, handles: &RequestHandles) -> Option<Result<&[BackendKey], RouterError>> {
+    /// definition; when they disagree on its `inputSchema`, those whose schema accepts the
+    /// call's arguments (all of them when none does). `None`: the request calls no tool the
+    /// catalog knows (routed as any request). Refused when every backend that serves the tool
+    /// serves a definition the lock does not approve.
+    pub fn for_new_call(&self, handles: &RequestHandles) -> Option<Result<Candidates<'_>, RouterError>> {
         if !self.by_tool {
             return None;
         }
         let (tool, serving) = self.called(handles)?;
-        Some(match serving.approved.is_empty() {
-            true => Err(RouterError::ToolDefinitionChanged { tool: shown(tool) }),
-            false => Ok(&serving.approved),
-        })
+        if serving.approved.is_empty() {
+            return Some(Err(RouterError::ToolDefinitionChanged { tool: shown(tool) }));
+        }
+        let Some(schemas) = &serving.schemas else {
+            let backends = Cow::Borrowed(&serving.approved[..]);
+            return Some(Ok(Candidates {
+                backends,
+                arguments: ArgumentCheck::NotNeeded,
+            }));
+        };
+        Some(Ok(accepting(schemas, handles).unwrap_or(Candidates {
+            backends: Cow::Borrowed(&serving.approved[..]),
+            arguments: ArgumentCheck::Unmatched,
+        })))
+    }
+
+    /// Counts a check of a new call's arguments (`mrtr_tool_argument_checks_total`).
+    pub fn count(&self, check: ArgumentCheck) {
+        let Some(counted) = &self.counted else { return };
+        match check {
+            ArgumentCheck::NotNeeded => {}
+            ArgumentCheck::Matched => counted.matched.inc(),
+            ArgumentCheck::Unmatched => counted.unmatched.inc(),
+        }
     }
 
     /// Whether every known definition of `tool` says a call of it may run twice.
@@ -185,14 +288,21 @@ mod tests {
             let body = bodies[usize::from(tool == "b")].as_bytes();
             RequestHandles::read(&headers, &routing, "messageId", Some(body)).unwrap()
         };
-        let open = ToolRoutes::build(&fleet, key, None, true, |_| false);
-        assert_eq!(open.for_new_call(&handles("a")).unwrap().unwrap().len(), 2);
+        let open = ToolRoutes::build(&fleet, key, None, true, |_| false, &mut ArgumentChecks::default());
+        assert_eq!(open.for_new_call(&handles("a")).unwrap().unwrap().backends.len(), 2);
         assert!(open.for_new_call(&handles("b")).is_none());
         let mut lock = Lock::default();
         lock.tools.insert("a".into(), v1.fingerprint.0);
-        let locked = ToolRoutes::build(&fleet, key, Some(&lock), true, |_| false);
+        let locked = ToolRoutes::build(
+            &fleet,
+            key,
+            Some(&lock),
+            true,
+            |_| false,
+            &mut ArgumentChecks::default(),
+        );
         assert_eq!(
-            locked.for_new_call(&handles("a")).unwrap().unwrap(),
+            locked.for_new_call(&handles("a")).unwrap().unwrap().backends[..],
             [BackendKey::of("w1")]
         );
         assert!(locked.approve(&handles("a"), BackendKey::of("w1")).is_ok());
@@ -203,12 +313,26 @@ mod tests {
         assert!(locked.approve(&handles("b"), BackendKey::of("w3")).is_ok());
         // A tool the lock names and no backend lists is refused wherever it goes.
         lock.tools.insert("b".into(), v1.fingerprint.0);
-        let named = ToolRoutes::build(&fleet, key, Some(&lock), true, |_| false);
+        let named = ToolRoutes::build(
+            &fleet,
+            key,
+            Some(&lock),
+            true,
+            |_| false,
+            &mut ArgumentChecks::default(),
+        );
         assert!(named.for_new_call(&handles("b")).unwrap().is_err());
         assert!(named.approve(&handles("b"), BackendKey::of("w1")).is_err());
         lock.tools.remove("b");
         lock.tools.clear();
-        let none = ToolRoutes::build(&fleet, key, Some(&lock), true, |_| false);
+        let none = ToolRoutes::build(
+            &fleet,
+            key,
+            Some(&lock),
+            true,
+            |_| false,
+            &mut ArgumentChecks::default(),
+        );
         assert!(none.for_new_call(&handles("a")).unwrap().is_err());
     }
 }

@@ -30,6 +30,8 @@ pub struct RequestHandles<'a> {
     /// What the method acts on: `params.uri` of a `resources/read`, else `params.name` (the
     /// tool or prompt called).
     pub name: Option<Cow<'a, str>>,
+    /// The body the handles were read from (the catalog reads a drifted tool's arguments).
+    pub body: Option<&'a [u8]>,
 
     /// `Mcp-Name` disagrees with the body.
     names_disagree: bool,
@@ -92,7 +94,9 @@ impl<'a> RequestHandles<'a> {
             Some(body) => parse_request(body, body_field)?,
             None => Envelopes::default(),
         };
-        Ok(RequestHandles::new(headers, routing_header, envelopes))
+        let mut handles = RequestHandles::new(headers, routing_header, envelopes);
+        handles.body = body;
+        Ok(handles)
     }
 
     pub fn new(headers: &'a HeaderMap, routing_header: &HeaderName, envelopes: Envelopes<'a>) -> Self {
@@ -169,6 +173,7 @@ impl<'a> RequestHandles<'a> {
             // An empty one stands as a value of its own: no session the router pinned or sealed.
             session_id: session_id.map(|v| std::str::from_utf8(v.as_bytes()).unwrap_or("\u{fffd}")),
             name: envelope.name,
+            body: None,
             names_disagree,
             rare: (batch || !envelope.task_ids.is_empty()).then(|| {
                 Box::new(Rare {

@@ -18,23 +18,26 @@ use crate::support::*;
 
 /// A tool server: lists `tools` (pages of `page` when set), answers `tools/call` with its name
 /// in `x-worker`, and speaks the modern protocol (`server/discover`) or 2025 sessions.
-struct ToolServer {
+pub(crate) struct ToolServer {
     tools: Mutex<Value>,
     modern: bool,
     page: Option<usize>,
     /// `tools/list` answers 500 while set.
     broken: std::sync::atomic::AtomicBool,
+    /// The catalog's asks (and only they) get 500 while set: a backend the catalog cannot
+    /// learn, whose clients are told its tools all the same.
+    pub(crate) refuses_the_catalog: std::sync::atomic::AtomicBool,
     /// The tools a client's `tools/list` gets, when set: the catalog's asks (`mrtr-router
     /// catalog` in the request) still get `tools`. A backend that tells the router one thing.
     told_clients: Mutex<Option<Value>>,
     lists: AtomicU64,
-    calls: AtomicU64,
+    pub(crate) calls: AtomicU64,
     deletes: AtomicU64,
     initialized: AtomicU64,
 }
 
 impl ToolServer {
-    fn new(tools: Value, modern: bool) -> Arc<ToolServer> {
+    pub(crate) fn new(tools: Value, modern: bool) -> Arc<ToolServer> {
         ToolServer::paged(tools, modern, None)
     }
 
@@ -44,6 +47,7 @@ impl ToolServer {
             modern,
             page,
             broken: Default::default(),
+            refuses_the_catalog: Default::default(),
             told_clients: Mutex::new(None),
             lists: AtomicU64::new(0),
             calls: AtomicU64::new(0),
@@ -110,6 +114,9 @@ impl ToolServer {
                     return reply(StatusCode::INTERNAL_SERVER_ERROR, json!({}));
                 }
                 let from_catalog = String::from_utf8_lossy(&body).contains("mrtr-router catalog");
+                if from_catalog && self.refuses_the_catalog.load(Ordering::Relaxed) {
+                    return reply(StatusCode::INTERNAL_SERVER_ERROR, json!({}));
+                }
                 let told = self.told_clients.lock().clone().filter(|_| !from_catalog);
                 let tools = told.unwrap_or_else(|| self.tools.lock().clone());
                 let all = tools.as_array().cloned().unwrap_or_default();
@@ -136,7 +143,7 @@ impl ToolServer {
     }
 }
 
-async fn serve(name: &str, server: &Arc<ToolServer>) -> BackendSpec {
+pub(crate) async fn serve(name: &str, server: &Arc<ToolServer>) -> BackendSpec {
     let (server, label) = (server.clone(), name.to_string());
     test_backend(name, move |method, body| {
         let (server, label) = (server.clone(), label.clone());
@@ -153,9 +160,9 @@ fn call(tool: &str, mid: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": mid, "params": {"name": tool, "arguments": {}}})
 }
 
-const ON: &str = "[catalog]\nenabled = true\ninterval = \"1s\"\ntimeout = \"2s\"\n";
+pub(crate) const ON: &str = "[catalog]\nenabled = true\ninterval = \"1s\"\ntimeout = \"2s\"\n";
 
-async fn admin_json(fleet: &Fleet, path: &str) -> (StatusCode, Value) {
+pub(crate) async fn admin_json(fleet: &Fleet, path: &str) -> (StatusCode, Value) {
     let a = send(
         &fleet.client,
         Method::GET,
@@ -207,7 +214,7 @@ impl Locked {
 }
 
 /// Waits until `/catalog` shows every one of `backends` learned with `tools` tools each.
-async fn learned(fleet: &Fleet, want: &[(&str, usize)]) {
+pub(crate) async fn learned(fleet: &Fleet, want: &[(&str, usize)]) {
     for _ in 0..100 {
         let (_, doc) = admin_json(fleet, "/catalog").await;
         let seen = |name: &str| {

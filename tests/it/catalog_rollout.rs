@@ -1,0 +1,144 @@
+//! `[catalog]` through a rollout (docs/src/catalog.md, "Routing by tool"): a tool whose
+//! `inputSchema` changed is called where its arguments are accepted, and a new instance's tools
+//! are routed to it from the first list a client gets from it, before the catalog has asked it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::catalog::{admin_json, learned, serve, ToolServer, ON};
+use crate::support::*;
+
+/// `lookup` as v1 defines it (an integer id) and as v2 does (an integer or a string).
+fn lookup(v2: bool) -> Value {
+    let id = if v2 {
+        json!({"type": ["integer", "string"]})
+    } else {
+        json!({"type": "integer"})
+    };
+    json!({"name": "lookup", "description": "finds", "inputSchema": {
+        "type": "object", "properties": {"id": id}, "required": ["id"]}})
+}
+
+fn call_lookup(id: Value, mid: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": mid,
+        "params": {"name": "lookup", "arguments": {"id": id}}})
+}
+
+/// Where 30 new calls of `lookup` with `id` go, by backend.
+async fn spread(fleet: &Fleet, id: Value, tag: &str) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for i in 0..30 {
+        let a = fleet.post(&[], &call_lookup(id.clone(), &format!("{tag}-{i}"))).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&a.body));
+        *seen.entry(a.worker()).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// v1 and v2 serve `lookup` with different schemas: a string id, which only v2's accepts, goes
+/// to v2 every time; an integer id, which both accept, goes to both; arguments neither accepts
+/// go where the ring says, counted as unmatched. The control, with the catalog off, sends
+/// string ids to v1 too.
+#[tokio::test]
+async fn a_call_of_a_drifted_tool_goes_where_its_arguments_are_accepted() {
+    let v1 = ToolServer::new(json!([lookup(false)]), true);
+    let v2 = ToolServer::new(json!([lookup(true)]), true);
+    let specs = vec![serve("v1", &v1).await, serve("v2", &v2).await];
+
+    let off = Fleet::start_backends(Vec::new(), &specs, "").await;
+    let control = spread(&off, json!("abc"), "off").await;
+    assert!(
+        control.contains_key("v1"),
+        "control: the ring alone sends string ids to v1: {control:?}"
+    );
+    off.shutdown().await;
+
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    learned(&fleet, &[("v1", 1), ("v2", 1)]).await;
+    let strings = spread(&fleet, json!("abc"), "s").await;
+    assert_eq!(strings, BTreeMap::from([("v2".to_string(), 30)]));
+    let integers = spread(&fleet, json!(7), "i").await;
+    assert_eq!(integers.len(), 2, "both schemas accept an integer: {integers:?}");
+    let neither = spread(&fleet, json!([1]), "n").await;
+    assert_eq!(neither.values().sum::<usize>(), 30);
+    let metrics = fleet.metrics().await;
+    let checks = |result: &str| {
+        metric(
+            &metrics,
+            &format!("mrtr_tool_argument_checks_total{{result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(checks("matched"), Some(60.0));
+    assert_eq!(checks("unmatched"), Some(30.0));
+    fleet.shutdown().await;
+}
+
+/// A new instance (v2) that the catalog has not learned yet (its asks fail) lists a new tool to
+/// a client; the client's call of that tool goes to v2, not to v1, which does not serve it. The
+/// control: the same before any client was told, when the tool is unknown and the ring decides.
+#[tokio::test]
+async fn a_new_instances_tools_are_routed_from_the_first_list_a_client_gets() {
+    let v1 = ToolServer::new(json!([lookup(false)]), true);
+    let v2 = ToolServer::new(
+        json!([lookup(false), {"name": "summarize", "inputSchema": {"type": "object"}}]),
+        true,
+    );
+    v2.refuses_the_catalog.store(true, Ordering::Relaxed);
+    let specs = vec![serve("v1", &v1).await, serve("v2", &v2).await];
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    learned(&fleet, &[("v1", 1)]).await;
+    let summarize = |i: usize| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("sum-{i}"),
+            "params": {"name": "summarize", "arguments": {}}})
+    };
+    let mut control = BTreeMap::new();
+    for i in 0..30 {
+        *control
+            .entry(fleet.post(&[], &summarize(i)).await.worker())
+            .or_insert(0) += 1;
+    }
+    assert!(
+        control.contains_key("v1"),
+        "control: an unknown tool goes by the ring: {control:?}"
+    );
+
+    // A client's list reaches v2 (keyless lists go to either backend: bounded tries).
+    let mut told = false;
+    for i in 0..50 {
+        let list = fleet
+            .post(&[], &json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
+            .await;
+        if list.worker() == "v2" {
+            told = true;
+            break;
+        }
+    }
+    assert!(told, "no list reached v2 in 50 tries");
+    for i in 0..30 {
+        assert_eq!(fleet.post(&[], &summarize(i)).await.worker(), "v2", "call {i}");
+    }
+    // `/catalog` shows what v2 told, not yet learned; nothing drifted.
+    let (_, doc) = admin_json(&fleet, "/catalog").await;
+    let v2_doc = doc["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "v2")
+        .unwrap()
+        .clone();
+    assert!(v2_doc["learned_unix_ms"].is_null(), "{v2_doc}");
+    assert!(
+        doc["tools"].as_array().unwrap().iter().all(|t| t["drifted"] == false),
+        "{doc}"
+    );
+    // Its first ask that answers makes it an ordinary learned backend.
+    v2.refuses_the_catalog.store(false, Ordering::Relaxed);
+    learned(&fleet, &[("v1", 1), ("v2", 2)]).await;
+    assert_eq!(fleet.post(&[], &summarize(99)).await.worker(), "v2");
+    let changes = metric(&fleet.metrics().await, "mrtr_tool_definition_changes_total");
+    assert_eq!(changes, Some(0.0), "a first ask after a told list is no change");
+    fleet.shutdown().await;
+}
