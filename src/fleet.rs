@@ -201,7 +201,7 @@ pub async fn catalog(shared: Arc<Shared>) {
             let (backend, shared, path) = (backend.clone(), shared.clone(), cfg.path.clone());
             let next = (now + cfg.interval).into_std();
             asks.spawn(async move {
-                let asked = tokio::time::timeout(cfg.timeout, catalog::tools(&backend, &path, limits)).await;
+                let asked = tokio::time::timeout(cfg.timeout, catalog::lists(&backend, &path, limits)).await;
                 learn(&shared, &name, asked.unwrap_or(Err(AskFailed::Timeout)), next);
             });
         }
@@ -211,9 +211,9 @@ pub async fn catalog(shared: Arc<Shared>) {
 }
 
 /// What one ask of `backend` gave, put in the catalog; the backend is due again at `next`.
-fn learn(shared: &Shared, backend: &str, asked: Result<Vec<catalog::Definition>, AskFailed>, next: std::time::Instant) {
-    let tools = match asked {
-        Ok(tools) => tools,
+fn learn(shared: &Shared, backend: &str, asked: Result<catalog::Lists, AskFailed>, next: std::time::Instant) {
+    let lists = match asked {
+        Ok(lists) => lists,
         Err(e) => {
             tracing::warn!(backend, error = %e, "catalog: asking the backend for its tools failed; its last known tools stay");
             if shared.catalog.failed(backend, &e, next) {
@@ -223,7 +223,7 @@ fn learn(shared: &Shared, backend: &str, asked: Result<Vec<catalog::Definition>,
             return;
         }
     };
-    let learned = shared.catalog.learned(backend, BackendTools::new(tools), Some(next));
+    let learned = shared.catalog.learned(backend, BackendTools::of(lists), Some(next));
     for c in &learned.changes {
         let (was, is) = (c.was.map(|f| f.short()), c.is.map(|f| f.short()));
         // A tool's name is the backend's text: escaped and cut, it forges no log line.

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::catalog::WhenAllOut;
 use crate::config::OnPinLost;
 use crate::dialect::RequestHandles;
 use crate::error::RouterError;
@@ -304,24 +305,7 @@ pub fn decide(
     if full(lost) {
         return Err(RouterError::PinCapacity { max: routing.max_pins });
     }
-    // With the catalog on, a new call of a tool it knows goes among the backends serving it.
-    let candidates = match snap.tools.as_ref().and_then(|t| t.for_new_call(handles)) {
-        Some(candidates) => Some(candidates?),
-        None => None,
-    };
-    if let (Some(tools), Some(c), true) = (&snap.tools, &candidates, refresh) {
-        tools.count(c.arguments);
-    }
-    let serving = candidates.as_ref().map(|c| &c.backends[..]);
-    let (backend, source) = match handles.client_key() {
-        Some(k) => (snap.ring.pick_among(k, serving), Source::Ring),
-        None => (snap.ring.pick_keyless_among(serving), Source::Keyless),
-    };
-    let backend = match (backend, serving) {
-        (Some(b), _) => b.clone(),
-        (None, Some(_)) => return Err(tool_unavailable(handles)),
-        (None, None) => return Err(RouterError::NoBackend),
-    };
+    let (backend, source) = pick_new(snap, handles, refresh)?;
     Ok(Decision {
         backend,
         source,
@@ -330,6 +314,36 @@ pub fn decide(
         rounds: 0,
         follow_up: false,
     })
+}
+
+/// The backend of a request no pin or token routes: by the ring (its key's, or the less loaded
+/// of two at random without one). With the catalog on, a new call of a tool it knows goes
+/// among the backends serving it (a new `prompts/get` or `resources/read`, among those listing
+/// its prompt or resource). `refresh`: counted (false for read-only explanations).
+fn pick_new(snap: &Snapshot, handles: &RequestHandles, refresh: bool) -> Result<(Arc<Backend>, Source), RouterError> {
+    let candidates = match snap.tools.as_ref().and_then(|t| t.for_new_call(handles)) {
+        Some(candidates) => Some(candidates?),
+        None => None,
+    };
+    if let (Some(tools), Some(c), true) = (&snap.tools, &candidates, refresh) {
+        tools.count(c.arguments);
+    }
+    let pick = |among: Option<&[BackendKey]>| match handles.client_key() {
+        Some(k) => (snap.ring.pick_among(k, among), Source::Ring),
+        None => (snap.ring.pick_keyless_among(among), Source::Keyless),
+    };
+    let (mut backend, mut source) = pick(candidates.as_ref().map(|c| &c.backends[..]));
+    let when_all_out = candidates.as_ref().map(|c| c.when_all_out);
+    if backend.is_none() && when_all_out == Some(WhenAllOut::AnyBackend) {
+        // Every backend listing the prompt or resource is out: the ring decides, and the
+        // backend's own error is the answer.
+        (backend, source) = pick(None);
+    }
+    match (backend, when_all_out) {
+        (Some(b), _) => Ok((b.clone(), source)),
+        (None, Some(WhenAllOut::Refuse)) => Err(tool_unavailable(handles)),
+        (None, _) => Err(RouterError::NoBackend),
+    }
 }
 
 /// Every backend serving the called tool is down, draining or loaded out of the ring.

@@ -266,6 +266,7 @@ fn build_snapshot(
         same.unwrap_or_else(|| Arc::new(Quotas::new(q, std::time::Instant::now(), metrics.quota_store.clone())))
     });
     let tools = config.catalog.as_ref().map(|c| {
+        catalog.know(backends.values().map(|b| &*b.name));
         let key_of = |name: &str| Some(BackendKey::of(name)).filter(|k| backends.contains_key(k));
         let lock = c.lock.as_ref().map(|l| &l.lock);
         Arc::new(catalog.routes(key_of, lock, c.route_by_tool))

@@ -2,10 +2,11 @@
 //! 2026-07-28 protocol when the backend speaks it (`server/discover`, then stateless
 //! `tools/list` pages), else in a 2025 session opened for the purpose (`initialize`, the
 //! `notifications/initialized` notice, `tools/list` pages, then the session deleted; a
-//! stateless server that gives no session is asked without one). Over the
-//! same endpoint, TLS and pool as the requests the backend serves. Bounded: one ask takes at
-//! most the configured timeout (the caller's), and reads at most `max_bytes` of answers and
-//! `max_tools` tools.
+//! stateless server that gives no session is asked without one). After the tools, the
+//! `prompts/list` and `resources/list` pages of a backend whose capabilities declare them
+//! (names and URIs only). Over the same endpoint, TLS and pool as the requests the backend
+//! serves. Bounded: one ask takes at most the configured timeout (the caller's), and reads at
+//! most `max_bytes` of answers and `max_tools` tools (and as many prompts, and resources).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request};
@@ -64,6 +65,60 @@ impl std::fmt::Display for AskFailed {
     }
 }
 
+/// What one ask learned of a backend.
+#[derive(Debug, Clone, Default)]
+pub struct Lists {
+    pub tools: Vec<Definition>,
+    /// The names its `prompts/list` gives; none when it declares no prompts, or that list
+    /// failed (its prompts are then unknown).
+    pub prompts: Vec<String>,
+    /// The URIs its `resources/list` gives (resource templates are not learned); none when it
+    /// declares no resources, or that list failed.
+    pub resources: Vec<String>,
+}
+
+/// What a backend's `capabilities` (of its `server/discover` or `initialize` result) declare
+/// beyond tools: the lists worth asking for.
+#[derive(Debug, Clone, Copy, Default)]
+struct Declared {
+    prompts: bool,
+    resources: bool,
+}
+
+impl Declared {
+    fn of(result: &Value) -> Declared {
+        let declares = |what: &str| result["capabilities"].get(what).is_some_and(|v| !v.is_null());
+        Declared {
+            prompts: declares("prompts"),
+            resources: declares("resources"),
+        }
+    }
+}
+
+/// One list method: its name, the member of its result that holds a page's items, and how an
+/// item is read.
+struct List<T> {
+    method: &'static str,
+    items: &'static str,
+    read: fn(&Value) -> Option<T>,
+}
+
+const TOOLS: List<Definition> = List {
+    method: "tools/list",
+    items: "tools",
+    read: Definition::read,
+};
+const PROMPTS: List<String> = List {
+    method: "prompts/list",
+    items: "prompts",
+    read: |p| Some(p.get("name")?.as_str()?.to_string()),
+};
+const RESOURCES: List<String> = List {
+    method: "resources/list",
+    items: "resources",
+    read: |r| Some(r.get("uri")?.as_str()?.to_string()),
+};
+
 /// One exchange's worth of headers beyond the body's.
 struct Headers<'a> {
     version: &'a str,
@@ -80,8 +135,18 @@ struct Asking<'a> {
     next_id: u64,
 }
 
-/// The backend's tools, every page of them.
+/// The backend's tools, every page of them (what the lock approves: nothing else is asked).
 pub async fn tools(backend: &Backend, path: &str, limits: Limits) -> Result<Vec<Definition>, AskFailed> {
+    Ok(ask(backend, path, limits, false).await?.tools)
+}
+
+/// The backend's tools, and its prompts and resources when it declares them: every page of each.
+pub async fn lists(backend: &Backend, path: &str, limits: Limits) -> Result<Lists, AskFailed> {
+    ask(backend, path, limits, true).await
+}
+
+/// One ask: the tools, and with `beyond_tools` the prompts and resources the backend declares.
+async fn ask(backend: &Backend, path: &str, limits: Limits, beyond_tools: bool) -> Result<Lists, AskFailed> {
     let mut asking = Asking {
         backend,
         path,
@@ -89,21 +154,38 @@ pub async fn tools(backend: &Backend, path: &str, limits: Limits) -> Result<Vec<
         bytes_left: limits.max_bytes,
         next_id: 0,
     };
-    if asking.speaks_modern().await? {
-        return asking.list(MODERN, None).await;
+    let wanted = |declared: Declared| match beyond_tools {
+        true => declared,
+        false => Declared::default(),
+    };
+    if let Some(declared) = asking.discover().await? {
+        return asking.lists(MODERN, None, wanted(declared)).await;
     }
-    // A stateless 2025 server gives no session: its list is asked without one.
-    let session = asking.open_session().await?;
-    let listed = asking.list(SESSION_PROTOCOL, session.as_deref()).await;
+    // A stateless 2025 server gives no session: its lists are asked without one.
+    let (session, declared) = asking.open_session().await?;
+    let listed = asking
+        .lists(SESSION_PROTOCOL, session.as_deref(), wanted(declared))
+        .await;
     if let Some(session) = &session {
         asking.close_session(session).await;
     }
     listed
 }
 
+/// A list beyond tools that the backend refused (an HTTP or JSON-RPC error, no such list in
+/// its answer) is unknown, counted as none: it never fails the ask. Too large, unreachable
+/// or late still does.
+fn none_when_refused(listed: Result<Vec<String>, AskFailed>) -> Result<Vec<String>, AskFailed> {
+    match listed {
+        Err(AskFailed::Refused(_)) => Ok(Vec::new()),
+        other => other,
+    }
+}
+
 impl Asking<'_> {
-    /// Whether the backend answers `server/discover` naming the modern version.
-    async fn speaks_modern(&mut self) -> Result<bool, AskFailed> {
+    /// Whether the backend answers `server/discover` naming the modern version; if it does,
+    /// what its capabilities declare.
+    async fn discover(&mut self) -> Result<Option<Declared>, AskFailed> {
         let headers = Headers {
             version: MODERN,
             method: "server/discover",
@@ -112,16 +194,17 @@ impl Asking<'_> {
         let answer = match self.call("server/discover", json!({"_meta": meta()}), headers).await {
             Ok(answer) => answer,
             // Anything but a connection that failed is no evidence of the modern protocol.
-            Err(AskFailed::Refused(_)) => return Ok(false),
+            Err(AskFailed::Refused(_)) => return Ok(None),
             Err(e) => return Err(e),
         };
         let versions = answer.0.get("supportedVersions").and_then(Value::as_array);
-        Ok(versions.is_some_and(|v| v.iter().any(|v| v == MODERN)))
+        let modern = versions.is_some_and(|v| v.iter().any(|v| v == MODERN));
+        Ok(modern.then(|| Declared::of(&answer.0)))
     }
 
     /// A 2025 session: `initialize`, then the `notifications/initialized` notice; the
-    /// session's id, if the server keeps sessions.
-    async fn open_session(&mut self) -> Result<Option<String>, AskFailed> {
+    /// session's id, if the server keeps sessions, and what its capabilities declare.
+    async fn open_session(&mut self) -> Result<(Option<String>, Declared), AskFailed> {
         let params = json!({
             "protocolVersion": SESSION_PROTOCOL,
             "capabilities": {},
@@ -132,7 +215,7 @@ impl Asking<'_> {
             method: "initialize",
             session: None,
         };
-        let (_, session) = self.call("initialize", params, headers).await?;
+        let (result, session) = self.call("initialize", params, headers).await?;
         let notice = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
         let headers = Headers {
             version: SESSION_PROTOCOL,
@@ -140,7 +223,7 @@ impl Asking<'_> {
             session: session.as_deref(),
         };
         self.exchange(&notice, headers).await?;
-        Ok(session)
+        Ok((session, Declared::of(&result)))
     }
 
     /// Ends the session asked in (its answer does not matter).
@@ -163,9 +246,25 @@ impl Asking<'_> {
         }
     }
 
-    /// Every page of `tools/list`, following `nextCursor`.
-    async fn list(&mut self, version: &str, session: Option<&str>) -> Result<Vec<Definition>, AskFailed> {
-        let mut tools = Vec::new();
+    /// The tools, then the prompts and the resources `declared` names, within one budget.
+    async fn lists(&mut self, version: &str, session: Option<&str>, declared: Declared) -> Result<Lists, AskFailed> {
+        let tools = self.list(&TOOLS, version, session).await?;
+        let mut lists = Lists {
+            tools,
+            ..Lists::default()
+        };
+        if declared.prompts {
+            lists.prompts = none_when_refused(self.list(&PROMPTS, version, session).await)?;
+        }
+        if declared.resources {
+            lists.resources = none_when_refused(self.list(&RESOURCES, version, session).await)?;
+        }
+        Ok(lists)
+    }
+
+    /// Every page of one list, following `nextCursor`; at most `max_tools` items.
+    async fn list<T>(&mut self, list: &List<T>, version: &str, session: Option<&str>) -> Result<Vec<T>, AskFailed> {
+        let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
             let mut params = json!({});
@@ -177,21 +276,21 @@ impl Asking<'_> {
             }
             let headers = Headers {
                 version,
-                method: "tools/list",
+                method: list.method,
                 session,
             };
-            let (result, _) = self.call("tools/list", params, headers).await?;
+            let (result, _) = self.call(list.method, params, headers).await?;
             let page = result
-                .get("tools")
+                .get(list.items)
                 .and_then(Value::as_array)
-                .ok_or_else(|| AskFailed::Refused("a tools/list result without tools".into()))?;
-            tools.extend(page.iter().filter_map(Definition::read));
-            if tools.len() > self.limits.max_tools {
+                .ok_or_else(|| AskFailed::Refused(format!("a {} result without {}", list.method, list.items)))?;
+            items.extend(page.iter().filter_map(list.read));
+            if items.len() > self.limits.max_tools {
                 return Err(AskFailed::TooLarge);
             }
             match result.get("nextCursor").and_then(Value::as_str) {
                 Some(next) if cursor.as_deref() != Some(next) => cursor = Some(next.to_string()),
-                _ => return Ok(tools),
+                _ => return Ok(items),
             }
         }
     }
@@ -309,6 +408,28 @@ fn answer_to(body: &[u8], id: u64) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompts_and_resources_are_asked_for_when_declared() {
+        let declared = Declared::of(&json!({"capabilities": {"tools": {}, "prompts": {"listChanged": true}}}));
+        assert!(declared.prompts && !declared.resources);
+        let declared = Declared::of(&json!({"capabilities": {"resources": {}, "prompts": null}}));
+        assert!(!declared.prompts && declared.resources);
+        let declared = Declared::of(&json!({"supportedVersions": ["2026-07-28"]}));
+        assert!(!declared.prompts && !declared.resources);
+        assert_eq!(
+            (PROMPTS.read)(&json!({"name": "greet", "arguments": []})),
+            Some("greet".into())
+        );
+        assert_eq!((PROMPTS.read)(&json!({"title": "no name"})), None);
+        assert_eq!(
+            (RESOURCES.read)(&json!({"uri": "file:///a", "name": "a"})),
+            Some("file:///a".into())
+        );
+        // A list refused is none; a list too large still fails the ask.
+        assert_eq!(none_when_refused(Err(AskFailed::Refused("x".into()))), Ok(Vec::new()));
+        assert_eq!(none_when_refused(Err(AskFailed::TooLarge)), Err(AskFailed::TooLarge));
+    }
 
     #[test]
     fn the_answer_is_found_in_json_or_in_an_event() {

@@ -1,12 +1,14 @@
 //! The fleet's tools: each backend's catalog as last learned, and what they say together —
 //! which backends expose a tool, how many definitions of it the fleet serves, which changed.
+//! With them, the prompts and resources each backend lists (routed by, never fingerprinted).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::ask::Lists;
 use super::definition::{Definition, Fingerprint};
 
 /// One backend's tools, as its last successful ask (or a `tools/list` answer passing through)
-/// gave them.
+/// gave them, and the prompts and resources its last ask listed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackendTools {
     pub tools: BTreeMap<String, Definition>,
@@ -20,6 +22,11 @@ pub struct BackendTools {
     /// routes new calls of those tools to it until its first ask answers (a new instance of a
     /// rollout is listed to clients before the catalog has asked it).
     pub unasked: bool,
+    /// The names of the prompts it lists (none when it declares no prompts, its list failed,
+    /// or it is unasked).
+    pub prompts: BTreeSet<String>,
+    /// The URIs of the resources it lists (resource templates are not learned).
+    pub resources: BTreeSet<String>,
 }
 
 impl BackendTools {
@@ -45,12 +52,28 @@ impl BackendTools {
             twice,
             seen_otherwise: BTreeMap::new(),
             unasked: false,
+            prompts: BTreeSet::new(),
+            resources: BTreeSet::new(),
         }
     }
 
-    /// Whether `other` lists the same tools in the same definitions.
+    /// What an ask learned: its tools as [`BackendTools::new`] reads them, with its prompts
+    /// and resources (a name or URI listed twice is served once).
+    pub fn of(lists: Lists) -> BackendTools {
+        BackendTools {
+            prompts: lists.prompts.into_iter().collect(),
+            resources: lists.resources.into_iter().collect(),
+            ..BackendTools::new(lists.tools)
+        }
+    }
+
+    /// Whether `other` lists the same tools in the same definitions, and the same prompts and
+    /// resources (what routing reads of it is the same).
     pub fn lists_as(&self, other: &BackendTools) -> bool {
-        self.tools == other.tools && self.twice == other.twice
+        self.tools == other.tools
+            && self.twice == other.twice
+            && self.prompts == other.prompts
+            && self.resources == other.resources
     }
 
     /// The catalog's own fingerprint: over its tools' names and fingerprints, in name order.
@@ -80,7 +103,8 @@ pub struct FleetTools {
 
 impl FleetTools {
     /// Puts `tools` as `backend`'s, and says what changed on it (a tool added, removed or
-    /// defined otherwise). The first catalog learned of a backend is no change.
+    /// defined otherwise). The first catalog learned of a backend is no change, and neither is
+    /// a prompt or resource it lists or no longer lists: those have no definition to change.
     pub fn learn(&mut self, backend: &str, tools: BackendTools) -> Vec<Change> {
         let changes = match self.backends.get(backend).filter(|b| !b.unasked) {
             None => Vec::new(),
@@ -240,6 +264,42 @@ mod tests {
         );
         fleet.forget("w2");
         assert_eq!(exposing(&fleet, "b"), ["w1"]);
+    }
+
+    fn with_lists(tools_listed: serde_json::Value, prompts: &[&str], resources: &[&str]) -> BackendTools {
+        BackendTools::of(Lists {
+            tools: tools_listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Definition::read)
+                .collect(),
+            prompts: prompts.iter().map(|p| p.to_string()).collect(),
+            resources: resources.iter().map(|r| r.to_string()).collect(),
+        })
+    }
+
+    #[test]
+    fn prompts_and_resources_are_kept_and_change_no_tool_definition() {
+        let one = json!([{"name": "a"}]);
+        let listed = with_lists(one.clone(), &["greet", "greet", "bye"], &["file:///a"]);
+        assert_eq!(listed.prompts, BTreeSet::from(["bye".into(), "greet".into()]));
+        assert_eq!(listed.resources, BTreeSet::from(["file:///a".into()]));
+        // The backend's fingerprint is its tools' alone.
+        assert_eq!(listed.fingerprint(), tools(one.clone()).fingerprint());
+        let mut fleet = FleetTools::default();
+        assert!(fleet.learn("w1", listed.clone()).is_empty());
+        // A prompt or resource more or less is no tool definition change, but lists otherwise
+        // (its routes change).
+        let other = with_lists(one.clone(), &["greet"], &["file:///a", "file:///b"]);
+        assert!(!listed.lists_as(&other));
+        assert!(listed.lists_as(&listed.clone()));
+        assert!(fleet.learn("w1", other.clone()).is_empty());
+        assert_eq!(fleet.backend("w1").unwrap().prompts.len(), 1);
+        // A backend a client's tools/list made known before its first ask lists neither.
+        assert!(fleet.seen_by_client("w2", &tools(one).tools.into_values().collect::<Vec<_>>()));
+        let unasked = fleet.backend("w2").unwrap();
+        assert!(unasked.unasked && unasked.prompts.is_empty() && unasked.resources.is_empty());
     }
 
     #[test]

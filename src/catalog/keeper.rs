@@ -250,18 +250,40 @@ impl Catalog {
         changed
     }
 
+    /// The backends a snapshot routes to: one the catalog did not know is asked at once (the
+    /// asking loop is woken), and what it tells clients before that ask answers counts
+    /// ([`Catalog::client_saw`]). Called when a snapshot is built: a reload or a discovery that
+    /// adds a backend.
+    pub fn know<'n>(&self, present: impl IntoIterator<Item = &'n str>) {
+        let mut asked = self.asked.lock();
+        let before = asked.len();
+        for name in present {
+            self.asked_of(&mut asked, name);
+        }
+        let added = asked.len() > before;
+        drop(asked);
+        if added {
+            self.wake.notify_one();
+        }
+    }
+
+    /// `name`'s entry, made (due at once) if it had none.
+    fn asked_of<'a>(&self, asked: &'a mut BTreeMap<String, Asked>, name: &str) -> &'a mut Asked {
+        asked.entry(name.to_string()).or_insert_with(|| {
+            // Every result's series from the first ask on, at 0 until counted.
+            for result in RESULTS {
+                self.metrics.refreshes.with_label_values(&[name, result]);
+            }
+            Asked::default()
+        })
+    }
+
     /// The backends of `present` due to be asked at `now`, marked as being asked.
     pub fn due(&self, present: &[&str], now: Instant) -> Vec<String> {
         let mut asked = self.asked.lock();
         let mut out = Vec::new();
         for &name in present {
-            let a = asked.entry(name.to_string()).or_insert_with(|| {
-                // Every result's series from the first ask on, at 0 until counted.
-                for result in RESULTS {
-                    self.metrics.refreshes.with_label_values(&[name, result]);
-                }
-                Asked::default()
-            });
+            let a = self.asked_of(&mut asked, name);
             if !a.asking && a.due.is_none_or(|d| d <= now) {
                 a.asking = true;
                 a.started = Some(now);
@@ -380,8 +402,9 @@ impl Catalog {
         *labelled = keep;
     }
 
-    /// `GET /catalog`: each backend's tools (name, fingerprint, hints, description) and how its
-    /// asks go, and each tool's definitions across the fleet with the backends serving each.
+    /// `GET /catalog`: each backend's tools (name, fingerprint, hints, description), prompts
+    /// (names) and resources (URIs), and how its asks go; and each tool's definitions across
+    /// the fleet with the backends serving each.
     pub fn document(&self, lock: Option<&Lock>) -> Value {
         // `asked` before `fleet`, as everywhere both are held.
         let asked = self.asked.lock();
@@ -411,6 +434,8 @@ impl Catalog {
                         "idempotent": d.hints.idempotent,
                         "destructive": d.hints.destructive,
                     })).collect::<Vec<_>>()).unwrap_or_default(),
+                    "prompts": tools.map(|t| t.prompts.iter().collect::<Vec<_>>()).unwrap_or_default(),
+                    "resources": tools.map(|t| t.resources.iter().collect::<Vec<_>>()).unwrap_or_default(),
                 })
             })
             .collect();

@@ -1,6 +1,7 @@
 //! What routing reads of the catalog (one part of the snapshot): for each tool, the backends
-//! that serve it in the definition the lock approves. Built when the catalog or the
-//! fleet changes, never on the request path.
+//! that serve it in the definition the lock approves; for each prompt and resource, the
+//! backends listing it ([`ServedRoutes`]). Built when the catalog or the fleet changes, never
+//! on the request path.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use serde_json::Value;
 
 use super::arguments::{arguments, ArgumentChecks, Counted, Schema};
 use super::fleet::FleetTools;
+use super::served::ServedRoutes;
 use crate::config::Lock;
 use crate::dialect::RequestHandles;
 use crate::error::RouterError;
@@ -43,14 +45,29 @@ pub struct ToolRoutes {
     locked: bool,
     /// `mrtr_tool_argument_checks_total{result}`.
     counted: Option<Counted>,
+    /// The backends listing each prompt and resource (`route_by_tool` routes those too).
+    served: ServedRoutes,
 }
 
-/// Where a new call of a tool the catalog knows may go.
+/// Where a new call of a tool the catalog knows may go (or a new `prompts/get` or
+/// `resources/read` of a prompt or resource it knows).
 #[derive(Debug)]
 pub struct Candidates<'r> {
     pub backends: Cow<'r, [BackendKey]>,
     /// What checking its arguments against the tool's schemas found.
     pub arguments: ArgumentCheck,
+    /// What to do when none of `backends` can take it (down, draining, out of the ring).
+    pub when_all_out: WhenAllOut,
+}
+
+/// What a request routed among candidates does when every one of them is out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenAllOut {
+    /// A tool call is refused before any backend sees it (503 `tool_unavailable`).
+    Refuse,
+    /// A `prompts/get` or `resources/read` goes as any request: the ring decides, and the
+    /// backend's own error is the answer.
+    AnyBackend,
 }
 
 /// The outcome of checking a call's arguments against a drifted tool's schemas.
@@ -98,6 +115,7 @@ fn accepting<'r>(schemas: &[BySchema], handles: &RequestHandles) -> Option<Candi
     (!backends.is_empty()).then_some(Candidates {
         backends: Cow::Owned(backends),
         arguments: ArgumentCheck::Matched,
+        when_all_out: WhenAllOut::Refuse,
     })
 }
 
@@ -163,6 +181,7 @@ impl ToolRoutes {
         for name in lock.iter().flat_map(|l| l.tools.keys()) {
             tools.entry(name.as_str().into()).or_default();
         }
+        let served = ServedRoutes::build(fleet, &key_of);
         let mut schemas = checks.build();
         let tools = tools
             .into_iter()
@@ -186,28 +205,33 @@ impl ToolRoutes {
             by_tool,
             locked: lock.is_some(),
             counted: schemas.counted(),
+            served,
         }
-    }
-
-    /// The tool a request calls, if it calls one the catalog knows (a batch: its first message).
-    fn called<'r>(&self, handles: &'r RequestHandles) -> Option<(&'r str, &Serving)> {
-        if handles.method.as_deref() != Some("tools/call") {
-            return None;
-        }
-        let tool = handles.name.as_deref()?;
-        self.tools.get(tool).map(|s| (tool, s))
     }
 
     /// Where a new call of the request's tool may go: the backends serving its approved
     /// definition; when they disagree on its `inputSchema`, those whose schema accepts the
-    /// call's arguments (all of them when none does). `None`: the request calls no tool the
-    /// catalog knows (routed as any request). Refused when every backend that serves the tool
-    /// serves a definition the lock does not approve.
+    /// call's arguments (all of them when none does). A `prompts/get` or `resources/read`
+    /// goes among the backends listing its prompt or URI. `None`: the request calls no tool,
+    /// prompt or resource the catalog knows (routed as any request). Refused when every
+    /// backend that serves the tool serves a definition the lock does not approve. A batch
+    /// goes by its first message.
     pub fn for_new_call(&self, handles: &RequestHandles) -> Option<Result<Candidates<'_>, RouterError>> {
         if !self.by_tool {
             return None;
         }
-        let (tool, serving) = self.called(handles)?;
+        let method = handles.method.as_deref()?;
+        if method != "tools/call" {
+            // Most requests name nothing: one branch more for them.
+            let backends = self.served.serving(method, handles.name.as_deref()?)?;
+            return Some(Ok(Candidates {
+                backends: Cow::Borrowed(backends),
+                arguments: ArgumentCheck::NotNeeded,
+                when_all_out: WhenAllOut::AnyBackend,
+            }));
+        }
+        let tool = handles.name.as_deref()?;
+        let serving = self.tools.get(tool)?;
         if serving.approved.is_empty() {
             return Some(Err(RouterError::ToolDefinitionChanged { tool: shown(tool) }));
         }
@@ -216,11 +240,13 @@ impl ToolRoutes {
             return Some(Ok(Candidates {
                 backends,
                 arguments: ArgumentCheck::NotNeeded,
+                when_all_out: WhenAllOut::Refuse,
             }));
         };
         Some(Ok(accepting(schemas, handles).unwrap_or(Candidates {
             backends: Cow::Borrowed(&serving.approved[..]),
             arguments: ArgumentCheck::Unmatched,
+            when_all_out: WhenAllOut::Refuse,
         })))
     }
 
@@ -264,11 +290,67 @@ impl ToolRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{BackendTools, Definition};
+    use crate::catalog::definition::Definition;
+    use crate::catalog::BackendTools;
     use serde_json::json;
 
     fn key(name: &str) -> Option<BackendKey> {
         Some(BackendKey::of(name))
+    }
+
+    fn handles_of<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> RequestHandles<'a> {
+        let routing = http::HeaderName::from_static("mcp-routing-id");
+        RequestHandles::read(headers, &routing, "messageId", Some(body)).unwrap()
+    }
+
+    #[test]
+    fn a_prompt_or_resource_goes_among_the_backends_listing_it() {
+        let mut fleet = FleetTools::default();
+        let greet = |prompts: &[&str], resources: &[&str]| {
+            BackendTools::of(crate::catalog::Lists {
+                tools: vec![Definition::read(&json!({"name": "greet"})).unwrap()],
+                prompts: prompts.iter().map(|p| p.to_string()).collect(),
+                resources: resources.iter().map(|r| r.to_string()).collect(),
+            })
+        };
+        fleet.learn("w1", greet(&["greet"], &["file:///a"]));
+        fleet.learn("w2", greet(&[], &[]));
+        let mut lock = Lock::default();
+        lock.tools.insert("other".into(), [0; 32]);
+        let build = |by_tool: bool, lock: Option<&Lock>| {
+            ToolRoutes::build(&fleet, key, lock, by_tool, |_| false, &mut ArgumentChecks::default())
+        };
+        let get = br#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"greet"}}"#;
+        let read = br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a"}}"#;
+        let unknown = br#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"nobody"}}"#;
+        let list = br#"{"jsonrpc":"2.0","id":1,"method":"prompts/list"}"#;
+        let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"greet"}},
+                        {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"greet"}}]"#;
+        let headers = http::HeaderMap::new();
+        let handles = |body: &'static [u8]| handles_of(&headers, body);
+        // A lock is about tools: it neither narrows nor refuses a prompt or a resource.
+        for lock in [None, Some(&lock)] {
+            let routes = build(true, lock);
+            // A batch goes by its first message.
+            for body in [&get[..], &read[..], &batch[..]] {
+                let c = routes.for_new_call(&handles(body)).unwrap().unwrap();
+                assert_eq!(c.backends[..], [BackendKey::of("w1")]);
+                assert_eq!(c.arguments, ArgumentCheck::NotNeeded);
+                assert_eq!(c.when_all_out, WhenAllOut::AnyBackend);
+            }
+            assert!(routes.approve(&handles(get), BackendKey::of("w2")).is_ok());
+            assert!(routes.approve(&handles(read), BackendKey::of("w2")).is_ok());
+            assert!(routes.for_new_call(&handles(unknown)).is_none());
+            assert!(routes.for_new_call(&handles(list)).is_none());
+        }
+        // The tool of the same name is served by both, and refused when both are out.
+        let call = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"greet"}}"#;
+        let routes = build(true, None);
+        let c = routes.for_new_call(&handles(call)).unwrap().unwrap();
+        assert_eq!((c.backends.len(), c.when_all_out), (2, WhenAllOut::Refuse));
+        // `route_by_tool = false`: the ring decides alone.
+        assert!(build(false, None).for_new_call(&handles(get)).is_none());
+        assert!(build(false, None).for_new_call(&handles(read)).is_none());
     }
 
     #[test]

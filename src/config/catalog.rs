@@ -20,7 +20,7 @@ pub struct CatalogConfig {
     pub max_bytes: usize,
     /// The MCP endpoint's path on the backends (asked with `tools/list`).
     pub path: String,
-    /// New calls go only to the backends that expose their tool.
+    /// New calls go only to the backends that expose their tool, prompt or resource.
     pub route_by_tool: bool,
     /// A `tools/list` answer is cut to the tools the caller's scopes reach (`[auth]` with
     /// `[[auth.tool]]` scopes).
@@ -62,8 +62,10 @@ pub(super) fn catalog(mut s: Section, auth_scopes_tools: bool) -> Result<Option<
     let path = key("path", "The MCP endpoint's path on the backends.");
     let route_by_tool = key(
         "route_by_tool",
-        "A new `tools/call` goes by consistent hash over the backends that expose its tool (a tool no \
-         backend is known to expose is routed as any call).",
+        "A new `tools/call` goes by consistent hash over the backends that expose its tool (among \
+         those whose `inputSchema` accepts its arguments, when they differ), a `prompts/get` or \
+         `resources/read` over those that list its prompt or resource; one no backend is known to \
+         expose is routed as any call.",
     );
     let filter = key(
         "filter_list_by_scope",

@@ -17,9 +17,14 @@ use serde_json::{json, Value};
 use crate::support::*;
 
 /// A tool server: lists `tools` (pages of `page` when set), answers `tools/call` with its name
-/// in `x-worker`, and speaks the modern protocol (`server/discover`) or 2025 sessions.
+/// in `x-worker`, and speaks the modern protocol (`server/discover`) or 2025 sessions. With
+/// `prompts` or `resources`, it declares them in its capabilities, lists them and serves them.
 pub(crate) struct ToolServer {
     tools: Mutex<Value>,
+    /// The prompt names it lists and serves (`prompts/get`; another name is an error).
+    pub(crate) prompts: Mutex<Vec<String>>,
+    /// The resource URIs it lists and serves (`resources/read`; another URI is an error).
+    pub(crate) resources: Mutex<Vec<String>>,
     modern: bool,
     page: Option<usize>,
     /// `tools/list` answers 500 while set.
@@ -44,6 +49,8 @@ impl ToolServer {
     fn paged(tools: Value, modern: bool, page: Option<usize>) -> Arc<ToolServer> {
         Arc::new(ToolServer {
             tools: Mutex::new(tools),
+            prompts: Mutex::default(),
+            resources: Mutex::default(),
             modern,
             page,
             broken: Default::default(),
@@ -60,7 +67,19 @@ impl ToolServer {
         *self.tools.lock() = tools;
     }
 
-    fn answer(&self, name: &str, method: Method, body: Bytes) -> Response<Full<Bytes>> {
+    /// Its `capabilities`: tools, and prompts and resources when it has any.
+    fn capabilities(&self) -> Value {
+        let mut capabilities = json!({"tools": {}});
+        if !self.prompts.lock().is_empty() {
+            capabilities["prompts"] = json!({});
+        }
+        if !self.resources.lock().is_empty() {
+            capabilities["resources"] = json!({});
+        }
+        capabilities
+    }
+
+    pub(crate) fn answer(&self, name: &str, method: Method, body: Bytes) -> Response<Full<Bytes>> {
         let reply = |status: StatusCode, v: Value| {
             let mut r = Response::builder()
                 .status(status)
@@ -93,16 +112,20 @@ impl ToolServer {
         };
         let id = msg["id"].clone();
         let ok = |result: Value| reply(StatusCode::OK, json!({"jsonrpc": "2.0", "id": id, "result": result}));
+        let unknown = || {
+            let error = json!({"code": -32602, "message": "unknown prompt or resource"});
+            reply(StatusCode::OK, json!({"jsonrpc": "2.0", "id": id, "error": error}))
+        };
         match msg["method"].as_str().unwrap_or("") {
             "server/discover" if self.modern => {
-                ok(json!({"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}))
+                ok(json!({"supportedVersions": ["2026-07-28"], "capabilities": self.capabilities()}))
             }
             "server/discover" => reply(
                 StatusCode::OK,
                 json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "method not found"}}),
             ),
             "initialize" => ok(
-                json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": name, "version": "1"}}),
+                json!({"protocolVersion": "2025-06-18", "capabilities": self.capabilities(), "serverInfo": {"name": name, "version": "1"}}),
             ),
             "notifications/initialized" => {
                 self.initialized.fetch_add(1, Ordering::Relaxed);
@@ -138,6 +161,27 @@ impl ToolServer {
                 self.calls.fetch_add(1, Ordering::Relaxed);
                 ok(json!({"content": [{"type": "text", "text": name}]}))
             }
+            "prompts/list" => {
+                let prompts: Vec<Value> = self.prompts.lock().iter().map(|p| json!({"name": p})).collect();
+                ok(json!({"prompts": prompts}))
+            }
+            "resources/list" => {
+                let resources: Vec<Value> = self
+                    .resources
+                    .lock()
+                    .iter()
+                    .map(|uri| json!({"uri": uri, "name": uri}))
+                    .collect();
+                ok(json!({"resources": resources}))
+            }
+            "prompts/get" if self.prompts.lock().iter().any(|p| msg["params"]["name"] == **p) => {
+                let text = json!({"type": "text", "text": name});
+                ok(json!({"messages": [{"role": "user", "content": text}]}))
+            }
+            "resources/read" if self.resources.lock().iter().any(|u| msg["params"]["uri"] == **u) => {
+                ok(json!({"contents": [{"uri": msg["params"]["uri"], "text": name}]}))
+            }
+            "prompts/get" | "resources/read" => unknown(),
             _ => ok(json!({})),
         }
     }

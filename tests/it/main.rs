@@ -16,6 +16,7 @@ mod auth_handles;
 mod backend_tls;
 mod bounded_load;
 mod catalog;
+mod catalog_prompts;
 mod catalog_rollout;
 mod chaos;
 mod cli;
