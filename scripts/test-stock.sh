@@ -19,8 +19,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 STOCK="$ROOT/target/stock-src"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
-# Built once per run (CI's fresh clone): an incremental cache would cost more than it saves.
-export CARGO_INCREMENTAL=0
+# rustc's incremental cache stays on, as in scripts/test.sh: a run after a one-line change in
+# src/ recompiles the router's crates incrementally.
 
 die() {
   echo >&2 "==> FAILED: $*"

@@ -9,9 +9,9 @@
 # Fails loudly on anything missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# A fresh clone builds everything once: rustc's incremental cache would only cost disk (gigabytes
-# over the test binaries) and time. Set CARGO_INCREMENTAL=1 to keep it for repeated local runs.
-export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# rustc's incremental cache stays on (cargo's default for this profile): it costs a fresh clone
+# about a gigabyte under target/ and little time, and makes the run after a one-line change in
+# src/ compile in a third of the time (docs/src/design/testing.md, "What the test build costs").
 
 # Each step says how long the run has taken so far: where the time goes, run after run.
 step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*"; }
@@ -111,32 +111,66 @@ fi
 redis-server --version
 # ---- end of the Redis block ---------------------------------------------------------------------
 
-step "cargo test --all-targets ${FEATURES[*]} (unit tests, tests/it/, tests/external/)"
-cargo test --all-targets "${FEATURES[@]}"
+step "cargo test --all-targets ${FEATURES[*]} --no-run (the unit tests, tests/it/, tests/external/, the benches and examples as tests)"
+cargo test --all-targets "${FEATURES[@]}" --no-run
+# The two integration binaries mostly wait (on sockets, timers, child processes): they run side
+# by side, tests/external/ into a log printed when it ends, the rest on the terminal.
+LOGS="$(mktemp -d)"
+step "tests: tests/external/ (its output in $LOGS/external.log, printed below when done) beside the unit tests, tests/it/, the benches and examples"
+cargo test "${FEATURES[@]}" --test external >"$LOGS/external.log" 2>&1 &
+EXTERNAL=$!
+status=0
+cargo test "${FEATURES[@]}" --lib --bins --test it --benches --examples || status=$?
+external_status=0
+wait "$EXTERNAL" || external_status=$?
+echo "==> [${SECONDS}s] tests/external/ ended; its output:"
+cat "$LOGS/external.log"
+rm -rf "$LOGS"
+if [ "$status" -ne 0 ] || [ "$external_status" -ne 0 ]; then
+  echo >&2 "==> FAILED: cargo test (the unit tests, tests/it/, benches, examples: exit $status; tests/external/: exit $external_status; output above)"
+  exit 1
+fi
 
-# ---- vendor/ (see vendor/README.md) ----------------------------------------------------------
+# ---- vendor/ (see vendor/README.md) and the bench (bench/README.md) ---------------------------
 step "vendor/: hyper and h2 are exactly their crates.io releases plus vendor/patches/ (vendor/update.sh --check)"
 # GNU patch applies the series (Debian's package, if the machine lacks it).
 command -v patch >/dev/null 2>&1 ||
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patch >/dev/null; } ||
   { echo >&2 "==> FAILED: apt-get install patch (vendor/update.sh applies the series with it)"; exit 1; }
 vendor/update.sh --check
-step "the router against stock hyper and h2, without vendor/'s patches (scripts/test-stock.sh: builds into target/, shares what does not depend on hyper)"
-scripts/test-stock.sh
-# ---- end of the vendor/ block ----------------------------------------------------------------
 
-# --- bench (owned by bench/, see bench/README.md) ---------------------------------------------
-step "bench harness: its unit tests, then a smoke run of every row with the debug router (bench/run.py --smoke): proves each row starts, routes and has no errors; not a performance check"
+step "bench harness: its unit tests, and the binaries of its smoke run"
 python3 -m unittest discover -s bench/tests
 # cargo test built the router already; the hyper-floor rows need examples/hyper_floor*.rs as plain
 # binaries (cargo test builds examples as test harnesses under another name), the [auth] rows
 # examples/bench_token.rs.
 cargo build "${FEATURES[@]}" --bins --example hyper_floor --example hyper_floor_h2c --example hyper_floor_scan --example bench_token
-echo "bench/run.py --smoke --router-bin target/debug/mrtr-router"
-echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start)"
-if ! python3 bench/run.py --smoke --router-bin target/debug/mrtr-router; then
-  echo >&2
-  echo "==> FAILED: bench smoke run (bench/run.py exited non-zero; see the status column and the bench: lines above)" >&2
+# The smoke run gets a copy of the router: the stock build beside it puts its own binary at
+# target/debug/mrtr-router. The harness finds the floors and bench_token in examples/ beside it.
+SMOKE_DIR=target/smoke
+rm -rf "$SMOKE_DIR" && mkdir -p "$SMOKE_DIR"
+cp target/debug/mrtr-router "$SMOKE_DIR/mrtr-router"
+ln -s ../debug/examples "$SMOKE_DIR/examples"
+
+step "side by side: a smoke run of every bench row with the debug router (bench/run.py --smoke, output in $SMOKE_DIR/smoke.log, printed below when done), and the router against stock hyper and h2 (scripts/test-stock.sh)"
+echo "bench/run.py --smoke --router-bin $SMOKE_DIR/mrtr-router"
+echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start; not a performance check)"
+python3 bench/run.py --smoke --router-bin "$SMOKE_DIR/mrtr-router" >"$SMOKE_DIR/smoke.log" 2>&1 &
+SMOKE=$!
+# The stock build compiles into target/ (sharing what does not depend on hyper) and runs the
+# tests that exercise what vendor/'s patches touch, without them.
+stock_status=0
+scripts/test-stock.sh || stock_status=$?
+smoke_status=0
+wait "$SMOKE" || smoke_status=$?
+echo "==> [${SECONDS}s] bench smoke run ended; its output:"
+cat "$SMOKE_DIR/smoke.log"
+if [ "$stock_status" -ne 0 ]; then
+  echo >&2 "==> FAILED: scripts/test-stock.sh (the router against stock hyper and h2; output above)"
   exit 1
 fi
-echo "==> [${SECONDS}s] bench smoke run passed (results in bench/results/smoke.json)"
+if [ "$smoke_status" -ne 0 ]; then
+  echo >&2 "==> FAILED: bench smoke run (bench/run.py exited $smoke_status; see the status column and the bench: lines above)"
+  exit 1
+fi
+echo "==> [${SECONDS}s] passed: the stock build's tests and the bench smoke run (results in bench/results/smoke.json)"
