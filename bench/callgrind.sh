@@ -22,6 +22,9 @@
 #     every claim checks out, so the signature is verified); the router answers both 401
 #   BENCH_CG_CACHE=1 bench/callgrind.sh   # also simulates the caches and branch predictor (slower):
 #     I1/D1 misses, mispredicts and hot code KiB per request (bench/cg_cache.py, docs/src/benchmarks.md)
+#   BENCH_CG_TOOLS=same BENCH_CG_ROUTER_EXTRA=$'[catalog]\nenabled = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh
+#     # the backends list the called tool to the catalog's asks (`drift`: the first one with another
+#     # inputSchema, so each call's arguments are checked): a call of a known tool, routed by it
 #   BENCH_CG_ROUTER_EXTRA=$'[log]\naccess = true' BENCH_CG_PEERS=mrtr bench/callgrind.sh   # config appended
 #     to the router's (the backends' nginx also takes OTLP exports at /v1/traces, so
 #     BENCH_CG_ROUTER_EXTRA=$'[tracing]\notlp_endpoint = "http://127.0.0.1:<BASE+1>"' measures tracing on)
@@ -119,6 +122,22 @@ http {
   keepalive_requests 100000000;
   keepalive_timeout 600s;"
 
+# The backends' answer: the same to every request, unless BENCH_CG_TOOLS says they list tools.
+# With it, the catalog's asks (the 2026-07-28 way: `server/discover`, then `tools/list`, ids 1
+# and 2) get a list of the tool bench/mcp.lua calls (`search-documents`);
+# `drift`: the first backend defines it with another inputSchema, so every call of it is checked.
+ANSWER='{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}'
+SCHEMA='{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer"}},"required":["query"]}'
+OTHER='{"type":"object","properties":{"query":{"type":"integer"}},"required":["query"]}'
+DISCOVER='{"jsonrpc":"2.0","id":1,"result":{"supportedVersions":["2026-07-28"],"capabilities":{"tools":{}}}}'
+tools_answer() { printf '{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"search-documents","description":"bench","inputSchema":%s}]}}' "$1"; }
+case ${BENCH_CG_TOOLS:-} in
+  "") ANSWER_MAP="default '$ANSWER';" ;;
+  same) ANSWER_MAP="default '$ANSWER'; ~^server/discover: '$DISCOVER'; ~^tools/list: '$(tools_answer "$SCHEMA")';" ;;
+  drift) ANSWER_MAP="default '$ANSWER'; ~^server/discover: '$DISCOVER'; ~^tools/list:${PORTS[0]}\$ '$(tools_answer "$OTHER")'; ~^tools/list: '$(tools_answer "$SCHEMA")';" ;;
+  *) die "BENCH_CG_TOOLS: same or drift (not '$BENCH_CG_TOOLS')" ;;
+esac
+
 cat >"$OUT/nginx.conf" <<EOF
 worker_processes 1;
 daemon off;
@@ -126,11 +145,12 @@ pid $OUT/nginx.pid;
 error_log $OUT/nginx-error.log warn;
 ${NGINX_HTTP_START}
   default_type application/json;
+  map "\$http_mcp_method:\$server_port" \$answer { $ANSWER_MAP }
   server {
     listen 127.0.0.1:${PORTS[0]}$BACKEND_LISTEN; listen 127.0.0.1:${PORTS[1]}$BACKEND_LISTEN;
     listen 127.0.0.1:${PORTS[2]}$BACKEND_LISTEN;
     $BACKEND_TLS
-    location = /mcp { return 200 '{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}'; }
+    location = /mcp { return 200 \$answer; }
     location = /v1/traces { client_max_body_size 64m; return 200 ''; }
   }
 }
