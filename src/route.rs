@@ -332,7 +332,7 @@ fn pick_new(snap: &Snapshot, handles: &RequestHandles, refresh: bool) -> Result<
         Some(k) => (snap.ring.pick_among(k, among), Source::Ring),
         None => (snap.ring.pick_keyless_among(among), Source::Keyless),
     };
-    let (mut backend, mut source) = pick(candidates.as_ref().map(|c| &c.backends[..]));
+    let (mut backend, mut source) = pick(candidates.as_ref().and_then(|c| c.backends.as_deref()));
     let when_all_out = candidates.as_ref().map(|c| c.when_all_out);
     if backend.is_none() && when_all_out == Some(WhenAllOut::AnyBackend) {
         // Every backend listing the prompt or resource is out: the ring decides, and the

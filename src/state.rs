@@ -269,7 +269,7 @@ fn build_snapshot(
         catalog.know(backends.values().map(|b| &*b.name));
         let key_of = |name: &str| Some(BackendKey::of(name)).filter(|k| backends.contains_key(k));
         let lock = c.lock.as_ref().map(|l| &l.lock);
-        Arc::new(catalog.routes(key_of, lock, c.route_by_tool))
+        Arc::new(catalog.routes(key_of, lock, c.route_by_tool, backends.len()))
     });
     Snapshot {
         quotas,

@@ -163,6 +163,7 @@ impl Catalog {
         key_of: impl Fn(&str) -> Option<BackendKey>,
         lock: Option<&Lock>,
         by_tool: bool,
+        snapshot_backends: usize,
     ) -> ToolRoutes {
         let failing: BTreeSet<String> = {
             let asked = self.asked.lock();
@@ -174,7 +175,15 @@ impl Catalog {
         };
         let failing = |backend: &str| failing.contains(backend);
         let mut checks = self.argument_checks.lock();
-        ToolRoutes::build(&self.fleet.lock(), key_of, lock, by_tool, failing, &mut checks)
+        ToolRoutes::build(
+            &self.fleet.lock(),
+            key_of,
+            lock,
+            by_tool,
+            failing,
+            &mut checks,
+            snapshot_backends,
+        )
     }
 
     /// Asks `backend` again at the next round (its tools may have changed: a

@@ -29,6 +29,9 @@ struct Serving {
     /// When the approved backends serve it with more than one `inputSchema`: each schema and
     /// the backends serving it. A new call goes to those whose schema accepts its arguments.
     schemas: Option<Box<[BySchema]>>,
+    /// Every backend of the snapshot is approved for it: the ring decides alone, as for any
+    /// request (the cheap path of the common case, a tool the whole fleet serves alike).
+    everywhere: bool,
 }
 
 /// One `inputSchema` of a drifted tool and the backends serving it.
@@ -37,7 +40,9 @@ type BySchema = (Arc<Schema>, Box<[BackendKey]>);
 /// Tool name → the backends serving it.
 #[derive(Debug, Default)]
 pub struct ToolRoutes {
-    tools: HashMap<Box<str>, Serving>,
+    /// Hashed with foldhash (seeded per process): one lookup per new call, of a name the client
+    /// chose, among names backends chose.
+    tools: HashMap<Box<str>, Serving, foldhash::fast::RandomState>,
     /// `route_by_tool`: a new call goes only to the backends serving its tool.
     by_tool: bool,
     /// A lock is read: a tool the catalog or the lock names is called only where the lock
@@ -53,7 +58,8 @@ pub struct ToolRoutes {
 /// `resources/read` of a prompt or resource it knows).
 #[derive(Debug)]
 pub struct Candidates<'r> {
-    pub backends: Cow<'r, [BackendKey]>,
+    /// `None`: every backend of the snapshot may take it (the ring decides alone).
+    pub backends: Option<Cow<'r, [BackendKey]>>,
     /// What checking its arguments against the tool's schemas found.
     pub arguments: ArgumentCheck,
     /// What to do when none of `backends` can take it (down, draining, out of the ring).
@@ -113,7 +119,7 @@ fn accepting<'r>(schemas: &[BySchema], handles: &RequestHandles) -> Option<Candi
         .flat_map(|(_, keys)| keys.iter().copied())
         .collect();
     (!backends.is_empty()).then_some(Candidates {
-        backends: Cow::Owned(backends),
+        backends: Some(Cow::Owned(backends)),
         arguments: ArgumentCheck::Matched,
         when_all_out: WhenAllOut::Refuse,
     })
@@ -144,6 +150,7 @@ impl ToolRoutes {
         by_tool: bool,
         failing: impl Fn(&str) -> bool,
         checks: &mut ArgumentChecks,
+        snapshot_backends: usize,
     ) -> ToolRoutes {
         // Tool → each backend serving it, whether in the approved definition, and its schema.
         let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool, &Value)>> = HashMap::new();
@@ -194,6 +201,8 @@ impl ToolRoutes {
                     .collect();
                 let serving = Serving {
                     schemas: by_schema(&approved, &mut |s| schemas.get(s)),
+                    // One entry per backend serving it: all of them, when as many.
+                    everywhere: approved.len() == snapshot_backends,
                     approved: approved.iter().map(|(k, _)| *k).collect(),
                     repeatable,
                 };
@@ -225,7 +234,7 @@ impl ToolRoutes {
             // Most requests name nothing: one branch more for them.
             let backends = self.served.serving(method, handles.name.as_deref()?)?;
             return Some(Ok(Candidates {
-                backends: Cow::Borrowed(backends),
+                backends: Some(Cow::Borrowed(backends)),
                 arguments: ArgumentCheck::NotNeeded,
                 when_all_out: WhenAllOut::AnyBackend,
             }));
@@ -236,7 +245,7 @@ impl ToolRoutes {
             return Some(Err(RouterError::ToolDefinitionChanged { tool: shown(tool) }));
         }
         let Some(schemas) = &serving.schemas else {
-            let backends = Cow::Borrowed(&serving.approved[..]);
+            let backends = (!serving.everywhere).then_some(Cow::Borrowed(&serving.approved[..]));
             return Some(Ok(Candidates {
                 backends,
                 arguments: ArgumentCheck::NotNeeded,
@@ -244,7 +253,7 @@ impl ToolRoutes {
             }));
         };
         Some(Ok(accepting(schemas, handles).unwrap_or(Candidates {
-            backends: Cow::Borrowed(&serving.approved[..]),
+            backends: Some(Cow::Borrowed(&serving.approved[..])),
             arguments: ArgumentCheck::Unmatched,
             when_all_out: WhenAllOut::Refuse,
         })))
@@ -318,7 +327,7 @@ mod tests {
         let mut lock = Lock::default();
         lock.tools.insert("other".into(), [0; 32]);
         let build = |by_tool: bool, lock: Option<&Lock>| {
-            ToolRoutes::build(&fleet, key, lock, by_tool, |_| false, &mut ArgumentChecks::default())
+            ToolRoutes::build(&fleet, key, lock, by_tool, |_| false, &mut ArgumentChecks::default(), 3)
         };
         let get = br#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"greet"}}"#;
         let read = br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a"}}"#;
@@ -334,7 +343,7 @@ mod tests {
             // A batch goes by its first message.
             for body in [&get[..], &read[..], &batch[..]] {
                 let c = routes.for_new_call(&handles(body)).unwrap().unwrap();
-                assert_eq!(c.backends[..], [BackendKey::of("w1")]);
+                assert_eq!(c.backends.as_deref().unwrap(), [BackendKey::of("w1")]);
                 assert_eq!(c.arguments, ArgumentCheck::NotNeeded);
                 assert_eq!(c.when_all_out, WhenAllOut::AnyBackend);
             }
@@ -347,7 +356,10 @@ mod tests {
         let call = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"greet"}}"#;
         let routes = build(true, None);
         let c = routes.for_new_call(&handles(call)).unwrap().unwrap();
-        assert_eq!((c.backends.len(), c.when_all_out), (2, WhenAllOut::Refuse));
+        assert_eq!(
+            (c.backends.as_ref().unwrap().len(), c.when_all_out),
+            (2, WhenAllOut::Refuse)
+        );
         // `route_by_tool = false`: the ring decides alone.
         assert!(build(false, None).for_new_call(&handles(get)).is_none());
         assert!(build(false, None).for_new_call(&handles(read)).is_none());
@@ -370,8 +382,19 @@ mod tests {
             let body = bodies[usize::from(tool == "b")].as_bytes();
             RequestHandles::read(&headers, &routing, "messageId", Some(body)).unwrap()
         };
-        let open = ToolRoutes::build(&fleet, key, None, true, |_| false, &mut ArgumentChecks::default());
-        assert_eq!(open.for_new_call(&handles("a")).unwrap().unwrap().backends.len(), 2);
+        let open = ToolRoutes::build(&fleet, key, None, true, |_| false, &mut ArgumentChecks::default(), 3);
+        assert_eq!(
+            open.for_new_call(&handles("a"))
+                .unwrap()
+                .unwrap()
+                .backends
+                .unwrap()
+                .len(),
+            2
+        );
+        // Served by every backend of the snapshot: the ring decides alone.
+        let whole = ToolRoutes::build(&fleet, key, None, true, |_| false, &mut ArgumentChecks::default(), 2);
+        assert!(whole.for_new_call(&handles("a")).unwrap().unwrap().backends.is_none());
         assert!(open.for_new_call(&handles("b")).is_none());
         let mut lock = Lock::default();
         lock.tools.insert("a".into(), v1.fingerprint.0);
@@ -382,9 +405,10 @@ mod tests {
             true,
             |_| false,
             &mut ArgumentChecks::default(),
+            3,
         );
         assert_eq!(
-            locked.for_new_call(&handles("a")).unwrap().unwrap().backends[..],
+            locked.for_new_call(&handles("a")).unwrap().unwrap().backends.unwrap()[..],
             [BackendKey::of("w1")]
         );
         assert!(locked.approve(&handles("a"), BackendKey::of("w1")).is_ok());
@@ -402,6 +426,7 @@ mod tests {
             true,
             |_| false,
             &mut ArgumentChecks::default(),
+            3,
         );
         assert!(named.for_new_call(&handles("b")).unwrap().is_err());
         assert!(named.approve(&handles("b"), BackendKey::of("w1")).is_err());
@@ -414,6 +439,7 @@ mod tests {
             true,
             |_| false,
             &mut ArgumentChecks::default(),
+            3,
         );
         assert!(none.for_new_call(&handles("a")).unwrap().is_err());
     }
