@@ -28,12 +28,17 @@ impl Schema {
         // Patterns on the `regex` crate: linear time, whatever a backend's schema or a
         // client's arguments hold (the default engine backtracks).
         let options = jsonschema::options().with_pattern_options(jsonschema::PatternOptions::regex());
-        Schema(options.build(schema).ok())
+        // What a backend wrote meets a library's code: a panic in it is a schema it cannot judge.
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| options.build(schema).ok()));
+        Schema(built.ok().flatten())
     }
 
-    /// Whether `arguments` are valid for this schema.
+    /// Whether `arguments` are valid for this schema (a validator that panics judges nothing:
+    /// the backend does).
     pub fn accepts(&self, arguments: &Value) -> bool {
-        self.0.as_ref().is_none_or(|v| v.is_valid(arguments))
+        let Some(validator) = &self.0 else { return true };
+        let valid = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| validator.is_valid(arguments)));
+        valid.unwrap_or(true)
     }
 }
 
