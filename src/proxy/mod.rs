@@ -38,8 +38,6 @@ use crate::error::RouterError;
 use crate::state::Shared;
 use crate::telemetry::Observation;
 use crate::upstream::Backend;
-use deadline::Deadline;
-use forward::Forward;
 use phases::Exchange;
 
 /// What a request's client connection lends it.
@@ -136,9 +134,8 @@ async fn run_phases(
     let mut cx = Exchange::new(shared, peer, tls, connection, started, record);
     let (parts, body) = req.into_parts();
     cx.observe(&parts);
-    // Every decision below that reads the path reads the one the backend will see.
-    path::check(parts.uri.path())?;
-    cx.judge_method(&parts.method, &body)?;
+    // The path the backend will see, and the method, judged before anything else.
+    cx.judge(&parts, &body)?;
     // Each async phase's future is made only when its feature is on: off, it costs a branch.
     if cx.snap.auth.is_some() {
         if let Some(metadata) = cx.authenticate(&parts).await? {
@@ -154,38 +151,34 @@ async fn run_phases(
         true => cx.admit(&handles, &routed, &parts.method).await?,
         false => None,
     };
-    // One deadline bounds the whole exchange with the backend, up to a JSON answer's last byte.
-    let at = tokio::time::Instant::now() + cx.snap.config.server.upstream_timeout;
+    // One deadline bounds the exchange with the backend, up to a JSON answer's last byte. The
+    // driver awaits the exchange's I/O itself, between the phases: a phase that awaited it would
+    // be a future holding the I/O's, moved whole at each call (Pingora's split too).
     let mut own_timer = std::pin::pin!(None);
-    let mut deadline = Deadline::new(at, connection.timer, own_timer.as_mut());
-    // The driver awaits the exchange's I/O itself, between the phases: a phase that awaited it
-    // would be a future holding the I/O's, moved whole at each call (Pingora's split too).
+    let mut deadline = cx.deadline(own_timer.as_mut());
     cx.route_taken(&routed);
-    let trace = cx.record.obs.as_mut().and_then(|o| o.trace.as_mut());
-    let forward = Forward {
-        shared: cx.shared,
-        snap: &cx.snap,
-    };
-    let reached = forward.connect(&routed.decision, handles.client_key(), deadline.reborrow(), trace);
-    let reached = reached.await?;
+    let (forward, trace) = cx.connecting();
+    let reached = forward
+        .connect(&routed.decision, handles.client_key(), deadline.reborrow(), trace)
+        .await?;
     let conn = cx.connected(&handles, &routed, &parts.method, open_call, reached);
     drop(handles);
     let (sending, request) = cx.upstream_request(parts, read, &routed, &conn)?;
     let sent = std::pin::pin!(conn.send(request));
     join_the_write_burst().await;
     let first = deadline::within(deadline.reborrow(), sent).await;
-    let client_fault = sending.client_fault.as_ref();
     let (forward, backend) = cx.forwarding();
-    let response = forward.answer(first, sending.reused, backend, client_fault, deadline.reborrow());
-    let mut response = response.await;
+    let client_fault = sending.client_fault.as_ref();
+    let mut response = forward
+        .answer(first, sending.reused, backend, client_fault, deadline.reborrow())
+        .await;
     // A first round that may run twice goes once to the next backend (`resend`).
     if response.as_ref().is_err_and(|failed| cx.may_resend(failed)) {
         if let Some(again) = cx.resend(deadline.reborrow()).await {
             response = again;
         }
     }
-    let response = response?;
-    let mut answered = cx.answered(response);
+    let mut answered = cx.answered(response?);
     let collected = match answered.whole_body() {
         Some(body) => Some(read::collect_json(body, deadline).await),
         None => None,

@@ -2,7 +2,7 @@
 //! request context ([`Exchange`], Pingora's CTX), the fallible ones returning
 //! `Result<_, RouterError>`:
 //!
-//! judge_method → authenticate → caller → read → handles → authorize → decide → admit →
+//! judge → authenticate → caller → read → handles → authorize → decide → admit →
 //! route_taken → (connect) → connected → upstream_request → (send) → answered →
 //! (collect_json) → answer
 //!
@@ -26,6 +26,7 @@ use http_body::Body;
 use http_body_util::Either;
 use hyper::body::Incoming;
 
+use super::deadline::Deadline;
 use super::forward::Forward;
 use super::read::{self, Held};
 use super::{admit, answer, gate, headers, method_label, Connection, Record, RpcId};
@@ -38,7 +39,7 @@ use crate::quotas::{CallerKey, OpenCall};
 use crate::route::{self, Decision};
 use crate::sealing::{self, Unsealed};
 use crate::state::{Shared, Snapshot};
-use crate::telemetry::Observation;
+use crate::telemetry::{Observation, RequestTrace};
 use crate::upstream::{Backend, ClientBody, DrivenBody, FaultCell, InflightGuard, PooledConn, UpstreamBody};
 
 /// One request on its way through the phases: what the connection lends it, and what each
@@ -190,13 +191,35 @@ impl<'c> Exchange<'c> {
         self.record.quota_caller = Some(key);
     }
 
-    /// Whether the request's method (and a body on a method that takes none) is forwarded at
-    /// all: judged first, so a method never forwarded is 405 whoever asks.
-    pub fn judge_method(&self, method: &Method, body: &Incoming) -> Result<(), RouterError> {
-        match *method == Method::POST {
+    /// The path every later decision reads (the one the backend will see: no dot segments, no
+    /// encoded slashes), and whether the request's method (and a body on a method that takes
+    /// none) is forwarded at all: judged first, so a method never forwarded is 405 whoever asks.
+    pub fn judge(&self, parts: &Parts, body: &Incoming) -> Result<(), RouterError> {
+        super::path::check(parts.uri.path())?;
+        match parts.method == Method::POST {
             true => Ok(()),
-            false => judge_method(method, body, &self.snap),
+            false => judge_method(&parts.method, body, &self.snap),
         }
+    }
+
+    /// The deadline of the exchange with the backend: `upstream_timeout` from now, on the
+    /// connection's timer (or `own_timer`).
+    pub fn deadline<'t>(&self, own_timer: std::pin::Pin<&'t mut Option<tokio::time::Sleep>>) -> Deadline<'t>
+    where
+        'c: 't,
+    {
+        let at = tokio::time::Instant::now() + self.snap.config.server.upstream_timeout;
+        Deadline::new(at, self.connection.timer, own_timer)
+    }
+
+    /// What connecting to the chosen backend needs: the forwarder, and the request's trace.
+    pub fn connecting(&mut self) -> (Forward<'_>, Option<&mut RequestTrace>) {
+        let trace = self.record.obs.as_mut().and_then(|o| o.trace.as_mut());
+        let forward = Forward {
+            shared: self.shared,
+            snap: &self.snap,
+        };
+        (forward, trace)
     }
 
     /// A POST's body whole (bounded in size and time, held within the budget all bodies share
