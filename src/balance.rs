@@ -145,13 +145,17 @@ impl HashRing {
 
     /// Another backend for a request whose first choice could not be reached: the next one in
     /// ring order for `key`, or a keyless choice among the others.
-    pub fn fallback(&self, key: Option<&str>, exclude: BackendKey) -> Option<&Arc<Backend>> {
+    /// `among`: only those (the backends the catalog lets take the request), when it says.
+    pub fn fallback(
+        &self,
+        key: Option<&str>,
+        exclude: BackendKey,
+        among: Option<&[BackendKey]>,
+    ) -> Option<&Arc<Backend>> {
+        let may = |b: &&Arc<Backend>| b.key != exclude && among.is_none_or(|a| a.contains(&b.key));
         match key {
-            Some(k) => self.ring.replicas(k).map(|m| &m.0).find(|b| b.key != exclude),
-            None => {
-                let others = self.members.iter().filter(|b| b.key != exclude);
-                others.min_by_key(|b| b.inflight())
-            }
+            Some(k) => self.ring.replicas(k).map(|m| &m.0).find(may),
+            None => self.members.iter().filter(may).min_by_key(|b| b.inflight()),
         }
     }
 

@@ -12,8 +12,24 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// A schema whose JSON text is longer is not compiled (it accepts every call): what one
-/// backend's list can make a rebuild compile stays small.
-const MAX_SCHEMA: usize = 64 * 1024;
+/// backend's list can make a rebuild compile, and a call's check cost, stay small.
+pub const MAX_SCHEMA: usize = 16 * 1024;
+
+/// A schema with more patterns (`pattern`, each `patternProperties` key) is not compiled.
+const MAX_PATTERNS: usize = 32;
+
+/// The compiled size of one pattern, at most (its automaton and its DFA's cache): a pattern
+/// past it fails to compile, and so does its schema.
+const PATTERN_SIZE: usize = 16 * 1024;
+
+/// At most this many schemas are compiled in all (the drifted tools' distinct schemas); the
+/// rest accept every call. With the bounds above, the compiled schemas stay within a few MiB.
+const MAX_COMPILED: usize = 64;
+
+/// Arguments whose JSON text is longer are not checked (the call goes among every backend
+/// serving the tool, counted `unmatched`): a check's cost stays within what a schema of
+/// [`MAX_SCHEMA`] can ask of arguments of this size.
+const MAX_ARGUMENTS: usize = 8 * 1024;
 
 /// One compiled `inputSchema`. `None` inside: it could not be compiled (not a valid schema,
 /// too large, or referring to a document outside itself, which the router never fetches), and
@@ -22,12 +38,15 @@ pub struct Schema(Option<jsonschema::Validator>);
 
 impl Schema {
     fn compile(schema: &Value, text_len: usize) -> Schema {
-        if text_len > MAX_SCHEMA {
+        if text_len > MAX_SCHEMA || patterns_in(schema) > MAX_PATTERNS {
             return Schema(None);
         }
         // Patterns on the `regex` crate: linear time, whatever a backend's schema or a
-        // client's arguments hold (the default engine backtracks).
-        let options = jsonschema::options().with_pattern_options(jsonschema::PatternOptions::regex());
+        // client's arguments hold (the default engine backtracks), and each bounded in size.
+        let patterns = jsonschema::PatternOptions::regex()
+            .size_limit(PATTERN_SIZE)
+            .dfa_size_limit(PATTERN_SIZE);
+        let options = jsonschema::options().with_pattern_options(patterns);
         // What a backend wrote meets a library's code: a panic in it is a schema it cannot judge.
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| options.build(schema).ok()));
         Schema(built.ok().flatten())
@@ -99,11 +118,14 @@ pub struct SchemaSet<'c> {
 }
 
 impl SchemaSet<'_> {
-    /// `schema` compiled (once across builds).
+    /// `schema` compiled (once across builds; past [`MAX_COMPILED`], not: it accepts all).
     pub fn get(&mut self, schema: &Value) -> Arc<Schema> {
         let text = schema.to_string();
         if let Some(s) = self.checks.compiled.get(&text) {
             return s.clone();
+        }
+        if self.checks.compiled.len() >= MAX_COMPILED {
+            return Arc::new(Schema(None));
         }
         let compiled = self
             .before
@@ -137,8 +159,28 @@ pub fn arguments(body: &[u8]) -> Option<Value> {
     }
     let call: Call = serde_json::from_slice(body).ok()?;
     match call.params.and_then(|p| p.arguments) {
+        Some(raw) if raw.get().len() > MAX_ARGUMENTS => None,
         Some(raw) => serde_json::from_str(raw.get()).ok(),
         None => Some(Value::Object(Default::default())),
+    }
+}
+
+/// How many patterns `schema` holds: `pattern` values and `patternProperties` keys, at any depth.
+fn patterns_in(schema: &Value) -> usize {
+    match schema {
+        Value::Object(map) => map
+            .iter()
+            .map(|(key, value)| {
+                let own = match (key.as_str(), value) {
+                    ("pattern", Value::String(_)) => 1,
+                    ("patternProperties", Value::Object(p)) => p.len(),
+                    _ => 0,
+                };
+                own + patterns_in(value)
+            })
+            .sum(),
+        Value::Array(items) => items.iter().map(patterns_in).sum(),
+        _ => 0,
     }
 }
 
@@ -163,6 +205,29 @@ mod tests {
         let pattern = set.get(&json!({"properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}));
         let long = format!("{}b", "a".repeat(5000));
         assert!(!pattern.accepts(&json!({ "s": long })));
+        // A pattern whose automaton is large (a Unicode class repeated), or too many patterns:
+        // not compiled, so it judges nothing.
+        let huge = set.get(&json!({"properties": {"s": {"type": "string", "pattern": "\\p{L}{60}\\p{N}{60}"}}}));
+        assert!(huge.accepts(&json!({"s": 1})));
+        let many: serde_json::Map<String, Value> = (0..=MAX_PATTERNS)
+            .map(|i| (format!("p{i}"), json!({"type": "string", "pattern": format!("^x{i}$")})))
+            .collect();
+        let many = set.get(&json!({"type": "object", "properties": many}));
+        assert!(many.accepts(&json!({"p0": 1})));
+    }
+
+    #[test]
+    fn at_most_so_many_schemas_are_compiled() {
+        let mut checks = ArgumentChecks::default();
+        let mut set = checks.build();
+        for i in 0..MAX_COMPILED {
+            assert!(!set
+                .get(&json!({"type": "object", "required": [format!("k{i}")]}))
+                .accepts(&json!({})));
+        }
+        assert!(set
+            .get(&json!({"type": "object", "required": ["past"]}))
+            .accepts(&json!({})));
     }
 
     #[test]
@@ -183,6 +248,11 @@ mod tests {
         let bare = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
         assert_eq!(arguments(bare), Some(json!({})));
         assert_eq!(arguments(b"[{}]"), None);
+        let big = format!(
+            r#"{{"params":{{"name":"t","arguments":{{"s":"{}"}}}}}}"#,
+            "a".repeat(MAX_ARGUMENTS)
+        );
+        assert_eq!(arguments(big.as_bytes()), None, "too large to check");
         assert_eq!(arguments(b"{"), None);
     }
 }

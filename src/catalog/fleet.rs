@@ -22,6 +22,11 @@ pub struct BackendTools {
     /// routes new calls of those tools to it until its first ask answers (a new instance of a
     /// rollout is listed to clients before the catalog has asked it).
     pub unasked: bool,
+    /// It told clients of more than [`TOLD_MAX`] tools the catalog does not know of it in that
+    /// definition: what it told is kept no further, and under a lock it is approved for nothing
+    /// while it stays in the fleet (a backend whose lists to clients agree with its catalog
+    /// never comes near it).
+    pub told_too_much: bool,
     /// The names of the prompts it lists (none when it declares no prompts, its list failed,
     /// or it is unasked).
     pub prompts: BTreeSet<String>,
@@ -52,6 +57,7 @@ impl BackendTools {
             twice,
             seen_otherwise: BTreeMap::new(),
             unasked: false,
+            told_too_much: false,
             prompts: BTreeSet::new(),
             resources: BTreeSet::new(),
         }
@@ -95,6 +101,11 @@ pub struct Change {
     pub is: Option<Fingerprint>,
 }
 
+/// The most tools a backend's answers to clients may tell of (definitions other than its
+/// catalog's, or tools it never told the catalog of) that are kept: its lists to clients
+/// cannot grow the router's memory without bound.
+pub const TOLD_MAX: usize = 1024;
+
 /// Every backend's tools, by backend name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FleetTools {
@@ -126,8 +137,10 @@ impl FleetTools {
             }
         };
         let mut tools = tools;
-        if let Some(before) = self.backends.remove(backend) {
-            // What clients were told otherwise stays noted until this answer agrees with it.
+        // The first ask replaces what an unasked backend told clients; after it, what clients
+        // were told otherwise stays noted until this answer agrees with it.
+        if let Some(before) = self.backends.remove(backend).filter(|b| !b.unasked) {
+            tools.told_too_much = before.told_too_much;
             tools.seen_otherwise = before
                 .seen_otherwise
                 .into_iter()
@@ -155,6 +168,10 @@ impl FleetTools {
             let asked = tools.tools.get(&d.name).map(|a| a.fingerprint);
             if asked == Some(d.fingerprint) {
                 changed |= tools.seen_otherwise.remove(&d.name).is_some();
+            } else if tools.seen_otherwise.len() >= TOLD_MAX && !tools.seen_otherwise.contains_key(&d.name) {
+                // Past the bound: noted as a whole instead (under a lock, nothing of it is
+                // approved until an ask answers).
+                changed |= !std::mem::replace(&mut tools.told_too_much, true);
             } else {
                 let told = tools.seen_otherwise.insert(d.name.clone(), d.clone());
                 changed |= told.is_none_or(|t| t.fingerprint != d.fingerprint);

@@ -48,6 +48,9 @@ pub struct ToolRoutes {
     /// A lock is read: a tool the catalog or the lock names is called only where the lock
     /// approves what is served.
     locked: bool,
+    /// Under a lock, the backends that told clients of too many tools it does not know of them
+    /// ([`super::fleet::TOLD_MAX`]): no tool call is approved on them.
+    told_too_much: Vec<BackendKey>,
     /// `mrtr_tool_argument_checks_total{result}`.
     counted: Option<Counted>,
     /// The backends listing each prompt and resource (`route_by_tool` routes those too).
@@ -155,9 +158,10 @@ impl ToolRoutes {
         // Tool → each backend serving it, whether in the approved definition, and its schema.
         let mut tools: HashMap<Box<str>, Vec<(BackendKey, bool, &Value)>> = HashMap::new();
         let mut unrepeatable: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let mut told_too_much = Vec::new();
         for (backend, catalog) in fleet.backends() {
             let Some(key) = key_of(backend) else { continue };
-            let known_now = !failing(backend);
+            let known_now = !failing(backend) && !catalog.told_too_much;
             for (name, definition) in &catalog.tools {
                 let approved = lock.is_none_or(|l| {
                     known_now
@@ -171,16 +175,20 @@ impl ToolRoutes {
                     unrepeatable.insert(name);
                 }
             }
-            // A tool it told a client of and never the catalog (all it told, before its first
-            // ask) is known, and served unapproved.
-            for (name, told) in catalog
+            // A tool it told a client of and never the catalog: before its first ask, all that
+            // is known of it, and routed to it (unapproved under a lock); after, a claim its
+            // ask did not make, routed by nothing and, under a lock, never approved.
+            let told_only = catalog
                 .seen_otherwise
                 .iter()
-                .filter(|(n, _)| !catalog.tools.contains_key(*n))
-            {
-                let entry = (key, lock.is_none(), &told.input_schema);
+                .filter(|(n, _)| !catalog.tools.contains_key(*n));
+            for (name, told) in told_only.filter(|_| catalog.unasked || lock.is_some()) {
+                let entry = (key, catalog.unasked && lock.is_none(), &told.input_schema);
                 tools.entry(name.as_str().into()).or_default().push(entry);
                 unrepeatable.insert(name);
+            }
+            if catalog.told_too_much && lock.is_some() {
+                told_too_much.push(key);
             }
         }
         // A tool the lock names and no backend is known to serve is served by no approved
@@ -213,6 +221,7 @@ impl ToolRoutes {
             tools,
             by_tool,
             locked: lock.is_some(),
+            told_too_much,
             counted: schemas.counted(),
             served,
         }
@@ -259,6 +268,19 @@ impl ToolRoutes {
         })))
     }
 
+    /// The backends a request may move to when its first backend fails (a refused connection,
+    /// a reset of a first round that may run twice): for a new call of a tool, prompt or
+    /// resource the catalog routes, those serving it (under a lock, in the approved
+    /// definition); `None`: any backend (a request the catalog does not route).
+    #[cold]
+    pub fn fallback_among(&self, handles: &RequestHandles) -> Option<Vec<BackendKey>> {
+        match self.for_new_call(handles)? {
+            Ok(candidates) => candidates.backends.map(Cow::into_owned),
+            // Refused at the first choice already: nowhere else either.
+            Err(_) => Some(Vec::new()),
+        }
+    }
+
     /// Counts a check of a new call's arguments (`mrtr_tool_argument_checks_total`).
     pub fn count(&self, check: ArgumentCheck) {
         let Some(counted) = &self.counted else { return };
@@ -287,8 +309,13 @@ impl ToolRoutes {
             let (Some("tools/call"), Some(tool)) = (method, name) else {
                 continue;
             };
-            let Some(serving) = self.tools.get(tool) else { continue };
-            if !serving.approved.contains(&backend) {
+            // A backend that told clients of too many tools nobody checked may serve any.
+            let approved = match self.tools.get(tool) {
+                _ if self.told_too_much.contains(&backend) => false,
+                Some(serving) => serving.approved.contains(&backend),
+                None => continue,
+            };
+            if !approved {
                 return Err(RouterError::ToolDefinitionChanged { tool: shown(tool) });
             }
         }
@@ -442,5 +469,61 @@ mod tests {
             3,
         );
         assert!(none.for_new_call(&handles("a")).unwrap().is_err());
+    }
+
+    #[test]
+    fn what_clients_were_told_routes_only_before_the_first_ask_and_is_bounded() {
+        let def = |name: &str| Definition::read(&json!({"name": name})).unwrap();
+        let headers = http::HeaderMap::new();
+        let call =
+            |tool: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{tool}"}}}}"#);
+        let (ghost, real) = (call("ghost"), call("real"));
+        let build = |fleet: &FleetTools, lock: Option<&Lock>| {
+            ToolRoutes::build(fleet, key, lock, true, |_| false, &mut ArgumentChecks::default(), 3)
+        };
+        let mut fleet = FleetTools::default();
+        fleet.learn("w1", BackendTools::new([def("real")]));
+        // Not asked yet: what it told is where its calls go.
+        fleet.seen_by_client("new", &[def("ghost")]);
+        let routes = build(&fleet, None);
+        let c = routes
+            .for_new_call(&handles_of(&headers, ghost.as_bytes()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.backends.as_deref().unwrap(), [BackendKey::of("new")]);
+        // Its first ask replaces it: `ghost` is nobody's.
+        fleet.learn("new", BackendTools::new([def("real")]));
+        assert!(fleet.backend("new").unwrap().seen_otherwise.is_empty());
+        assert!(build(&fleet, None)
+            .for_new_call(&handles_of(&headers, ghost.as_bytes()))
+            .is_none());
+        // A learned backend's claim routes nothing; under a lock it is not approved.
+        fleet.seen_by_client("w1", &[def("ghost")]);
+        assert!(build(&fleet, None)
+            .for_new_call(&handles_of(&headers, ghost.as_bytes()))
+            .is_none());
+        let mut lock = Lock::default();
+        lock.tools.insert("real".into(), def("real").fingerprint.0);
+        let locked = build(&fleet, Some(&lock));
+        assert!(locked
+            .approve(&handles_of(&headers, ghost.as_bytes()), BackendKey::of("w1"))
+            .is_err());
+        assert!(locked
+            .approve(&handles_of(&headers, real.as_bytes()), BackendKey::of("w1"))
+            .is_ok());
+        // Told of more tools than are kept: bounded, and under a lock nothing is approved on it.
+        let many: Vec<Definition> = (0..=super::super::fleet::TOLD_MAX)
+            .map(|i| def(&format!("t{i}")))
+            .collect();
+        fleet.seen_by_client("w1", &many);
+        let w1 = fleet.backend("w1").unwrap();
+        assert!(w1.told_too_much && w1.seen_otherwise.len() == super::super::fleet::TOLD_MAX);
+        let locked = build(&fleet, Some(&lock));
+        assert!(locked
+            .approve(&handles_of(&headers, real.as_bytes()), BackendKey::of("w1"))
+            .is_err());
+        assert!(locked
+            .approve(&handles_of(&headers, real.as_bytes()), BackendKey::of("new"))
+            .is_ok());
     }
 }

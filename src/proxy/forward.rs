@@ -14,6 +14,7 @@ use http::{Request, Response};
 use super::deadline::{within, Deadline};
 use crate::body::ErrorHook;
 use crate::config::Retry;
+use crate::dialect::RequestHandles;
 use crate::error::RouterError;
 use crate::route::{self, Decision};
 use crate::state::{Shared, Snapshot};
@@ -39,7 +40,7 @@ impl Forward<'_> {
     pub(super) async fn connect(
         &self,
         decision: &Decision,
-        fallback_key: Option<&str>,
+        handles: &RequestHandles<'_>,
         mut deadline: Deadline<'_>,
         mut trace: Option<&mut RequestTrace>,
     ) -> Result<(PooledConn, Arc<Backend>, InflightGuard), RouterError> {
@@ -86,7 +87,13 @@ impl Forward<'_> {
             }
             connect_failed(shared, snap, &backend, &e);
             let next = (unpinned && !retried)
-                .then(|| shared.snapshot().ring.fallback(fallback_key, backend.key).cloned())
+                .then(|| {
+                    // With the catalog routing the request, only where its tool is served.
+                    let among = snap.tools.as_ref().and_then(|t| t.fallback_among(handles));
+                    let ring = &shared.snapshot().ring;
+                    ring.fallback(handles.client_key(), backend.key, among.as_deref())
+                        .cloned()
+                })
                 .flatten()
                 .filter(|_| self.may_retry());
             if next.is_some() {

@@ -159,7 +159,7 @@ async fn run_phases(
     cx.route_taken(&routed);
     let (forward, trace) = cx.connecting();
     let reached = forward
-        .connect(&routed.decision, handles.client_key(), deadline.reborrow(), trace)
+        .connect(&routed.decision, &handles, deadline.reborrow(), trace)
         .await?;
     let conn = cx.connected(&handles, &routed, &parts.method, open_call, reached);
     drop(handles);

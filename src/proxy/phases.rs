@@ -40,7 +40,9 @@ use crate::route::{self, Decision};
 use crate::sealing::{self, Unsealed};
 use crate::state::{Shared, Snapshot};
 use crate::telemetry::{Observation, RequestTrace};
-use crate::upstream::{Backend, ClientBody, DrivenBody, FaultCell, InflightGuard, PooledConn, UpstreamBody};
+use crate::upstream::{
+    Backend, BackendKey, ClientBody, DrivenBody, FaultCell, InflightGuard, PooledConn, UpstreamBody,
+};
 
 /// One request on its way through the phases: what the connection lends it, and what each
 /// phase found for the next.
@@ -82,6 +84,9 @@ struct AtBackend<'c> {
 pub(super) struct Resend {
     pub request: Option<Box<Request<UpstreamBody>>>,
     pub key: Option<Box<str>>,
+    /// The backends serving the request's tool, when the catalog routes it: the only ones it
+    /// may go to (under a lock, those serving the approved definition).
+    pub among: Option<Vec<BackendKey>>,
 }
 
 /// A request's body as the read phase left it: read whole (a POST's, held within the body

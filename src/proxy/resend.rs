@@ -61,6 +61,7 @@ impl Exchange<'_> {
             Box::new(Resend {
                 request: None,
                 key: handles.client_key().map(Into::into),
+                among: self.snap.tools.as_ref().and_then(|t| t.fallback_among(handles)),
             })
         })
     }
@@ -79,11 +80,14 @@ impl Exchange<'_> {
         mut deadline: Deadline<'a>,
     ) -> Pin<Box<dyn Future<Output = Option<Result<Response<DrivenBody>, RouterError>>> + Send + 'a>> {
         Box::pin(async move {
-            let Resend { request, key } = *self.take_resend()?;
+            let Resend { request, key, among } = *self.take_resend()?;
             let request = request?;
             let forward = self.forwarding().0;
             let snapshot = self.shared.snapshot();
-            let next = snapshot.ring.fallback(key.as_deref(), self.backend_key()).cloned();
+            let next = snapshot
+                .ring
+                .fallback(key.as_deref(), self.backend_key(), among.as_deref())
+                .cloned();
             drop(snapshot);
             let next = next.filter(|_| forward.may_retry())?;
             self.shared.metrics.retries_reset.inc();

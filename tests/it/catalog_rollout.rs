@@ -142,3 +142,86 @@ async fn a_new_instances_tools_are_routed_from_the_first_list_a_client_gets() {
     assert_eq!(changes, Some(0.0), "a first ask after a told list is no change");
     fleet.shutdown().await;
 }
+
+/// A tool server whose listener and open connections can be closed: after [`Stoppable::stop`],
+/// connecting to it is refused.
+struct Stoppable {
+    connections: tokio::task::JoinSet<()>,
+}
+
+impl Stoppable {
+    async fn serve(
+        name: &str,
+        server: &std::sync::Arc<ToolServer>,
+    ) -> (BackendSpec, std::sync::Arc<tokio::sync::Mutex<Stoppable>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let spec = BackendSpec {
+            name: name.to_string(),
+            url: format!("http://{}", listener.local_addr().unwrap()),
+            weight: 1,
+        };
+        let handle = std::sync::Arc::new(tokio::sync::Mutex::new(Stoppable {
+            connections: tokio::task::JoinSet::new(),
+        }));
+        let (server, label, held) = (server.clone(), name.to_string(), handle.clone());
+        let accepting = async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let (server, label) = (server.clone(), label.clone());
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (server, label) = (server.clone(), label.clone());
+                    async move {
+                        use http_body_util::BodyExt;
+                        let method = req.method().clone();
+                        let body = req.into_body().collect().await?.to_bytes();
+                        Ok::<_, hyper::Error>(server.answer(&label, method, body))
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(sock);
+                let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+                held.lock().await.connections.spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+        };
+        // The accepting loop too: aborted, it drops the listener.
+        handle.lock().await.connections.spawn(accepting);
+        (spec, handle)
+    }
+
+    /// Closes the listener and every connection: the next connect is refused.
+    fn stop(&mut self) {
+        self.connections.abort_all();
+    }
+}
+
+/// A read-only tool's call whose backend refuses the connection moves to the next backend
+/// serving the tool, never to one that does not: w1 and w2 serve `ro`, w3 only `other`. With w1
+/// stopped (left in the ring: health checks hourly), every call of `ro` is answered by w2.
+#[tokio::test]
+async fn a_call_moved_off_a_failed_backend_goes_only_where_its_tool_is_served() {
+    let ro = json!({"name": "ro", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+    let (w1, w2) = (
+        ToolServer::new(json!([ro.clone()]), true),
+        ToolServer::new(json!([ro]), true),
+    );
+    let w3 = ToolServer::new(json!([{"name": "other", "inputSchema": {"type": "object"}}]), true);
+    let (spec1, stop1) = Stoppable::serve("w1", &w1).await;
+    let specs = vec![spec1, serve("w2", &w2).await, serve("w3", &w3).await];
+    let extra = format!("{ON}[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n[upstream]\nretry_budget = 1.0\n");
+    let fleet = Fleet::start_backends(Vec::new(), &specs, &extra).await;
+    learned(&fleet, &[("w1", 1), ("w2", 1), ("w3", 1)]).await;
+    stop1.lock().await.stop();
+    let mut by = BTreeMap::new();
+    for i in 0..60 {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("ro-{i}"),
+            "params": {"name": "ro", "arguments": {}}});
+        let a = fleet.post(&[("mcp-routing-id", &format!("ro-{i}"))], &body).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&a.body));
+        *by.entry(a.worker()).or_insert(0) += 1;
+    }
+    assert_eq!(by, BTreeMap::from([("w2".to_string(), 60)]));
+    assert_eq!(w3.calls.load(Ordering::Relaxed), 0, "w3 does not serve ro");
+    let moved = metric_sum(&fleet.metrics().await, "mrtr_retries_total", &["reason=\"connect\""]);
+    assert!(moved >= 5.0, "the ring chose w1 for some calls: {moved}");
+    fleet.shutdown().await;
+}
