@@ -15,12 +15,10 @@ use serde_json::Value;
 /// backend's list can make a rebuild compile, and a call's check cost, stay small.
 pub const MAX_SCHEMA: usize = 16 * 1024;
 
-/// A schema with more patterns (`pattern`, each `patternProperties` key) is not compiled.
-const MAX_PATTERNS: usize = 32;
-
-/// The compiled size of one pattern, at most (its automaton and its DFA's cache): a pattern
-/// past it fails to compile, and so does its schema.
-const PATTERN_SIZE: usize = 16 * 1024;
+/// A schema is not compiled when, its local `$ref`s followed, it holds more subschemas than
+/// this: a check's work grows with it (refs that fan out, or loop, would have it grow without
+/// bound).
+const MAX_NODES: usize = 1_000;
 
 /// At most this many schemas are compiled in all (the drifted tools' distinct schemas); the
 /// rest accept every call. With the bounds above, the compiled schemas stay within a few MiB.
@@ -38,17 +36,16 @@ pub struct Schema(Option<jsonschema::Validator>);
 
 impl Schema {
     fn compile(schema: &Value, text_len: usize) -> Schema {
-        if text_len > MAX_SCHEMA || patterns_in(schema) > MAX_PATTERNS {
+        if text_len > MAX_SCHEMA {
             return Schema(None);
         }
-        // Patterns on the `regex` crate: linear time, whatever a backend's schema or a
-        // client's arguments hold (the default engine backtracks), and each bounded in size.
-        let patterns = jsonschema::PatternOptions::regex()
-            .size_limit(PATTERN_SIZE)
-            .dfa_size_limit(PATTERN_SIZE);
-        let options = jsonschema::options().with_pattern_options(patterns);
+        let Some(checked) = checkable(schema) else {
+            return Schema(None);
+        };
+        // No pattern is left to run (`checkable`), and formats are annotations only.
+        let options = jsonschema::options().should_validate_formats(false);
         // What a backend wrote meets a library's code: a panic in it is a schema it cannot judge.
-        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| options.build(schema).ok()));
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| options.build(&checked).ok()));
         Schema(built.ok().flatten())
     }
 
@@ -165,22 +162,57 @@ pub fn arguments(body: &[u8]) -> Option<Value> {
     }
 }
 
-/// How many patterns `schema` holds: `pattern` values and `patternProperties` keys, at any depth.
-fn patterns_in(schema: &Value) -> usize {
+/// What of `schema` is checked: the schema less its `pattern`s (a pattern's cost grows with
+/// the string it reads and its own size, and two versions of a tool seldom differ by one alone:
+/// an argument is not refused for one), or `None` when it is not checked at all: it has
+/// `patternProperties` (dropping those would refuse what they allow), dynamic or recursive
+/// refs, or more than [`MAX_NODES`] subschemas once its local `$ref`s are followed.
+fn checkable(schema: &Value) -> Option<Value> {
+    let mut budget = MAX_NODES;
+    weigh(schema, schema, &mut budget)?;
+    Some(without_patterns(schema))
+}
+
+/// Counts `node`'s subschemas into `budget`, following local `$ref`s into `root`; `None` past
+/// the budget, or on what [`checkable`] refuses.
+fn weigh(node: &Value, root: &Value, budget: &mut usize) -> Option<()> {
+    *budget = budget.checked_sub(1)?;
+    match node {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match key.as_str() {
+                    "patternProperties" | "$dynamicRef" | "$recursiveRef" => return None,
+                    // Values, not schemas.
+                    "const" | "enum" | "default" | "examples" => {}
+                    "$ref" => {
+                        let target = value.as_str()?.strip_prefix('#')?;
+                        weigh(root.pointer(target)?, root, budget)?;
+                    }
+                    _ => weigh(value, root, budget)?,
+                }
+            }
+            Some(())
+        }
+        Value::Array(items) => items.iter().try_for_each(|i| weigh(i, root, budget)),
+        _ => Some(()),
+    }
+}
+
+/// `schema` with every `pattern` keyword (a string value) taken out; values (`const`, `enum`,
+/// `default`, `examples`) as they are.
+fn without_patterns(schema: &Value) -> Value {
     match schema {
-        Value::Object(map) => map
-            .iter()
-            .map(|(key, value)| {
-                let own = match (key.as_str(), value) {
-                    ("pattern", Value::String(_)) => 1,
-                    ("patternProperties", Value::Object(p)) => p.len(),
-                    _ => 0,
-                };
-                own + patterns_in(value)
-            })
-            .sum(),
-        Value::Array(items) => items.iter().map(patterns_in).sum(),
-        _ => 0,
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(key, value)| !(key.as_str() == "pattern" && value.is_string()))
+                .map(|(key, value)| match key.as_str() {
+                    "const" | "enum" | "default" | "examples" => (key.clone(), value.clone()),
+                    _ => (key.clone(), without_patterns(value)),
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_patterns).collect()),
+        other => other.clone(),
     }
 }
 
@@ -201,19 +233,34 @@ mod tests {
         assert!(set.get(&json!({"type": 17})).accepts(&json!({"id": "abc"})));
         let remote = set.get(&json!({"$ref": "http://127.0.0.1:9/schema.json"}));
         assert!(remote.accepts(&json!({"id": "abc"})));
-        // Patterns on a linear-time engine: a backtracking pattern stays cheap.
+        // Patterns are not run: an argument is not refused for one.
         let pattern = set.get(&json!({"properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}));
-        let long = format!("{}b", "a".repeat(5000));
-        assert!(!pattern.accepts(&json!({ "s": long })));
-        // A pattern whose automaton is large (a Unicode class repeated), or too many patterns:
-        // not compiled, so it judges nothing.
-        let huge = set.get(&json!({"properties": {"s": {"type": "string", "pattern": "\\p{L}{60}\\p{N}{60}"}}}));
-        assert!(huge.accepts(&json!({"s": 1})));
-        let many: serde_json::Map<String, Value> = (0..=MAX_PATTERNS)
-            .map(|i| (format!("p{i}"), json!({"type": "string", "pattern": format!("^x{i}$")})))
-            .collect();
-        let many = set.get(&json!({"type": "object", "properties": many}));
-        assert!(many.accepts(&json!({"p0": 1})));
+        assert!(pattern.accepts(&json!({ "s": "b" })));
+        assert!(
+            !pattern.accepts(&json!({ "s": 1 })),
+            "the rest of the schema still judges"
+        );
+        // Refs that fan out (ten to a level, twelve levels), or loop, or `patternProperties`:
+        // not compiled, so they judge nothing.
+        let mut defs = serde_json::Map::new();
+        defs.insert("p0".into(), json!({"type": "string"}));
+        for level in 1..=12 {
+            let below = json!({"$ref": format!("#/$defs/p{}", level - 1)});
+            defs.insert(format!("p{level}"), json!({"allOf": vec![below; 10]}));
+        }
+        let fan = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/p12"}}, "$defs": defs});
+        assert!(set.get(&fan).accepts(&json!({"a": 1})));
+        let looping = json!({"$defs": {"n": {"properties": {"next": {"$ref": "#/$defs/n"}}, "type": "object"}}, "$ref": "#/$defs/n"});
+        assert!(set.get(&looping).accepts(&json!(7)));
+        assert!(set
+            .get(&json!({"patternProperties": {"^x": {"type": "string"}}, "type": "object"}))
+            .accepts(&json!(7)));
+        // A few local refs, as generated schemas have them, are followed and judge.
+        let models = json!({"$defs": {"Item": {"type": "object", "required": ["id"]}}, "type": "object",
+            "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"]});
+        let models = set.get(&models);
+        assert!(models.accepts(&json!({"item": {"id": 1}})));
+        assert!(!models.accepts(&json!({"item": {}})));
     }
 
     #[test]
