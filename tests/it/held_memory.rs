@@ -65,8 +65,10 @@ const IDLE_BACK_KIB: f64 = 12.0;
 const STREAM_BACK_KIB: f64 = 24.0;
 
 /// How long the connections may take to give their buffers back: the first look at each, at
-/// most 10 s after it opened, a second for the clock, and a margin.
-const SETTLE: Duration = Duration::from_secs(15);
+/// most 10 s after it opened, a second for the clock, and a margin that holds while the test
+/// command runs `tests/external/` beside this binary on two cores (seen: 22.8 of 24 KiB each
+/// given back at 15 s). The wait ends as soon as the bytes are back.
+const SETTLE: Duration = Duration::from_secs(30);
 
 /// New client connections counted, and what each may take: 0.66 KiB with the patched queue,
 /// the header map and the decoder's trailer parts boxed (vendor/patches/hyper/0004, 0006,
