@@ -111,25 +111,10 @@ fi
 redis-server --version
 # ---- end of the Redis block ---------------------------------------------------------------------
 
-step "cargo test --all-targets ${FEATURES[*]} --no-run (the unit tests, tests/it/, tests/external/, the benches and examples as tests)"
-cargo test --all-targets "${FEATURES[@]}" --no-run
-# The two integration binaries mostly wait (on sockets, timers, child processes): they run side
-# by side, tests/external/ into a log printed when it ends, the rest on the terminal.
-LOGS="$(mktemp -d)"
-step "tests: tests/external/ (its output in $LOGS/external.log, printed below when done) beside the unit tests, tests/it/, the benches and examples"
-cargo test "${FEATURES[@]}" --test external >"$LOGS/external.log" 2>&1 &
-EXTERNAL=$!
-status=0
-cargo test "${FEATURES[@]}" --lib --bins --test it --benches --examples || status=$?
-external_status=0
-wait "$EXTERNAL" || external_status=$?
-echo "==> [${SECONDS}s] tests/external/ ended; its output:"
-cat "$LOGS/external.log"
-rm -rf "$LOGS"
-if [ "$status" -ne 0 ] || [ "$external_status" -ne 0 ]; then
-  echo >&2 "==> FAILED: cargo test (the unit tests, tests/it/, benches, examples: exit $status; tests/external/: exit $external_status; output above)"
-  exit 1
-fi
+step "cargo test --all-targets ${FEATURES[*]} (unit tests, tests/it/, tests/external/)"
+# One binary after the other: side by side on two cores, the timing-bound tests of either (a
+# sampled gauge, memory given back within a bound) ran late often enough to fail a run.
+cargo test --all-targets "${FEATURES[@]}"
 
 # ---- vendor/ (see vendor/README.md) and the bench (bench/README.md) ---------------------------
 step "vendor/: hyper and h2 are exactly their crates.io releases plus vendor/patches/ (vendor/update.sh --check)"
