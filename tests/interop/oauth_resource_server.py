@@ -47,6 +47,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from pydantic import AnyHttpUrl
 from starlette.types import ASGIApp, Receive, Scope, Send
+from serving import serve_saying_ready  # tests/interop/serving.py, beside this file
 
 ALGORITHMS = ["ES256", "RS256"]
 
@@ -147,12 +148,7 @@ async def serve(args: argparse.Namespace) -> None:
     tool_scopes = dict(spec.split("=", 1) for spec in args.tool_scope)
     guarded = ToolScopes(app, verifier, tool_scopes, str(build_resource_metadata_url(AnyHttpUrl(resource))))
     server = uvicorn.Server(uvicorn.Config(guarded, log_level="warning", timeout_graceful_shutdown=2))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.02)
-    if server.started:
-        print(f"READY {sock.getsockname()[1]}", flush=True)
-    await serving
+    await serve_saying_ready(server, sock)
 
 
 def exit_when_stdin_closes() -> None:

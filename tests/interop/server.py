@@ -54,6 +54,7 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field
+from serving import serve_saying_ready  # tests/interop/serving.py, beside this file
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -232,12 +233,7 @@ async def serve(mcp: MCPServer, port: int, tls_cert: str | None = None, tls_key:
     app = mcp.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
                                            ssl_certfile=tls_cert, ssl_keyfile=tls_key))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.02)
-    if server.started:
-        print(f"READY {sock.getsockname()[1]}", flush=True)
-    await serving
+    await serve_saying_ready(server, sock)
 
 
 def main() -> None:

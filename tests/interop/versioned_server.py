@@ -38,6 +38,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp_types import INVALID_REQUEST, ToolAnnotations
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from serving import serve_saying_ready  # tests/interop/serving.py, beside this file
 
 
 def build(name: str, version: int) -> MCPServer:
@@ -122,12 +123,7 @@ async def serve(mcp: MCPServer, port: int, only_sessions: bool) -> None:
     # The wrapper is a plain ASGI callable: lifespan events pass through it to the SDK's app,
     # which starts its session manager on them.
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.02)
-    if server.started:
-        print(f"READY {sock.getsockname()[1]}", flush=True)
-    await serving
+    await serve_saying_ready(server, sock)
 
 
 def main() -> None:
