@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// A schema whose JSON text is longer is not compiled (it accepts every call): what one
 /// backend's list can make a rebuild compile, and a call's check cost, stay small.
-pub const MAX_SCHEMA: usize = 16 * 1024;
+const MAX_SCHEMA: usize = 16 * 1024;
 
 /// A schema is not compiled when, its local `$ref`s followed, it holds more subschemas than
 /// this: a check's work grows with it (refs that fan out, or loop, would have it grow without

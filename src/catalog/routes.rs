@@ -273,12 +273,18 @@ impl ToolRoutes {
     /// resource the catalog routes, those serving it (under a lock, in the approved
     /// definition); `None`: any backend (a request the catalog does not route).
     #[cold]
+    /// Its arguments are not checked again (the backend judges them): no second parse.
     pub fn fallback_among(&self, handles: &RequestHandles) -> Option<Vec<BackendKey>> {
-        match self.for_new_call(handles)? {
-            Ok(candidates) => candidates.backends.map(Cow::into_owned),
-            // Refused at the first choice already: nowhere else either.
-            Err(_) => Some(Vec::new()),
+        if !self.by_tool {
+            return None;
         }
+        let (method, name) = (handles.method.as_deref()?, handles.name.as_deref()?);
+        if method != "tools/call" {
+            return self.served.serving(method, name).map(<[BackendKey]>::to_vec);
+        }
+        // None approved (refused at the first choice already): nowhere else either.
+        let serving = self.tools.get(name)?;
+        (!serving.everywhere).then(|| serving.approved.to_vec())
     }
 
     /// Counts a check of a new call's arguments (`mrtr_tool_argument_checks_total`).
