@@ -195,9 +195,15 @@ impl Call {
             if changed {
                 self.shared.catalog.ask_again(backend);
             }
-        } else if listed && self.shared.catalog.client_saw(backend, msg) {
+        } else if listed && self.shared.catalog.client_saw(backend, msg, self.catalog_max_bytes()) {
             self.shared.rebuild();
         }
+    }
+
+    /// The most a catalog ask may read (`catalog.max_bytes`): a list a client got is read no
+    /// further either.
+    fn catalog_max_bytes(&self) -> usize {
+        self.snap.config.catalog.as_ref().map_or(0, |c| c.max_bytes)
     }
 
     /// Binds every handle sealed for this call to the caller `[auth]` verified.

@@ -333,11 +333,20 @@ fn pick_new(snap: &Snapshot, handles: &RequestHandles, refresh: bool) -> Result<
         None => (snap.ring.pick_keyless_among(among), Source::Keyless),
     };
     let (mut backend, mut source) = pick(candidates.as_ref().and_then(|c| c.backends.as_deref()));
-    let when_all_out = candidates.as_ref().map(|c| c.when_all_out);
-    if backend.is_none() && when_all_out == Some(WhenAllOut::AnyBackend) {
-        // Every backend listing the prompt or resource is out: the ring decides, and the
-        // backend's own error is the answer.
-        (backend, source) = pick(None);
+    let mut when_all_out = candidates.as_ref().map(|c| c.when_all_out);
+    if backend.is_none() {
+        match when_all_out {
+            // Every backend whose schema accepts the call's arguments is out: among all
+            // serving its tool, as a call no schema accepts.
+            Some(WhenAllOut::AmongServing(serving)) => {
+                (backend, source) = pick(Some(serving));
+                when_all_out = Some(WhenAllOut::Refuse);
+            }
+            // Every backend listing the prompt or resource is out: the ring decides, and the
+            // backend's own error is the answer.
+            Some(WhenAllOut::AnyBackend) => (backend, source) = pick(None),
+            _ => {}
+        }
     }
     match (backend, when_all_out) {
         (Some(b), _) => Ok((b.clone(), source)),

@@ -138,14 +138,17 @@ impl FleetTools {
         };
         let mut tools = tools;
         // The first ask replaces what an unasked backend told clients; after it, what clients
-        // were told otherwise stays noted until this answer agrees with it.
-        if let Some(before) = self.backends.remove(backend).filter(|b| !b.unasked) {
+        // were told otherwise stays noted until this answer agrees with it. Telling of too
+        // many is remembered either way: no answer of its own makes up for tools nobody kept.
+        if let Some(before) = self.backends.remove(backend) {
             tools.told_too_much = before.told_too_much;
-            tools.seen_otherwise = before
-                .seen_otherwise
-                .into_iter()
-                .filter(|(name, told)| tools.tools.get(name).is_none_or(|d| d.fingerprint != told.fingerprint))
-                .collect();
+            if !before.unasked {
+                tools.seen_otherwise = before
+                    .seen_otherwise
+                    .into_iter()
+                    .filter(|(name, told)| tools.tools.get(name).is_none_or(|d| d.fingerprint != told.fingerprint))
+                    .collect();
+            }
         }
         self.backends.insert(backend.to_string(), tools);
         changes
@@ -170,7 +173,7 @@ impl FleetTools {
                 changed |= tools.seen_otherwise.remove(&d.name).is_some();
             } else if tools.seen_otherwise.len() >= TOLD_MAX && !tools.seen_otherwise.contains_key(&d.name) {
                 // Past the bound: noted as a whole instead (under a lock, nothing of it is
-                // approved until an ask answers).
+                // approved while it stays in the fleet, asked or not).
                 changed |= !std::mem::replace(&mut tools.told_too_much, true);
             } else {
                 let told = tools.seen_otherwise.insert(d.name.clone(), d.clone());

@@ -135,12 +135,19 @@ pub struct Learned {
 }
 
 /// The catalog of a router.
+/// A list a client got of at most this many bytes is read whatever else is being read.
+const SMALL_LIST: usize = 64 * 1024;
+
 pub struct Catalog {
     fleet: Mutex<FleetTools>,
     asked: Mutex<BTreeMap<String, Asked>>,
     labelled: Mutex<BTreeSet<String>>,
     /// The drifted tools' compiled schemas, kept from one build of the routes to the next.
     argument_checks: Mutex<ArgumentChecks>,
+    /// Held while a large list a client got is read (over [`SMALL_LIST`]): one at a time, so
+    /// that many answered at once cost the memory of one parse (a parse takes some 40 times
+    /// the list's size); the others have the backend asked instead.
+    reading: Mutex<()>,
     pub(crate) wake: tokio::sync::Notify,
     metrics: CatalogMetrics,
 }
@@ -152,6 +159,7 @@ impl Catalog {
             asked: Mutex::default(),
             labelled: Mutex::default(),
             argument_checks: Mutex::new(ArgumentChecks::new(metrics.argument_checks.clone())),
+            reading: Mutex::new(()),
             wake: tokio::sync::Notify::new(),
             metrics,
         }
@@ -220,7 +228,18 @@ impl Catalog {
     /// a tool it lists that the catalog does not know of it in that definition has it asked
     /// again, and is noted as told otherwise (unapproved under a lock until an answer agrees).
     /// True when the routes change with what it told.
-    pub fn client_saw(&self, backend: &str, msg: &[u8]) -> bool {
+    pub fn client_saw(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
+        // Larger than an ask may be, or large while another is read: the backend is asked
+        // instead.
+        let reading = match msg.len() {
+            n if n <= SMALL_LIST => None,
+            n if n <= max_bytes => Some(self.reading.try_lock()),
+            _ => Some(None),
+        };
+        if let Some(None) = reading {
+            self.ask_again(backend);
+            return false;
+        }
         let Ok(message) = serde_json::from_slice::<Value>(msg) else {
             return false;
         };
@@ -499,7 +518,42 @@ impl Catalog {
 
 #[cfg(test)]
 mod tests {
-    use super::labelable;
+    use super::{labelable, Catalog, CatalogMetrics, SMALL_LIST};
+
+    /// A `tools/list` answer listing `n` tools named `t0`, `t1`, ...
+    fn list(n: usize) -> Vec<u8> {
+        let tools: Vec<_> = (0..n)
+            .map(|i| serde_json::json!({"name": format!("t{i}"), "inputSchema": {"type": "object"}}))
+            .collect();
+        serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": tools}})).unwrap()
+    }
+
+    /// A list a client got is read when small, or when large and nothing else large is being
+    /// read; larger than `max_bytes`, never.
+    #[test]
+    fn a_list_a_client_got_is_read_within_its_bounds() {
+        let catalog = Catalog::new(CatalogMetrics::register(&prometheus::Registry::new()));
+        catalog.know(["b"]);
+        let (small, large) = (list(3), list(5000));
+        assert!(small.len() <= SMALL_LIST && large.len() > SMALL_LIST);
+        let told = |c: &Catalog| c.fleet.lock().backend("b").map_or(0, |t| t.seen_otherwise.len());
+        assert!(!catalog.client_saw("b", &large, large.len() - 1), "over max_bytes");
+        assert_eq!(told(&catalog), 0);
+        let reading = catalog.reading.lock();
+        assert!(
+            !catalog.client_saw("b", &large, large.len()),
+            "another large one is being read"
+        );
+        assert_eq!(told(&catalog), 0);
+        assert!(
+            catalog.client_saw("b", &small, large.len()),
+            "a small one is read all the same"
+        );
+        assert_eq!(told(&catalog), 3);
+        drop(reading);
+        assert!(catalog.client_saw("b", &large, large.len()));
+        assert_eq!(told(&catalog), super::super::fleet::TOLD_MAX);
+    }
 
     #[test]
     fn a_label_is_a_short_printable_name() {

@@ -66,14 +66,18 @@ pub struct Candidates<'r> {
     /// What checking its arguments against the tool's schemas found.
     pub arguments: ArgumentCheck,
     /// What to do when none of `backends` can take it (down, draining, out of the ring).
-    pub when_all_out: WhenAllOut,
+    pub when_all_out: WhenAllOut<'r>,
 }
 
 /// What a request routed among candidates does when every one of them is out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WhenAllOut {
+pub enum WhenAllOut<'r> {
     /// A tool call is refused before any backend sees it (503 `tool_unavailable`).
     Refuse,
+    /// A call its arguments sent to some of the backends serving its tool goes among all of
+    /// them (as a call no schema accepts does): the backend's own answer judges its arguments.
+    /// Refused only when those are out too.
+    AmongServing(&'r [BackendKey]),
     /// A `prompts/get` or `resources/read` goes as any request: the ring decides, and the
     /// backend's own error is the answer.
     AnyBackend,
@@ -111,7 +115,7 @@ fn by_schema(
 /// The backends whose schema accepts the arguments of the request's call; `None` when no
 /// schema does, the request is a batch, or its arguments cannot be read.
 #[cold]
-fn accepting<'r>(schemas: &[BySchema], handles: &RequestHandles) -> Option<Candidates<'r>> {
+fn accepting<'r>(serving: &'r Serving, schemas: &[BySchema], handles: &RequestHandles) -> Option<Candidates<'r>> {
     if handles.is_batch() {
         return None;
     }
@@ -124,7 +128,7 @@ fn accepting<'r>(schemas: &[BySchema], handles: &RequestHandles) -> Option<Candi
     (!backends.is_empty()).then_some(Candidates {
         backends: Some(Cow::Owned(backends)),
         arguments: ArgumentCheck::Matched,
-        when_all_out: WhenAllOut::Refuse,
+        when_all_out: WhenAllOut::AmongServing(&serving.approved),
     })
 }
 
@@ -261,7 +265,7 @@ impl ToolRoutes {
                 when_all_out: WhenAllOut::Refuse,
             }));
         };
-        Some(Ok(accepting(schemas, handles).unwrap_or(Candidates {
+        Some(Ok(accepting(serving, schemas, handles).unwrap_or(Candidates {
             backends: Some(Cow::Borrowed(&serving.approved[..])),
             arguments: ArgumentCheck::Unmatched,
             when_all_out: WhenAllOut::Refuse,
@@ -531,5 +535,12 @@ mod tests {
         assert!(locked
             .approve(&handles_of(&headers, real.as_bytes()), BackendKey::of("new"))
             .is_ok());
+        // An unasked backend that tells of too many stays unapproved after its first ask.
+        fleet.seen_by_client("late", &many);
+        fleet.learn("late", BackendTools::new([def("real")]));
+        assert!(fleet.backend("late").unwrap().told_too_much);
+        assert!(build(&fleet, Some(&lock))
+            .approve(&handles_of(&headers, real.as_bytes()), BackendKey::of("late"))
+            .is_err());
     }
 }

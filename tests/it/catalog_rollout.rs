@@ -225,3 +225,54 @@ async fn a_call_moved_off_a_failed_backend_goes_only_where_its_tool_is_served() 
     assert!(moved >= 5.0, "the ring chose w1 for some calls: {moved}");
     fleet.shutdown().await;
 }
+
+/// `t` drifted: w1 takes a string `x`, w2 an integer; w3 serves only `other`. A call with a
+/// string `x` goes to w1 while it is up. With w1 refusing connections (left in the ring), the
+/// call moves to w2, which serves `t` too (its own answer judges the arguments); with w1
+/// draining, it goes to w2 at once: a 503 `tool_unavailable` only when no backend serving `t`
+/// is up.
+#[tokio::test]
+async fn a_drifted_call_whose_accepting_backends_are_out_goes_among_all_serving_its_tool() {
+    let t = |ty: &str| {
+        json!({"name": "t", "annotations": {"readOnlyHint": true}, "inputSchema": {
+            "type": "object", "properties": {"x": {"type": ty}}, "required": ["x"]}})
+    };
+    let (w1, w2) = (
+        ToolServer::new(json!([t("string")]), true),
+        ToolServer::new(json!([t("integer")]), true),
+    );
+    let w3 = ToolServer::new(json!([{"name": "other", "inputSchema": {"type": "object"}}]), true);
+    let (spec1, stop1) = Stoppable::serve("w1", &w1).await;
+    let specs = vec![spec1, serve("w2", &w2).await, serve("w3", &w3).await];
+    let extra = format!("{ON}[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n[upstream]\nretry_budget = 1.0\n");
+    let fleet = Fleet::start_backends(Vec::new(), &specs, &extra).await;
+    learned(&fleet, &[("w1", 1), ("w2", 1), ("w3", 1)]).await;
+    for i in 0..10 {
+        assert_eq!(call_t(&fleet, i).await, "w1", "only w1's schema accepts a string x");
+    }
+    stop1.lock().await.stop();
+    for i in 10..20 {
+        assert_eq!(call_t(&fleet, i).await, "w2", "w1 refuses: moved to w2, which serves t");
+    }
+    let moved = metric_sum(&fleet.metrics().await, "mrtr_retries_total", &["reason=\"connect\""]);
+    // Each call moved once, but one: the first may find w1's pooled connection closed and be
+    // sent again as any request on a closed pooled connection is (not a retry).
+    assert!((9.0..=10.0).contains(&moved), "each call was moved once: {moved}");
+    let drain = format!("http://{}/backends/w1/drain", fleet.admin);
+    let drained = send(&fleet.client, http::Method::POST, &drain, &[], bytes::Bytes::new()).await;
+    assert_eq!(drained.status, StatusCode::OK);
+    for i in 20..30 {
+        assert_eq!(call_t(&fleet, i).await, "w2", "w1 draining: among all serving t");
+    }
+    assert_eq!(w3.calls.load(Ordering::Relaxed), 0, "w3 does not serve t");
+    fleet.shutdown().await;
+}
+
+/// Who answered the `i`th new call of `t` with a string `x`.
+async fn call_t(fleet: &Fleet, i: usize) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("t-{i}"),
+        "params": {"name": "t", "arguments": {"x": "s"}}});
+    let a = fleet.post(&[("mcp-routing-id", &format!("t-{i}"))], &body).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&a.body));
+    a.worker()
+}
