@@ -19,22 +19,25 @@ step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+# The external tests' venvs and node packages are downloads, not compiling: fetched in the
+# background while clippy keeps both cores busy. Their steps below run the same scripts again,
+# which then find everything in place (or, when a download failed here, try again and fail
+# loudly there).
+mkdir -p target
+AHEAD_LOG=target/setup-ahead.log
+(bash tests/interop/setup_venv.sh && bash tests/idp/setup.sh && bash tests/browser/setup.sh &&
+  bash tests/deploy/setup_venv.sh) >"$AHEAD_LOG" 2>&1 &
+AHEAD=$!
+
 FEATURES=(--features external-tests)
-step "cargo clippy --all-targets ${FEATURES[*]} -- -D warnings"
+step "cargo clippy --all-targets ${FEATURES[*]} -- -D warnings (the external tests' venvs and node packages downloading beside it, log in $AHEAD_LOG)"
 cargo clippy --all-targets "${FEATURES[@]}" -- -D warnings
 
 # ---- docs: the book (docs/), its links and words (scripts/check_docs.py) ----------------------
-MDBOOK_VERSION=0.5.4
-MDBOOK=.tools/bin/mdbook
-step "docs: mdbook $MDBOOK_VERSION (installed once under .tools/), scripts/check_docs.py's unit tests, mdbook build docs, the link check"
-if [ "$("$MDBOOK" --version 2>/dev/null || true)" != "mdbook v$MDBOOK_VERSION" ]; then
-  echo "installing mdbook $MDBOOK_VERSION into .tools/ (cargo install: about a minute on two idle cores, more on a busy machine; once)"
-  # --debug: unoptimised, it builds in half the time (52 s against 106 s) and renders this book
-  # the same, byte for byte, in 1.4 s instead of 0.2.
-  if ! cargo install --locked --debug mdbook --version "$MDBOOK_VERSION" --no-default-features --features search --root .tools; then
-    echo >&2 "==> FAILED: cargo install mdbook $MDBOOK_VERSION --root .tools"
-    exit 1
-  fi
+step "docs: mdbook 0.5.4 (docs/setup_mdbook.sh: a pinned wheel under .tools/), scripts/check_docs.py's unit tests, mdbook build docs, the link check"
+if ! MDBOOK="$(bash docs/setup_mdbook.sh | tail -n1)" || [ ! -x "$MDBOOK" ]; then
+  echo >&2 "==> FAILED: bash docs/setup_mdbook.sh (see its output above)"
+  exit 1
 fi
 if ! python3 -m unittest discover -s scripts/tests; then
   echo >&2 "==> FAILED: the unit tests of scripts/check_docs.py (scripts/tests)"
@@ -50,6 +53,10 @@ if ! python3 scripts/check_docs.py --built docs/book; then
   exit 1
 fi
 # ---- end of the docs block ---------------------------------------------------------------------
+
+ahead_status=0
+wait "$AHEAD" || ahead_status=$?
+[ "$ahead_status" -eq 0 ] || echo "the downloads beside clippy failed (exit $ahead_status; $AHEAD_LOG); each is tried again below"
 
 step "Python venv with the official MCP SDK (tests/interop/requirements.txt)"
 MRTR_INTEROP_PYTHON="$(bash tests/interop/setup_venv.sh | tail -n1)"
