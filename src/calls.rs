@@ -190,8 +190,16 @@ impl Call {
     fn tell_catalog_of(&self, listed: bool, msg: &[u8]) {
         let backend = &self.target.backend.name;
         if LIST_CHANGED.find(msg).is_some() {
-            let changed = serde_json::from_slice::<serde_json::Value>(msg)
-                .is_ok_and(|v| v["method"] == "notifications/tools/list_changed");
+            let changed = serde_json::from_slice::<serde_json::Value>(msg).is_ok_and(|v| {
+                matches!(
+                    v["method"].as_str(),
+                    Some(
+                        "notifications/tools/list_changed"
+                            | "notifications/prompts/list_changed"
+                            | "notifications/resources/list_changed"
+                    )
+                )
+            });
             if changed {
                 self.shared.catalog.ask_again(backend);
             }
@@ -436,11 +444,11 @@ impl Call {
 static RESPONSE_MARKERS: LazyLock<[memmem::Finder<'static>; 2]> =
     LazyLock::new(|| [b"\"result\"".as_slice(), b"\"error\""].map(memmem::Finder::new));
 
+/// What every notice that a backend's tools, prompts or resources changed holds.
+static LIST_CHANGED: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new("/list_changed\""));
+
 /// Field names one of which every message that continues a call or names a task carries
 /// (`"taskId` covers `taskIds` too).
-static LIST_CHANGED: LazyLock<memmem::Finder<'static>> =
-    LazyLock::new(|| memmem::Finder::new("notifications/tools/list_changed"));
-
 static CONTINUATION_MARKERS: LazyLock<[memmem::Finder<'static>; 3]> =
     LazyLock::new(|| [b"\"pending\"".as_slice(), b"\"resultType\"", b"\"taskId"].map(memmem::Finder::new));
 

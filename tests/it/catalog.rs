@@ -25,6 +25,8 @@ pub(crate) struct ToolServer {
     pub(crate) prompts: Mutex<Vec<String>>,
     /// The resource URIs it lists and serves (`resources/read`; another URI is an error).
     pub(crate) resources: Mutex<Vec<String>>,
+    /// The notice its event stream (a `GET`) sends: that its tools changed, by default.
+    pub(crate) notice: Mutex<&'static str>,
     modern: bool,
     page: Option<usize>,
     /// `tools/list` answers 500 while set.
@@ -51,6 +53,7 @@ impl ToolServer {
             tools: Mutex::new(tools),
             prompts: Mutex::default(),
             resources: Mutex::default(),
+            notice: Mutex::new("notifications/tools/list_changed"),
             modern,
             page,
             broken: Default::default(),
@@ -96,8 +99,9 @@ impl ToolServer {
             return reply(StatusCode::OK, json!({}));
         }
         if method == Method::GET {
-            // The stream a 2025 client listens on: one notice that the tools changed.
-            let notice = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+            // The stream a 2025 client listens on: one notice that the tools (or prompts, or
+            // resources) changed.
+            let notice = json!({"jsonrpc": "2.0", "method": *self.notice.lock()});
             return Response::builder()
                 .header("content-type", "text/event-stream")
                 .header("x-worker", name)

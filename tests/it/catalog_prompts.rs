@@ -162,3 +162,47 @@ async fn a_prompt_list_that_fails_fails_no_ask() {
     assert_eq!(metric(&metrics, refused), Some(0.0));
     fleet.shutdown().await;
 }
+
+/// A backend's prompts or resources change, and the stream a client listens on says so
+/// (`notifications/prompts/list_changed`, then `notifications/resources/list_changed`): the
+/// catalog asks it again at once, though its interval is an hour.
+#[tokio::test]
+async fn a_prompts_or_resources_change_heard_in_passing_has_the_backend_asked_again() {
+    let (first, specs) = two_backends(true).await;
+    let hourly = "[catalog]\nenabled = true\ninterval = \"1h\"\ntimeout = \"2s\"\n";
+    // `first` alone: the stream a client opens is its.
+    let fleet = Fleet::start_backends(Vec::new(), &specs[..1], hourly).await;
+    learned(&fleet, &[("first", 1)]).await;
+    assert_eq!(catalog_of(&fleet, "first").await["prompts"], json!(["greet"]));
+    for (notice, field, now) in [
+        (
+            "notifications/prompts/list_changed",
+            "prompts",
+            json!(["greet", "wave"]),
+        ),
+        (
+            "notifications/resources/list_changed",
+            "resources",
+            json!(["file:///a", "file:///b"]),
+        ),
+    ] {
+        // Only what the notice names changes: the ask it has made learns it.
+        match field {
+            "prompts" => *first.prompts.lock() = vec!["greet".into(), "wave".into()],
+            _ => *first.resources.lock() = vec!["file:///a".into(), "file:///b".into()],
+        }
+        *first.notice.lock() = notice;
+        let accept = [("accept", "text/event-stream")];
+        let stream = send(&fleet.client, Method::GET, &fleet.url(), &accept, Bytes::new()).await;
+        assert!(String::from_utf8_lossy(&stream.body).contains(notice));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while catalog_of(&fleet, "first").await[field] != now {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{notice}: asked again, {field} learned"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    fleet.shutdown().await;
+}
