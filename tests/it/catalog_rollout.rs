@@ -194,15 +194,20 @@ impl Stoppable {
     }
 }
 
-/// A read-only tool's call whose backend refuses the connection moves to the next backend
-/// serving the tool, never to one that does not: w1 and w2 serve `ro`, w3 only `other`. With w1
-/// stopped (left in the ring: health checks hourly), every call of `ro` is answered by w2.
-#[tokio::test]
-async fn a_call_moved_off_a_failed_backend_goes_only_where_its_tool_is_served() {
-    let ro = json!({"name": "ro", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+/// w1 serves `tool1` (and can be stopped), w2 `tool2`, w3 only `other`, behind a router that
+/// checks health hourly and never ejects (w1 stays in the ring once stopped) and may retry
+/// every request; each catalog learned. Returns the router, w1's stop and w3.
+async fn two_serving_one_not(
+    tool1: Value,
+    tool2: Value,
+) -> (
+    Fleet,
+    std::sync::Arc<tokio::sync::Mutex<Stoppable>>,
+    std::sync::Arc<ToolServer>,
+) {
     let (w1, w2) = (
-        ToolServer::new(json!([ro.clone()]), true),
-        ToolServer::new(json!([ro]), true),
+        ToolServer::new(json!([tool1]), true),
+        ToolServer::new(json!([tool2]), true),
     );
     let w3 = ToolServer::new(json!([{"name": "other", "inputSchema": {"type": "object"}}]), true);
     let (spec1, stop1) = Stoppable::serve("w1", &w1).await;
@@ -210,6 +215,16 @@ async fn a_call_moved_off_a_failed_backend_goes_only_where_its_tool_is_served() 
     let extra = format!("{ON}[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n[upstream]\nretry_budget = 1.0\n");
     let fleet = Fleet::start_backends(Vec::new(), &specs, &extra).await;
     learned(&fleet, &[("w1", 1), ("w2", 1), ("w3", 1)]).await;
+    (fleet, stop1, w3)
+}
+
+/// A read-only tool's call whose backend refuses the connection moves to the next backend
+/// serving the tool, never to one that does not: w1 and w2 serve `ro`, w3 only `other`. With w1
+/// stopped (left in the ring: health checks hourly), every call of `ro` is answered by w2.
+#[tokio::test]
+async fn a_call_moved_off_a_failed_backend_goes_only_where_its_tool_is_served() {
+    let ro = json!({"name": "ro", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+    let (fleet, stop1, w3) = two_serving_one_not(ro.clone(), ro).await;
     stop1.lock().await.stop();
     let mut by = BTreeMap::new();
     for i in 0..60 {
@@ -237,16 +252,7 @@ async fn a_drifted_call_whose_accepting_backends_are_out_goes_among_all_serving_
         json!({"name": "t", "annotations": {"readOnlyHint": true}, "inputSchema": {
             "type": "object", "properties": {"x": {"type": ty}}, "required": ["x"]}})
     };
-    let (w1, w2) = (
-        ToolServer::new(json!([t("string")]), true),
-        ToolServer::new(json!([t("integer")]), true),
-    );
-    let w3 = ToolServer::new(json!([{"name": "other", "inputSchema": {"type": "object"}}]), true);
-    let (spec1, stop1) = Stoppable::serve("w1", &w1).await;
-    let specs = vec![spec1, serve("w2", &w2).await, serve("w3", &w3).await];
-    let extra = format!("{ON}[health]\ninterval = \"1h\"\nunhealthy_after = 1000\n[upstream]\nretry_budget = 1.0\n");
-    let fleet = Fleet::start_backends(Vec::new(), &specs, &extra).await;
-    learned(&fleet, &[("w1", 1), ("w2", 1), ("w3", 1)]).await;
+    let (fleet, stop1, w3) = two_serving_one_not(t("string"), t("integer")).await;
     for i in 0..10 {
         assert_eq!(call_t(&fleet, i).await, "w1", "only w1's schema accepts a string x");
     }
