@@ -13,7 +13,7 @@ use http::{header, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use serde_json::{json, Value};
 
-use super::definition::Definition;
+use super::definition::{containers, Definition, MAX_CONTAINERS};
 use crate::body::split_sse;
 use crate::upstream::{Backend, Connection};
 
@@ -59,7 +59,9 @@ impl std::fmt::Display for AskFailed {
         match self {
             AskFailed::Unreachable(why) => write!(f, "unreachable: {why}"),
             AskFailed::Refused(why) => write!(f, "refused: {why}"),
-            AskFailed::TooLarge => f.write_str("more tools or bytes than max_tools or max_bytes"),
+            AskFailed::TooLarge => f.write_str(
+                "more tools or bytes than max_tools or max_bytes, or JSON objects and arrays than the catalog reads",
+            ),
             AskFailed::Timeout => f.write_str("no whole answer within the catalog's timeout"),
         }
     }
@@ -132,6 +134,8 @@ struct Asking<'a> {
     path: &'a str,
     limits: Limits,
     bytes_left: usize,
+    /// What is left of [`MAX_CONTAINERS`] for the ask's answers.
+    containers_left: usize,
     next_id: u64,
 }
 
@@ -152,6 +156,7 @@ async fn ask(backend: &Backend, path: &str, limits: Limits, beyond_tools: bool) 
         path,
         limits,
         bytes_left: limits.max_bytes,
+        containers_left: MAX_CONTAINERS,
         next_id: 0,
     };
     let wanted = |declared: Declared| match beyond_tools {
@@ -309,9 +314,10 @@ impl Asking<'_> {
         if !status.is_success() {
             return Err(AskFailed::Refused(format!("{method}: HTTP {status}")));
         }
-        let message = answer_to(&body, id).ok_or_else(|| AskFailed::Refused(format!("{method}: no answer to it")))?;
-        match (message.get("result"), message.get("error")) {
-            (Some(result), None) => Ok((result.clone(), session)),
+        let mut message =
+            answer_to(&body, id).ok_or_else(|| AskFailed::Refused(format!("{method}: no answer to it")))?;
+        match (message.get("result").is_some(), message.get("error")) {
+            (true, None) => Ok((message["result"].take(), session)),
             (_, Some(error)) => Err(AskFailed::Refused(format!("{method}: {error}"))),
             _ => Err(AskFailed::Refused(format!("{method}: neither result nor error"))),
         }
@@ -345,6 +351,11 @@ impl Asking<'_> {
             Err(e) => return Err(AskFailed::Unreachable(e.to_string())),
         };
         self.bytes_left -= bytes.len();
+        let held = containers(&bytes, self.containers_left);
+        if held > self.containers_left {
+            return Err(AskFailed::TooLarge);
+        }
+        self.containers_left -= held;
         Ok((status, session, bytes))
     }
 

@@ -7,6 +7,34 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+/// The most JSON objects and arrays one ask (all its pages) or one list a client got may hold
+/// for the catalog to read it. Parsed, each costs hundreds of bytes however small its text
+/// (`{"a":0}`, 7 bytes, becomes a map), so `max_bytes` alone does not bound the memory a list
+/// takes: a 4 MiB list of tiny objects took a gigabyte. A thousand tools with rich schemas hold
+/// some 20,000.
+pub const MAX_CONTAINERS: usize = 50_000;
+
+/// How many JSON objects and arrays `json` holds (its `{` and `[` outside strings), counting
+/// no further than `limit + 1`: one pass, no allocation, whether the text is valid JSON or not.
+pub fn containers(json: &[u8], limit: usize) -> usize {
+    let (mut n, mut in_string, mut escaped) = (0, false, false);
+    for &b in json {
+        match (in_string, b) {
+            (true, _) if escaped => escaped = false,
+            (true, b'\\') => escaped = true,
+            (_, b'"') => in_string = !in_string,
+            (false, b'{' | b'[') => {
+                n += 1;
+                if n > limit {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    n
+}
+
 /// A definition's fingerprint: SHA-256 of its canonical form.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint(pub [u8; 32]);
@@ -104,6 +132,13 @@ impl Definition {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn containers_are_counted_outside_strings_and_no_further_than_the_limit() {
+        assert_eq!(containers(br#"{"a":[1,{"b":"[{\"}"}],"c":"\\"}"#, 10), 3);
+        assert_eq!(containers(br#"[[[[[[[[[["#, 3), 4);
+        assert_eq!(containers(br#""{[""#, 10), 0);
+    }
 
     #[test]
     fn the_fingerprint_ignores_key_order_and_sees_every_part() {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::arguments::{ArgumentChecks, Counted};
 use super::ask::AskFailed;
-use super::definition::Definition;
+use super::definition::{containers, Definition, MAX_CONTAINERS};
 use super::fleet::{BackendTools, Change, FleetTools};
 use super::routes::{shown, ToolRoutes};
 use crate::config::Lock;
@@ -229,11 +229,12 @@ impl Catalog {
     /// again, and is noted as told otherwise (unapproved under a lock until an answer agrees).
     /// True when the routes change with what it told.
     pub fn client_saw(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
-        // Larger than an ask may be, or large while another is read: the backend is asked
-        // instead.
+        // Larger than an ask may be (or holding more objects and arrays), or large while
+        // another is read: the backend is asked instead. A small list holds few (64 KiB of
+        // `[]`, 32,768).
         let reading = match msg.len() {
             n if n <= SMALL_LIST => None,
-            n if n <= max_bytes => Some(self.reading.try_lock()),
+            n if n <= max_bytes && containers(msg, MAX_CONTAINERS) <= MAX_CONTAINERS => Some(self.reading.try_lock()),
             _ => Some(None),
         };
         if let Some(None) = reading {
@@ -518,7 +519,7 @@ impl Catalog {
 
 #[cfg(test)]
 mod tests {
-    use super::{labelable, Catalog, CatalogMetrics, SMALL_LIST};
+    use super::{labelable, Catalog, CatalogMetrics, MAX_CONTAINERS, SMALL_LIST};
 
     /// A `tools/list` answer listing `n` tools named `t0`, `t1`, ...
     fn list(n: usize) -> Vec<u8> {
@@ -538,6 +539,14 @@ mod tests {
         assert!(small.len() <= SMALL_LIST && large.len() > SMALL_LIST);
         let told = |c: &Catalog| c.fleet.lock().backend("b").map_or(0, |t| t.seen_otherwise.len());
         assert!(!catalog.client_saw("b", &large, large.len() - 1), "over max_bytes");
+        assert_eq!(told(&catalog), 0);
+        let empties = vec![serde_json::json!([]); MAX_CONTAINERS];
+        let tool = serde_json::json!({"name": "t", "inputSchema": {"type": "object", "x": empties}});
+        let dense = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [tool]}}));
+        assert!(
+            !catalog.client_saw("b", &dense.unwrap(), usize::MAX),
+            "too many objects and arrays"
+        );
         assert_eq!(told(&catalog), 0);
         let reading = catalog.reading.lock();
         assert!(

@@ -439,6 +439,44 @@ async fn pages_are_followed_and_the_bounds_hold() {
     fleet.shutdown().await;
 }
 
+/// A list of few tools and few bytes whose schemas hold more JSON objects and arrays than the
+/// catalog reads (each costs hundreds of bytes parsed): its ask is `too_large`, and a client's
+/// copy of it is not read either (the tool routes nowhere in particular). The control: the
+/// same tools with a third of the objects are learned.
+#[tokio::test]
+async fn a_list_of_too_many_json_objects_is_not_read() {
+    // 20 tools of 2,600 `{"a":0}` each: 52,000 objects (and 40 more), in some 200 KiB.
+    let heavy = |n: usize| -> Vec<Value> {
+        let schema = json!({"type": "object", "x": vec![json!({"a": 0}); n]});
+        (0..20)
+            .map(|i| json!({"name": format!("t{i}"), "inputSchema": schema}))
+            .collect()
+    };
+    let light = ToolServer::new(json!(heavy(850)), true);
+    let specs = vec![serve("light", &light).await];
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    learned(&fleet, &[("light", 20)]).await;
+    fleet.shutdown().await;
+
+    let server = ToolServer::new(json!(heavy(2600)), true);
+    let specs = vec![serve("heavy", &server).await];
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    let too_large = "mrtr_catalog_refreshes_total{backend=\"heavy\",result=\"too_large\"}";
+    fleet.wait_metric(too_large, 1.0, Duration::from_secs(10)).await;
+    let listed = fleet
+        .post(&[], &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    assert_eq!(listed.json()["result"]["tools"].as_array().map(Vec::len), Some(20));
+    let (_, doc) = admin_json(&fleet, "/catalog").await;
+    assert_eq!(
+        doc["backends"][0]["tools"],
+        json!([]),
+        "nothing learned or told: {}",
+        doc["backends"][0]
+    );
+    fleet.shutdown().await;
+}
+
 /// The lock: `mrtr-router catalog lock` approves what the fleet serves; a definition changed
 /// afterwards is served by nobody (409 `tool_definition_changed`, before any backend sees the
 /// call), while the backends still serving the approved one take its calls, a session pinned to
