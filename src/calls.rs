@@ -203,8 +203,20 @@ impl Call {
             if changed {
                 self.shared.catalog.ask_again(backend);
             }
-        } else if listed && self.shared.catalog.client_saw(backend, msg, self.catalog_max_bytes()) {
-            self.shared.rebuild();
+        } else if listed && msg.len() <= crate::catalog::SMALL_LIST {
+            if self.shared.catalog.client_saw(backend, msg, self.catalog_max_bytes()) {
+                self.shared.rebuild();
+            }
+        } else if listed {
+            // A large list is read on a thread of its own: reading it never holds up the
+            // threads that serve requests.
+            let (shared, backend, msg) = (self.shared.clone(), backend.to_string(), msg.to_vec());
+            let max_bytes = self.catalog_max_bytes();
+            tokio::task::spawn_blocking(move || {
+                if shared.catalog.client_saw(&backend, &msg, max_bytes) {
+                    shared.rebuild();
+                }
+            });
         }
     }
 

@@ -13,7 +13,7 @@ use http::{header, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use serde_json::{json, Value};
 
-use super::definition::{containers, Definition, MAX_CONTAINERS};
+use super::definition::{within_value_bounds, Definition};
 use crate::body::split_sse;
 use crate::upstream::{Backend, Connection};
 
@@ -134,8 +134,9 @@ struct Asking<'a> {
     path: &'a str,
     limits: Limits,
     bytes_left: usize,
-    /// What is left of [`MAX_CONTAINERS`] for the ask's answers.
-    containers_left: usize,
+    /// The objects and arrays, and the values, the ask's answers held so far (bounded by
+    /// `definition::within_value_bounds`).
+    values_spent: (usize, usize),
     next_id: u64,
 }
 
@@ -156,7 +157,7 @@ async fn ask(backend: &Backend, path: &str, limits: Limits, beyond_tools: bool) 
         path,
         limits,
         bytes_left: limits.max_bytes,
-        containers_left: MAX_CONTAINERS,
+        values_spent: (0, 0),
         next_id: 0,
     };
     let wanted = |declared: Declared| match beyond_tools {
@@ -268,7 +269,12 @@ impl Asking<'_> {
     }
 
     /// Every page of one list, following `nextCursor`; at most `max_tools` items.
-    async fn list<T>(&mut self, list: &List<T>, version: &str, session: Option<&str>) -> Result<Vec<T>, AskFailed> {
+    async fn list<T: Send + 'static>(
+        &mut self,
+        list: &List<T>,
+        version: &str,
+        session: Option<&str>,
+    ) -> Result<Vec<T>, AskFailed> {
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
@@ -285,16 +291,23 @@ impl Asking<'_> {
                 session,
             };
             let (result, _) = self.call(list.method, params, headers).await?;
-            let page = result
-                .get(list.items)
-                .and_then(Value::as_array)
-                .ok_or_else(|| AskFailed::Refused(format!("a {} result without {}", list.method, list.items)))?;
-            items.extend(page.iter().filter_map(list.read));
+            let (key, read) = (list.items, list.read);
+            let (page, next) = off_the_runtime(move || {
+                let page = result.get(key).and_then(Value::as_array);
+                let page = page.map(|p| p.iter().filter_map(read).collect::<Vec<T>>());
+                (
+                    page,
+                    result.get("nextCursor").and_then(Value::as_str).map(str::to_string),
+                )
+            })
+            .await?;
+            let page = page.ok_or_else(|| AskFailed::Refused(format!("a {} result without {}", list.method, key)))?;
+            items.extend(page);
             if items.len() > self.limits.max_tools {
                 return Err(AskFailed::TooLarge);
             }
-            match result.get("nextCursor").and_then(Value::as_str) {
-                Some(next) if cursor.as_deref() != Some(next) => cursor = Some(next.to_string()),
+            match next {
+                Some(next) if cursor.as_deref() != Some(next.as_str()) => cursor = Some(next),
                 _ => return Ok(items),
             }
         }
@@ -314,8 +327,8 @@ impl Asking<'_> {
         if !status.is_success() {
             return Err(AskFailed::Refused(format!("{method}: HTTP {status}")));
         }
-        let mut message =
-            answer_to(&body, id).ok_or_else(|| AskFailed::Refused(format!("{method}: no answer to it")))?;
+        let answer = off_the_runtime(move || answer_to(&body, id)).await?;
+        let mut message = answer.ok_or_else(|| AskFailed::Refused(format!("{method}: no answer to it")))?;
         match (message.get("result").is_some(), message.get("error")) {
             (true, None) => Ok((message["result"].take(), session)),
             (_, Some(error)) => Err(AskFailed::Refused(format!("{method}: {error}"))),
@@ -351,11 +364,9 @@ impl Asking<'_> {
             Err(e) => return Err(AskFailed::Unreachable(e.to_string())),
         };
         self.bytes_left -= bytes.len();
-        let held = containers(&bytes, self.containers_left);
-        if held > self.containers_left {
+        if !within_value_bounds(&bytes, &mut self.values_spent) {
             return Err(AskFailed::TooLarge);
         }
-        self.containers_left -= held;
         Ok((status, session, bytes))
     }
 
@@ -401,6 +412,15 @@ fn meta() -> Value {
         "io.modelcontextprotocol/clientInfo": serde_json::from_str::<Value>(CLIENT_INFO).expect("a JSON literal"),
         "io.modelcontextprotocol/clientCapabilities": {},
     })
+}
+
+/// `work` (parsing and reading an answer, up to `max_bytes` of JSON: a third of a second of CPU
+/// for a hostile one) on a thread of its own, so that an ask never holds up the threads that
+/// serve requests.
+async fn off_the_runtime<R: Send + 'static>(work: impl FnOnce() -> R + Send + 'static) -> Result<R, AskFailed> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| AskFailed::Refused(format!("reading the answer failed: {e}")))
 }
 
 /// The JSON-RPC answer with `id` in an answer's body: the body itself, or one of its SSE events.

@@ -7,32 +7,44 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-/// The most JSON objects and arrays one ask (all its pages) or one list a client got may hold
-/// for the catalog to read it. Parsed, each costs hundreds of bytes however small its text
-/// (`{"a":0}`, 7 bytes, becomes a map), so `max_bytes` alone does not bound the memory a list
-/// takes: a 4 MiB list of tiny objects took a gigabyte. A thousand tools with rich schemas hold
-/// some 20,000.
+/// The most JSON objects and arrays, and the most values of any kind, one ask (all its pages)
+/// or one list a client got may hold for the catalog to read it. Parsed, a value costs tens of
+/// bytes and an object or array hundreds however short its text (`0,` is 2 bytes, `{"a":0}` 7
+/// and becomes a map), so `max_bytes` alone does not bound the memory a list takes: a 4 MiB
+/// list of tiny objects took a gigabyte, one of numbers 300 MB. A thousand tools with ten
+/// properties each hold some 20,000 objects and arrays and 70,000 values.
 pub const MAX_CONTAINERS: usize = 50_000;
+pub const MAX_VALUES: usize = 300_000;
 
-/// How many JSON objects and arrays `json` holds (its `{` and `[` outside strings), counting
-/// no further than `limit + 1`: one pass, no allocation, whether the text is valid JSON or not.
-pub fn containers(json: &[u8], limit: usize) -> usize {
-    let (mut n, mut in_string, mut escaped) = (0, false, false);
+/// Whether `json` holds at most [`MAX_CONTAINERS`] objects and arrays (its `{` and `[` outside
+/// strings) and [`MAX_VALUES`] values (those and the members and elements after a `,`): one
+/// pass, no allocation, stopping at the first bound passed, whether the text is valid JSON or
+/// not. `spent` carries the counts across the pages of one ask.
+pub fn within_value_bounds(json: &[u8], spent: &mut (usize, usize)) -> bool {
+    let (mut in_string, mut escaped) = (false, false);
+    let (containers, values) = spent;
     for &b in json {
         match (in_string, b) {
             (true, _) if escaped => escaped = false,
             (true, b'\\') => escaped = true,
             (_, b'"') => in_string = !in_string,
             (false, b'{' | b'[') => {
-                n += 1;
-                if n > limit {
-                    break;
+                *containers += 1;
+                *values += 1;
+                if *containers > MAX_CONTAINERS || *values > MAX_VALUES {
+                    return false;
+                }
+            }
+            (false, b',') => {
+                *values += 1;
+                if *values > MAX_VALUES {
+                    return false;
                 }
             }
             _ => {}
         }
     }
-    n
+    true
 }
 
 /// A definition's fingerprint: SHA-256 of its canonical form.
@@ -134,10 +146,15 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn containers_are_counted_outside_strings_and_no_further_than_the_limit() {
-        assert_eq!(containers(br#"{"a":[1,{"b":"[{\"}"}],"c":"\\"}"#, 10), 3);
-        assert_eq!(containers(br#"[[[[[[[[[["#, 3), 4);
-        assert_eq!(containers(br#""{[""#, 10), 0);
+    fn objects_arrays_and_values_are_counted_outside_strings() {
+        let mut spent = (0, 0);
+        assert!(within_value_bounds(br#"{"a":[1,{"b":"[{,\"}"}],"c":"\\"}"#, &mut spent));
+        assert_eq!(spent, (3, 5));
+        let mut near = (MAX_CONTAINERS - 1, 0);
+        assert!(within_value_bounds(b"[", &mut near) && !within_value_bounds(b"[", &mut near));
+        let mut near = (0, MAX_VALUES - 1);
+        assert!(within_value_bounds(b",", &mut near) && !within_value_bounds(b"0,0", &mut near));
+        assert!(within_value_bounds(br#""{[,""#, &mut (0, 0)));
     }
 
     #[test]

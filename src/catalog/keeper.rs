@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::arguments::{ArgumentChecks, Counted};
 use super::ask::AskFailed;
-use super::definition::{containers, Definition, MAX_CONTAINERS};
+use super::definition::{within_value_bounds, Definition};
 use super::fleet::{BackendTools, Change, FleetTools};
 use super::routes::{shown, ToolRoutes};
 use crate::config::Lock;
@@ -136,7 +136,7 @@ pub struct Learned {
 
 /// The catalog of a router.
 /// A list a client got of at most this many bytes is read whatever else is being read.
-const SMALL_LIST: usize = 64 * 1024;
+pub const SMALL_LIST: usize = 64 * 1024;
 
 pub struct Catalog {
     fleet: Mutex<FleetTools>,
@@ -229,12 +229,12 @@ impl Catalog {
     /// again, and is noted as told otherwise (unapproved under a lock until an answer agrees).
     /// True when the routes change with what it told.
     pub fn client_saw(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
-        // Larger than an ask may be (or holding more objects and arrays), or large while
+        // Larger than an ask may be (or holding more objects, arrays or values), or large while
         // another is read: the backend is asked instead. A small list holds few (64 KiB of
-        // `[]`, 32,768).
+        // `[]`, 32,768 arrays; of `0,`, 32,768 values).
         let reading = match msg.len() {
             n if n <= SMALL_LIST => None,
-            n if n <= max_bytes && containers(msg, MAX_CONTAINERS) <= MAX_CONTAINERS => Some(self.reading.try_lock()),
+            n if n <= max_bytes && within_value_bounds(msg, &mut (0, 0)) => Some(self.reading.try_lock()),
             _ => Some(None),
         };
         if let Some(None) = reading {
@@ -519,7 +519,8 @@ impl Catalog {
 
 #[cfg(test)]
 mod tests {
-    use super::{labelable, Catalog, CatalogMetrics, MAX_CONTAINERS, SMALL_LIST};
+    use super::super::definition::{MAX_CONTAINERS, MAX_VALUES};
+    use super::{labelable, Catalog, CatalogMetrics, SMALL_LIST};
 
     /// A `tools/list` answer listing `n` tools named `t0`, `t1`, ...
     fn list(n: usize) -> Vec<u8> {
@@ -546,6 +547,13 @@ mod tests {
         assert!(
             !catalog.client_saw("b", &dense.unwrap(), usize::MAX),
             "too many objects and arrays"
+        );
+        let zeros = vec![0; MAX_VALUES];
+        let tool = serde_json::json!({"name": "t", "inputSchema": {"type": "object", "x": zeros}});
+        let numbers = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [tool]}}));
+        assert!(
+            !catalog.client_saw("b", &numbers.unwrap(), usize::MAX),
+            "too many values"
         );
         assert_eq!(told(&catalog), 0);
         let reading = catalog.reading.lock();

@@ -440,9 +440,8 @@ async fn pages_are_followed_and_the_bounds_hold() {
 }
 
 /// A list of few tools and few bytes whose schemas hold more JSON objects and arrays than the
-/// catalog reads (each costs hundreds of bytes parsed): its ask is `too_large`, and a client's
-/// copy of it is not read either (the tool routes nowhere in particular). The control: the
-/// same tools with a third of the objects are learned.
+/// catalog reads (each costs hundreds of bytes parsed): its ask is `too_large`. The control:
+/// the same tools with a third of the objects are learned.
 #[tokio::test]
 async fn a_list_of_too_many_json_objects_is_not_read() {
     // 20 tools of 2,600 `{"a":0}` each: 52,000 objects (and 40 more), in some 200 KiB.
