@@ -60,7 +60,7 @@ impl std::fmt::Display for AskFailed {
             AskFailed::Unreachable(why) => write!(f, "unreachable: {why}"),
             AskFailed::Refused(why) => write!(f, "refused: {why}"),
             AskFailed::TooLarge => f.write_str(
-                "more tools or bytes than max_tools or max_bytes, or JSON objects and arrays than the catalog reads",
+                "more tools or bytes than max_tools or max_bytes, or JSON objects, arrays or values than the catalog reads",
             ),
             AskFailed::Timeout => f.write_str("no whole answer within the catalog's timeout"),
         }
