@@ -207,13 +207,17 @@ impl Call {
             if self.shared.catalog.client_saw(backend, msg, self.catalog_max_bytes()) {
                 self.shared.rebuild();
             }
-        } else if listed {
-            // A large list is read on a thread of its own: reading it never holds up the
-            // threads that serve requests.
+        } else if listed
+            && self
+                .shared
+                .catalog
+                .claim_large_read(backend, msg, self.catalog_max_bytes())
+        {
+            // A large list is read on a thread of its own, one at a time (claimed before the
+            // thread is taken): reading it never holds up the threads that serve requests.
             let (shared, backend, msg) = (self.shared.clone(), backend.to_string(), msg.to_vec());
-            let max_bytes = self.catalog_max_bytes();
             tokio::task::spawn_blocking(move || {
-                if shared.catalog.client_saw(&backend, &msg, max_bytes) {
+                if shared.catalog.read_claimed(&backend, &msg) {
                     shared.rebuild();
                 }
             });

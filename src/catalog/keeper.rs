@@ -144,10 +144,10 @@ pub struct Catalog {
     labelled: Mutex<BTreeSet<String>>,
     /// The drifted tools' compiled schemas, kept from one build of the routes to the next.
     argument_checks: Mutex<ArgumentChecks>,
-    /// Held while a large list a client got is read (over [`SMALL_LIST`]): one at a time, so
-    /// that many answered at once cost the memory of one parse (a parse takes some 40 times
-    /// the list's size); the others have the backend asked instead.
-    reading: Mutex<()>,
+    /// Set while a large list a client got is read (over [`SMALL_LIST`]): one at a time, on one
+    /// blocking thread, so that many answered at once cost the memory of one parse and take
+    /// no more threads; the others have the backend asked instead.
+    reading: std::sync::atomic::AtomicBool,
     pub(crate) wake: tokio::sync::Notify,
     metrics: CatalogMetrics,
 }
@@ -159,7 +159,7 @@ impl Catalog {
             asked: Mutex::default(),
             labelled: Mutex::default(),
             argument_checks: Mutex::new(ArgumentChecks::new(metrics.argument_checks.clone())),
-            reading: Mutex::new(()),
+            reading: std::sync::atomic::AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             metrics,
         }
@@ -224,23 +224,43 @@ impl Catalog {
         });
     }
 
+    /// Claims the one read of a large list a client got (over [`SMALL_LIST`]), before a thread
+    /// is taken or the list copied for it: false when the list is past an ask's bounds or
+    /// another large list is being read, and the backend is asked instead. A claim is given
+    /// back by [`Catalog::read_claimed`].
+    pub fn claim_large_read(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let fits = msg.len() <= max_bytes && within_value_bounds(msg, &mut (0, 0));
+        let claimed = fits && self.reading.compare_exchange(false, true, AcqRel, Acquire).is_ok();
+        if !claimed {
+            self.ask_again(backend);
+        }
+        claimed
+    }
+
+    /// [`Catalog::client_saw`] of a large list claimed by [`Catalog::claim_large_read`]; gives
+    /// the claim back.
+    pub fn read_claimed(&self, backend: &str, msg: &[u8]) -> bool {
+        let saw = self.read_told(backend, msg);
+        self.reading.store(false, std::sync::atomic::Ordering::Release);
+        saw
+    }
+
     /// What a `tools/list` answer's body (a JSON-RPC message) `backend` gave a client tells:
     /// a tool it lists that the catalog does not know of it in that definition has it asked
     /// again, and is noted as told otherwise (unapproved under a lock until an answer agrees).
-    /// True when the routes change with what it told.
+    /// True when the routes change with what it told. A large list (over [`SMALL_LIST`]) is
+    /// read only when claimed ([`Catalog::claim_large_read`]); a small one holds few values
+    /// (64 KiB of `[]`, 32,768 arrays; of `0,`, 32,768 values).
     pub fn client_saw(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
-        // Larger than an ask may be (or holding more objects, arrays or values), or large while
-        // another is read: the backend is asked instead. A small list holds few (64 KiB of
-        // `[]`, 32,768 arrays; of `0,`, 32,768 values).
-        let reading = match msg.len() {
-            n if n <= SMALL_LIST => None,
-            n if n <= max_bytes && within_value_bounds(msg, &mut (0, 0)) => Some(self.reading.try_lock()),
-            _ => Some(None),
-        };
-        if let Some(None) = reading {
-            self.ask_again(backend);
-            return false;
+        match msg.len() {
+            n if n <= SMALL_LIST.min(max_bytes) => self.read_told(backend, msg),
+            _ => self.claim_large_read(backend, msg, max_bytes) && self.read_claimed(backend, msg),
         }
+    }
+
+    /// [`Catalog::client_saw`] once the list's size is judged.
+    fn read_told(&self, backend: &str, msg: &[u8]) -> bool {
         let Ok(message) = serde_json::from_slice::<Value>(msg) else {
             return false;
         };
@@ -518,72 +538,5 @@ impl Catalog {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::definition::{MAX_CONTAINERS, MAX_VALUES};
-    use super::{labelable, Catalog, CatalogMetrics, SMALL_LIST};
-
-    /// A `tools/list` answer listing `n` tools named `t0`, `t1`, ...
-    fn list(n: usize) -> Vec<u8> {
-        let tools: Vec<_> = (0..n)
-            .map(|i| serde_json::json!({"name": format!("t{i}"), "inputSchema": {"type": "object"}}))
-            .collect();
-        serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": tools}})).unwrap()
-    }
-
-    /// A list a client got is read when small, or when large and nothing else large is being
-    /// read; larger than `max_bytes`, never.
-    #[test]
-    fn a_list_a_client_got_is_read_within_its_bounds() {
-        let catalog = Catalog::new(CatalogMetrics::register(&prometheus::Registry::new()));
-        catalog.know(["b"]);
-        let (small, large) = (list(3), list(5000));
-        assert!(small.len() <= SMALL_LIST && large.len() > SMALL_LIST);
-        let told = |c: &Catalog| c.fleet.lock().backend("b").map_or(0, |t| t.seen_otherwise.len());
-        assert!(!catalog.client_saw("b", &large, large.len() - 1), "over max_bytes");
-        assert_eq!(told(&catalog), 0);
-        let empties = vec![serde_json::json!([]); MAX_CONTAINERS];
-        let tool = serde_json::json!({"name": "t", "inputSchema": {"type": "object", "x": empties}});
-        let dense = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [tool]}}));
-        assert!(
-            !catalog.client_saw("b", &dense.unwrap(), usize::MAX),
-            "too many objects and arrays"
-        );
-        let zeros = vec![0; MAX_VALUES];
-        let tool = serde_json::json!({"name": "t", "inputSchema": {"type": "object", "x": zeros}});
-        let numbers = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [tool]}}));
-        assert!(
-            !catalog.client_saw("b", &numbers.unwrap(), usize::MAX),
-            "too many values"
-        );
-        assert_eq!(told(&catalog), 0);
-        let reading = catalog.reading.lock();
-        assert!(
-            !catalog.client_saw("b", &large, large.len()),
-            "another large one is being read"
-        );
-        assert_eq!(told(&catalog), 0);
-        assert!(
-            catalog.client_saw("b", &small, large.len()),
-            "a small one is read all the same"
-        );
-        assert_eq!(told(&catalog), 3);
-        drop(reading);
-        assert!(catalog.client_saw("b", &large, large.len()));
-        assert_eq!(told(&catalog), super::super::fleet::TOLD_MAX);
-    }
-
-    #[test]
-    fn a_label_is_a_short_printable_name() {
-        assert!(labelable("search_v2.docs-x"));
-        assert!(labelable(&"a".repeat(128)));
-        for refused in [
-            String::new(),
-            "a".repeat(129),
-            "a\u{2028}b".into(),
-            "a\u{202E}b".into(),
-            "a\rb".into(),
-        ] {
-            assert!(!labelable(&refused), "{refused:?}");
-        }
-    }
-}
+#[path = "keeper_tests.rs"]
+mod tests;
