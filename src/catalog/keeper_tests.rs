@@ -1,7 +1,7 @@
 //! Unit tests of `keeper`: what a list a client got costs, and labels.
 
-use super::super::definition::{MAX_CONTAINERS, MAX_VALUES};
 use super::{labelable, Catalog, CatalogMetrics, SMALL_LIST};
+use crate::catalog::definition::{MAX_CONTAINERS, MAX_VALUES};
 
 /// A `tools/list` answer listing `n` tools named `t0`, `t1`, ...
 fn list(n: usize) -> Vec<u8> {
@@ -52,7 +52,7 @@ fn a_list_a_client_got_is_read_within_its_bounds() {
     );
     assert_eq!(told(&catalog), 3);
     assert!(catalog.read_claimed("b", &large), "the claimed read");
-    assert_eq!(told(&catalog), super::super::fleet::TOLD_MAX);
+    assert_eq!(told(&catalog), crate::catalog::fleet::TOLD_MAX);
     assert!(catalog.claim_large_read("b", &large, large.len()), "given back");
 }
 
