@@ -134,10 +134,10 @@ pub struct Learned {
     pub drifted: Vec<(String, usize)>,
 }
 
-/// The catalog of a router.
 /// A list a client got of at most this many bytes is read whatever else is being read.
 pub const SMALL_LIST: usize = 64 * 1024;
 
+/// The catalog of a router.
 pub struct Catalog {
     fleet: Mutex<FleetTools>,
     asked: Mutex<BTreeMap<String, Asked>>,
@@ -241,9 +241,15 @@ impl Catalog {
     /// [`Catalog::client_saw`] of a large list claimed by [`Catalog::claim_large_read`]; gives
     /// the claim back.
     pub fn read_claimed(&self, backend: &str, msg: &[u8]) -> bool {
-        let saw = self.read_told(backend, msg);
-        self.reading.store(false, std::sync::atomic::Ordering::Release);
-        saw
+        /// Gives the claim back however the read ends (a panic too: no claim is kept forever).
+        struct Claim<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Claim<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let _claim = Claim(&self.reading);
+        self.read_told(backend, msg)
     }
 
     /// What a `tools/list` answer's body (a JSON-RPC message) `backend` gave a client tells:
