@@ -282,3 +282,49 @@ async fn call_t(fleet: &Fleet, i: usize) -> String {
     assert_eq!(a.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&a.body));
     a.worker()
 }
+
+/// The same as a client's list over 64 KiB (a long description): it is read off the request
+/// threads, after the answer is on its way, and `summarize` routes to v2 once it is. The
+/// control: before any list reached v2, the ring sends some calls of it to v1.
+#[tokio::test]
+async fn a_large_list_a_client_gets_routes_the_new_instances_tools_too() {
+    let v1 = ToolServer::new(json!([lookup(false)]), true);
+    let long = "a tool that sums up a document. ".repeat(2500);
+    let summarize = json!({"name": "summarize", "description": long, "inputSchema": {"type": "object"}});
+    let v2 = ToolServer::new(json!([lookup(false), summarize]), true);
+    v2.refuses_the_catalog.store(true, Ordering::Relaxed);
+    let specs = vec![serve("v1", &v1).await, serve("v2", &v2).await];
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    learned(&fleet, &[("v1", 1)]).await;
+    let call = |i: usize| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("big-{i}"),
+            "params": {"name": "summarize", "arguments": {}}})
+    };
+    let mut control = BTreeMap::new();
+    for i in 0..30 {
+        *control.entry(fleet.post(&[], &call(i)).await.worker()).or_insert(0) += 1;
+    }
+    assert!(control.contains_key("v1"), "control: by the ring: {control:?}");
+    let mut told = false;
+    for i in 0..50 {
+        let list = fleet
+            .post(&[], &json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
+            .await;
+        if list.worker() == "v2" {
+            assert!(list.body.len() > 64 * 1024, "a large list: {} bytes", list.body.len());
+            told = true;
+            break;
+        }
+    }
+    assert!(told, "no list reached v2 in 50 tries");
+    // Read on a thread of its own: routed once that read is done (bounded wait).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while fleet.post(&[], &call(1000)).await.worker() != "v2" {
+        assert!(std::time::Instant::now() < deadline, "the large list was never read");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for i in 0..30 {
+        assert_eq!(fleet.post(&[], &call(i)).await.worker(), "v2", "call {i}");
+    }
+    fleet.shutdown().await;
+}
