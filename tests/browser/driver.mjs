@@ -1,6 +1,8 @@
 // Drives headless Chromium (Debian's /usr/bin/chromium, through playwright-core) for
 // tests/external/status_page.rs: one JSON command per line on stdin, one JSON answer per line on
 // stdout. The first line out is {"ready": true} once the browser runs. Exits when stdin closes.
+// The browser's profile goes in the folder named by the first argument, which the caller owns
+// and removes (it kills the driver when done).
 //
 // Every request the browser makes, every dialog (alert, confirm, prompt), every uncaught page
 // error, console error and Content-Security-Policy violation is collected; {"op": "report"}
@@ -8,14 +10,12 @@
 //
 // Commands: goto {url}; wait_updates {more}; read; token {value}; forget_token;
 // click {backend, action}; wait_notice {contains}; screenshot {path}; report.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { chromium } from 'playwright-core';
 
 const TIMEOUT = 20000;
-const profile = mkdtempSync(join(tmpdir(), 'mrtr-status-page-'));
+const profile = process.argv[2];
+if (!profile) throw new Error('usage: node driver.mjs PROFILE_DIR');
 const seen = { requests: [], dialogs: [], pageErrors: [], consoleErrors: [], cspViolations: [] };
 
 const context = await chromium.launchPersistentContext(profile, {
@@ -181,4 +181,3 @@ for await (const line of lines) {
   }
 }
 await context.close();
-rmSync(profile, { recursive: true, force: true });

@@ -301,6 +301,7 @@ async fn the_status_page_shows_the_fleet_live_and_safely_and_drains_with_the_tok
         "status page: worker-0 down on the page {shown_after:?} after it was killed; {} requests, all to {origin}",
         requests.len()
     );
+    browser.close().await;
 }
 
 /// What the page costs with 100 backends (docs/src/observability.md states these figures): the
@@ -337,4 +338,5 @@ async fn the_status_page_with_100_backends() {
     assert!(render < 250.0, "{render} ms to render an update");
     let report = browser.call(json!({"op": "report"})).await;
     assert_eq!(report["pageErrors"], json!([]), "{report:#}");
+    browser.close().await;
 }

@@ -17,12 +17,14 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 /// How long the browser may take to start, and one command to answer.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A running browser; closed (its stdin, then the process) on drop.
+/// A running browser. [`Browser::close`] ends it and waits for the browser to exit; dropped
+/// otherwise (a failed test), the driver is killed. Either way its profile folder is removed.
 pub struct Browser {
-    _child: Child,
+    child: Child,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
     stderr: Arc<Mutex<String>>,
+    _profile: tempfile::TempDir,
 }
 
 impl Browser {
@@ -36,8 +38,13 @@ impl Browser {
             "{} has no node_modules/playwright-core: run bash tests/browser/setup.sh",
             dir.display()
         );
+        let profile = tempfile::Builder::new()
+            .prefix("mrtr-status-page-")
+            .tempdir()
+            .expect("a profile folder for the browser");
         let mut child = Command::new("node")
             .arg("driver.mjs")
+            .arg(profile.path())
             .current_dir(&dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -49,10 +56,11 @@ impl Browser {
         let stderr = super::collect_stderr(&mut child);
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut browser = Browser {
-            _child: child,
+            child,
             stdin,
             stdout,
             stderr,
+            _profile: profile,
         };
         let ready = browser.line().await;
         assert_eq!(ready["ready"], true, "{ready}");
@@ -99,5 +107,16 @@ impl Browser {
     /// What the page shows now.
     pub async fn read(&mut self) -> Value {
         self.call(json!({"op": "read"})).await
+    }
+
+    /// Closes the driver's stdin, so it closes the browser and exits, and waits for that: a browser
+    /// killed instead may still write to its profile folder after the folder is removed.
+    pub async fn close(self) {
+        let Browser { mut child, stdin, .. } = self;
+        drop(stdin);
+        match tokio::time::timeout(DEADLINE, child.wait()).await {
+            Ok(status) => assert!(status.expect("wait for the driver").success()),
+            Err(_) => panic!("the browser driver did not exit within {DEADLINE:?} of its stdin closing"),
+        }
     }
 }
