@@ -773,28 +773,38 @@ fn kubernetes_manifests_render_validate_and_have_the_production_properties() {
 
 #[test]
 fn the_manifest_validator_fails_on_broken_objects() {
-    // The check above would pass vacuously if the validator let anything through.
+    // The check above would pass vacuously if the validator let anything through. Each broken
+    // object in a kustomization of its own, all judged by one run of the validator (its imports
+    // take seconds): each must fail, in its own directory.
     let (dir, _) = temp_in_target("deploy-bad-");
-    std::fs::write(dir.path().join("kustomization.yaml"), "resources: [o.yaml]\n").unwrap();
     let cases = [
         ("Deployment", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {selector: {matchLabels: {a: b}}, template: {metadata: {labels: {a: b}}, spec: {containers: [{name: c, image: i, bogus: 1}]}}}\n"),
         ("ServiceMonitor", "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: s}\nspec: {selector: {matchLabels: {a: b}}, endpoints: [{port: admin, intervall: 5s}]}\n"),
         ("Certificate", "apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: c}\nspec: {secretName: s, issuerRef: {name: x}, privateKey: {algorithm: DSA}}\n"),
         ("Widget", "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n"),
     ];
-    for (kind, doc) in cases {
-        std::fs::write(dir.path().join("o.yaml"), doc).unwrap();
-        let out = Command::new(python())
-            .arg(repo().join("tests/deploy/k8s_validate.py"))
-            .arg("--kubectl")
-            .arg(kubectl())
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{kind}: accepted\n{log}");
+    let dirs: Vec<std::path::PathBuf> = cases
+        .iter()
+        .map(|(kind, doc)| {
+            let case = dir.path().join(kind);
+            std::fs::create_dir(&case).unwrap();
+            std::fs::write(case.join("kustomization.yaml"), "resources: [o.yaml]\n").unwrap();
+            std::fs::write(case.join("o.yaml"), doc).unwrap();
+            case
+        })
+        .collect();
+    let out = Command::new(python())
+        .arg(repo().join("tests/deploy/k8s_validate.py"))
+        .arg("--kubectl")
+        .arg(kubectl())
+        .args(&dirs)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted\n{log}");
+    for ((kind, _), case) in cases.iter().zip(&dirs) {
         assert!(
-            log.contains(&format!("FAIL {}: {kind}/", dir.path().display())),
+            log.contains(&format!("FAIL {}: {kind}/", case.display())),
             "{kind}: {log}"
         );
     }
