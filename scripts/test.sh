@@ -118,10 +118,16 @@ fi
 redis-server --version
 # ---- end of the Redis block ---------------------------------------------------------------------
 
-step "cargo test --all-targets ${FEATURES[*]} (unit tests, tests/it/, tests/external/)"
+step "cargo test --all-targets ${FEATURES[*]} --no-run (every test binary built at once)"
+cargo test --all-targets "${FEATURES[@]}" --no-run
 # One binary after the other: side by side on two cores, the timing-bound tests of either (a
-# sampled gauge, memory given back within a bound) ran late often enough to fail a run.
-cargo test --all-targets "${FEATURES[@]}"
+# sampled gauge, memory given back within a bound) ran late often enough to fail a run. The
+# external tests are busy (Python and node processes: 160 s of CPU time in 85 s) and run four at
+# once; tests/it/ mostly waits and runs eight at once (.cargo/config.toml).
+step "cargo test (unit tests, tests/it/, the examples and benches as tests)"
+cargo test "${FEATURES[@]}" --lib --bins --examples --benches --test it
+step "cargo test --test external (four at once)"
+RUST_TEST_THREADS=4 cargo test "${FEATURES[@]}" --test external
 
 # ---- vendor/ (see vendor/README.md) and the bench (bench/README.md) ---------------------------
 step "vendor/: hyper and h2 are exactly their crates.io releases plus vendor/patches/ (vendor/update.sh --check)"
