@@ -68,7 +68,8 @@ pub(super) struct Exchange<'c> {
 /// What the exchange with the chosen backend holds until its answer is observed.
 struct AtBackend<'c> {
     backend: Arc<Backend>,
-    guard: InflightGuard,
+    /// Taken by the answer's body, which holds it until it ends.
+    guard: Option<InflightGuard>,
     call: Call,
     /// The `method` label of the request's metrics.
     method: &'static str,
@@ -375,7 +376,7 @@ impl<'c> Exchange<'c> {
                 unsealed,
             ),
             backend,
-            guard,
+            guard: Some(guard),
             method: method_label(method, handles.method.as_deref()),
             held: Held::nothing(),
             resend: None,
@@ -490,7 +491,7 @@ impl<'c> Exchange<'c> {
             obs.sent_to(&backend.name);
         }
         at.backend = backend;
-        at.guard = guard;
+        at.guard = Some(guard);
     }
 
     /// The backend's answer head is in: recorded for the metrics and the access log, and
@@ -523,25 +524,25 @@ impl<'c> Exchange<'c> {
         collected: Option<Result<read::Collected, read::CollectError>>,
     ) -> Result<Response<ProxyBody>, RouterError> {
         let Answered { mut parts, body, head } = answered;
-        let AtBackend {
-            backend,
-            guard,
-            call,
-            held: _held,
-            ..
-        } = self.at_backend.take().expect("connected before it is answered");
         let forward = Forward {
             shared: self.shared,
             snap: &self.snap,
         };
+        // Used where it lies, not moved out whole (its call alone is hundreds of bytes); only a
+        // stream's body takes the call. Let go (the body budget's share with it) once the
+        // answer's body is made.
+        let at = self.at_backend.as_mut().expect("connected before it is answered");
+        let guard = at.guard.take().expect("held until the answer");
         let body = match (collected, body) {
-            (Some(collected), _) => answer::json(&forward, &call, &mut parts, head, collected, &backend, guard)?,
+            (Some(collected), _) => answer::json(&forward, &at.call, &mut parts, head, collected, &at.backend, guard)?,
             (None, Some(body)) if matches!(head.kind, answer::Kind::Sse) => {
+                let AtBackend { backend, call, .. } = self.at_backend.take().expect("connected before it is answered");
                 answer::sse(&forward, call, &mut parts, head.pinned, body, &backend, guard)
             }
-            (None, Some(body)) => answer::other(&forward, &call, &mut parts, head.pinned, body, &backend, guard),
+            (None, Some(body)) => answer::other(&forward, &at.call, &mut parts, head.pinned, body, &at.backend, guard),
             (None, None) => unreachable!("a JSON answer's body comes read whole"),
         };
+        self.at_backend = None;
         Ok(Response::from_parts(parts, body))
     }
 }
