@@ -162,10 +162,7 @@ impl Forward<'_> {
             other => other.map(|sent| sent.map_err(failed)),
         };
         match result {
-            Some(Ok(resp)) => {
-                backend.record_request_success();
-                Ok(resp)
-            }
+            Some(Ok(resp)) => Ok(answered(backend, resp)),
             // The client's streamed body broke or stalled: its fault, answered as such.
             Some(Err(_)) | None if client_fault.and_then(FaultCell::get).is_some() => {
                 Err(match client_fault.and_then(FaultCell::get) {
@@ -225,6 +222,14 @@ impl Forward<'_> {
             .inc();
         RouterError::upstream_timeout(&backend.name)
     }
+}
+
+/// The backend answered: its head is in. The driver's first attempt (the usual case) comes
+/// here without [`Forward::answer`]'s future, which would hold the answer and move it twice.
+#[inline(always)]
+pub(super) fn answered(backend: &Backend, resp: Response<DrivenBody>) -> Response<DrivenBody> {
+    backend.record_request_success();
+    resp
 }
 
 /// Logs and counts a connection that could not be opened: a TLS failure names the backend

@@ -169,9 +169,14 @@ async fn run_phases(
     let first = deadline::within(deadline.reborrow(), sent).await;
     let (forward, backend) = cx.forwarding();
     let client_fault = sending.client_fault.as_ref();
-    let mut response = forward
-        .answer(first, sending.reused, backend, client_fault, deadline.reborrow())
-        .await;
+    let mut response = match first {
+        Some(Ok(answer)) => Ok(forward::answered(backend, answer)),
+        first => {
+            forward
+                .answer(first, sending.reused, backend, client_fault, deadline.reborrow())
+                .await
+        }
+    };
     // A first round that may run twice goes once to the next backend (`resend`).
     if response.as_ref().is_err_and(|failed| cx.may_resend(failed)) {
         if let Some(again) = cx.resend(deadline.reborrow()).await {

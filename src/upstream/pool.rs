@@ -10,9 +10,9 @@
 //! for its body). An idle connection in the pool is polled by nobody; it is checked (one poll,
 //! nobody to wake) when it is put back, and when it is taken out after a while idle.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -278,37 +278,24 @@ impl PooledConn {
     /// Hands `req` to the connection now (it is written when the returned future is first
     /// polled) and returns the wait for the answer's head, which drives the connection. The
     /// answer's body keeps the connection, drives it as it is read, and puts it back at its
-    /// end. Not an `async fn`: one would hold `req` in its future as well as in hyper's.
-    pub fn send(mut self, req: Request<UpstreamBody>) -> impl Future<Output = Result<Response<DrivenBody>, SendError>> {
-        let sent = match &mut self.held {
-            Held::Http1 { conn, .. } => Ok(conn.as_mut().expect("held until dropped").sender.try_send_request(req)),
-            Held::Http2(..) => Err(req),
-        };
-        async move {
-            let answer = match sent {
-                Ok(answer) => answer,
-                Err(req) => return self.send_http2(req).await,
-            };
-            let Held::Http1 { conn: Some(conn), .. } = &mut self.held else {
-                unreachable!("an HTTP/1.1 connection, held until dropped")
-            };
-            let mut answer = pin!(answer);
-            let result = poll_fn(|cx| {
-                // The driver first: it writes the request, and reads the answer that completes `answer`.
-                conn.poll_driver(cx);
-                answer.as_mut().poll(cx)
-            })
-            .await;
-            match result {
-                Ok(resp) => Ok(resp.map(|inner| DrivenBody {
-                    inner: Inner::Http1(inner),
-                    conn: self,
-                })),
-                Err(mut e) => match e.take_message() {
-                    Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error().into())),
-                    None => Err(SendError::Failed(e.into_error().into())),
-                },
+    /// end. A future of its own, not an `async` block: hyper's wait (which can hand the request
+    /// back, so it is hundreds of bytes) is then made in place and moved once, by the caller.
+    pub fn send(
+        mut self,
+        req: Request<UpstreamBody>,
+    ) -> Sent<impl Future<Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<UpstreamBody>>>>>
+    {
+        match &mut self.held {
+            Held::Http1 { conn, .. } => {
+                let answer = conn.as_mut().expect("held until dropped").sender.try_send_request(req);
+                Sent::Http1 {
+                    conn: Some(self),
+                    answer,
+                }
             }
+            Held::Http2(..) => Sent::Http2 {
+                answer: self.send_http2(req),
+            },
         }
     }
 
@@ -337,6 +324,49 @@ impl Drop for PooledConn {
                 pool.release(conn);
             }
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The wait for an answer's head ([`PooledConn::send`]).
+    #[project = SentProj]
+    pub enum Sent<F> {
+        /// On an HTTP/1.1 connection, which it drives while it waits.
+        Http1 { conn: Option<PooledConn>, #[pin] answer: F },
+        /// On an HTTP/2 stream (boxed: kept out of the HTTP/1.1 request's future).
+        Http2 { answer: Pin<Box<dyn Future<Output = Result<Response<DrivenBody>, SendError>> + Send>> },
+    }
+}
+
+impl<F> Future for Sent<F>
+where
+    F: Future<Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<UpstreamBody>>>>,
+{
+    type Output = Result<Response<DrivenBody>, SendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (conn, answer) = match self.project() {
+            SentProj::Http1 { conn, answer } => (conn, answer),
+            SentProj::Http2 { answer } => return answer.as_mut().poll(cx),
+        };
+        let pooled = conn.as_mut().expect("polled after it was ready");
+        let Held::Http1 { conn: Some(driven), .. } = &mut pooled.held else {
+            unreachable!("an HTTP/1.1 connection, held until dropped")
+        };
+        // The driver first: it writes the request, and reads the answer that completes `answer`.
+        driven.poll_driver(cx);
+        let result = std::task::ready!(answer.poll(cx));
+        let pooled = conn.take().expect("polled after it was ready");
+        Poll::Ready(match result {
+            Ok(resp) => Ok(resp.map(|inner| DrivenBody {
+                inner: Inner::Http1(inner),
+                conn: pooled,
+            })),
+            Err(mut e) => match e.take_message() {
+                Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error().into())),
+                None => Err(SendError::Failed(e.into_error().into())),
+            },
+        })
     }
 }
 
