@@ -166,24 +166,12 @@ async fn run_phases(
     let (sending, request) = cx.upstream_request(parts, read, &routed, &conn)?;
     let sent = std::pin::pin!(conn.send(request));
     join_the_write_burst().await;
-    let first = deadline::within(deadline.reborrow(), sent).await;
-    let (forward, backend) = cx.forwarding();
-    let client_fault = sending.client_fault.as_ref();
-    let mut response = match first {
-        Some(Ok(answer)) => Ok(forward::answered(backend, answer)),
-        first => {
-            forward
-                .answer(first, sending.reused, backend, client_fault, deadline.reborrow())
-                .await
-        }
+    let response = match deadline::within(deadline.reborrow(), sent).await {
+        // The usual case: the first attempt's answer, taken without another future.
+        Some(Ok(answer)) => forward::answered(cx.forwarding().1, answer),
+        first => not_answered_at_once(&mut cx, first, &sending, deadline.reborrow()).await?,
     };
-    // A first round that may run twice goes once to the next backend (`resend`).
-    if response.as_ref().is_err_and(|failed| cx.may_resend(failed)) {
-        if let Some(again) = cx.resend(deadline.reborrow()).await {
-            response = again;
-        }
-    }
-    let mut answered = cx.answered(response?);
+    let mut answered = cx.answered(response);
     let collected = match answered.whole_body() {
         Some(body) => Some(read::collect_json(body, deadline).await),
         None => None,
@@ -191,6 +179,28 @@ async fn run_phases(
     let answer = cx.answer(answered, collected)?;
     join_the_write_burst().await;
     Ok(answer)
+}
+
+/// The first attempt did not answer (unsent on a closed pooled connection, refused, failed, or
+/// past the deadline): sent once more where that is safe (`Forward::answer`), and a first
+/// round that may run twice goes once to the next backend (`resend`).
+async fn not_answered_at_once(
+    cx: &mut Exchange<'_>,
+    first: Option<Result<Response<crate::upstream::DrivenBody>, crate::upstream::SendError>>,
+    sending: &phases::Sending,
+    mut deadline: deadline::Deadline<'_>,
+) -> Result<Response<crate::upstream::DrivenBody>, RouterError> {
+    let (forward, backend) = cx.forwarding();
+    let client_fault = sending.client_fault.as_ref();
+    let mut response = forward
+        .answer(first, sending.reused, backend, client_fault, deadline.reborrow())
+        .await;
+    if response.as_ref().is_err_and(|failed| cx.may_resend(failed)) {
+        if let Some(again) = cx.resend(deadline).await {
+            response = again;
+        }
+    }
+    response
 }
 
 /// A request's JSON-RPC id as the client wrote it: short ones (almost all) copied inline, so

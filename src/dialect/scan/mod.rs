@@ -151,17 +151,12 @@ struct Scanned<'a> {
 
 fn scan_request<'a>(body: &'a [u8], body_field: &str) -> Result<Scanned<'a>, Unreadable> {
     let mut ambiguous = None;
-    let scan = |ambiguous: &mut Option<Ambiguity>| {
-        let (end, scanned) = envelope(body, ws(body, 0), body_field.as_bytes(), ambiguous)?;
-        match ws(body, end) {
-            end if end == body.len() => Ok(scanned),
-            end => Err(end),
-        }
-    };
-    let scanned = scan(&mut ambiguous).map_err(|at| NotJson { at })?;
-    match ambiguous {
-        Some(a) => Err(Unreadable::Ambiguous(a)),
-        None => Ok(scanned),
+    let (end, scanned) =
+        envelope(body, ws(body, 0), body_field.as_bytes(), &mut ambiguous).map_err(|at| NotJson { at })?;
+    match (ws(body, end), ambiguous) {
+        (end, _) if end != body.len() => Err(Unreadable::NotJson(NotJson { at: end })),
+        (_, Some(a)) => Err(Unreadable::Ambiguous(a)),
+        (_, None) => Ok(scanned),
     }
 }
 
