@@ -60,7 +60,7 @@ pub struct Decision {
 }
 
 /// Whether a request continues a call already under way (docs/src/pins.md, "Follow-ups"), the
-/// one definition routing, quotas and the access log share. Each handle counts only for what it
+/// one definition routing, quotas and the retry to the next backend share. Each handle counts only for what it
 /// continues:
 /// - the pin of a call it matched (not a session's alone: a session holds many calls): a client
 ///   key's for a request that starts no call of its own (a `tools/call` that repeats a pending

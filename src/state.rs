@@ -21,7 +21,8 @@ use crate::sealing::Sealing;
 use crate::telemetry::Tracing;
 use crate::upstream::{Backend, BackendKey, Lookup, Membership, RetryBudget};
 
-/// Everything a request needs that changes only on reload, read as one consistent unit.
+/// Everything a request needs that changes only when the snapshot is rebuilt (a reload, a
+/// health or membership change, a drain), read as one consistent unit.
 pub struct Snapshot {
     pub config: Config,
     /// Every backend a pin may name (serving and draining), by key.

@@ -49,7 +49,7 @@ pub async fn authenticate(
     if names_a_bearer(&parts.uri) {
         return Err(refuse(
             Some("invalid_request"),
-            Some("the access bearer goes in the Authorization header, never in the URL"),
+            Some("the access token goes in the Authorization header, never in the URL"),
             "invalid",
         ));
     }

@@ -394,9 +394,10 @@ impl<'c> Exchange<'c> {
         conn
     }
 
-    /// The request as the backend gets it (its own handles back, the hop-by-hop headers out,
-    /// then what the router owns set: `Host`, `X-Forwarded-*`, the identity headers), and the
-    /// connection to send it on (the driver sends it and awaits the answer's head).
+    /// The request as the backend gets it (the hop-by-hop headers out, then what the router
+    /// owns set: the identity headers, the backend's own handles back, `Host`,
+    /// `X-Forwarded-*`), and the connection to send it on (the driver sends it and awaits the
+    /// answer's head).
     // Inlined into the driver: the request (280 bytes) is then built where the driver keeps
     // it rather than returned and moved (about 200 fewer instructions per request, callgrind).
     #[inline(always)]
@@ -473,7 +474,7 @@ impl<'c> Exchange<'c> {
         self.at_backend.as_mut()?.resend.take()
     }
 
-    /// The backend the request went to, by its ring key.
+    /// The backend the request went to, by its `BackendKey`.
     pub(super) fn backend_key(&self) -> crate::upstream::BackendKey {
         self.at_backend
             .as_ref()
