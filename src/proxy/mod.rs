@@ -69,7 +69,8 @@ struct Record {
 /// connection's requests share: the connection's own state, which holds it at no allocation
 /// of its own.
 ///
-/// Boxed: the request's state is large (~3.9 KiB), and a future is copied whole each time it is
+/// Boxed: the request's state is large (`run_phases`'s future alone 3,552 bytes, release
+/// build, `-Zprint-type-sizes`), and a future is copied whole each time it is
 /// moved; boxed here, it is moved as a pointer. Built in its box (`Box::write` into an
 /// uninitialised one): `Box::pin(async { .. })` builds it on the stack and copies all of it
 /// in, a memcpy of ~400 instructions per request.
