@@ -81,19 +81,8 @@ async fn a_call_of_a_drifted_tool_goes_where_its_arguments_are_accepted() {
 /// control: the same before any client was told, when the tool is unknown and the ring decides.
 #[tokio::test]
 async fn a_new_instances_tools_are_routed_from_the_first_list_a_client_gets() {
-    let v1 = ToolServer::new(json!([lookup(false)]), true);
-    let v2 = ToolServer::new(
-        json!([lookup(false), {"name": "summarize", "inputSchema": {"type": "object"}}]),
-        true,
-    );
-    v2.refuses_the_catalog.store(true, Ordering::Relaxed);
-    let specs = vec![serve("v1", &v1).await, serve("v2", &v2).await];
-    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
-    learned(&fleet, &[("v1", 1)]).await;
-    let summarize = |i: usize| {
-        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("sum-{i}"),
-            "params": {"name": "summarize", "arguments": {}}})
-    };
+    let (fleet, v2) = learned_v1_and_new_v2(json!({"name": "summarize", "inputSchema": {"type": "object"}})).await;
+    let summarize = |i: usize| call_summarize("sum", i);
     let mut control = BTreeMap::new();
     for i in 0..30 {
         *control
@@ -288,18 +277,10 @@ async fn call_t(fleet: &Fleet, i: usize) -> String {
 /// control: before any list reached v2, the ring sends some calls of it to v1.
 #[tokio::test]
 async fn a_large_list_a_client_gets_routes_the_new_instances_tools_too() {
-    let v1 = ToolServer::new(json!([lookup(false)]), true);
     let long = "a tool that sums up a document. ".repeat(2500);
     let summarize = json!({"name": "summarize", "description": long, "inputSchema": {"type": "object"}});
-    let v2 = ToolServer::new(json!([lookup(false), summarize]), true);
-    v2.refuses_the_catalog.store(true, Ordering::Relaxed);
-    let specs = vec![serve("v1", &v1).await, serve("v2", &v2).await];
-    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
-    learned(&fleet, &[("v1", 1)]).await;
-    let call = |i: usize| {
-        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("big-{i}"),
-            "params": {"name": "summarize", "arguments": {}}})
-    };
+    let (fleet, _v2) = learned_v1_and_new_v2(summarize).await;
+    let call = |i: usize| call_summarize("big", i);
     let mut control = BTreeMap::new();
     for i in 0..30 {
         control.insert(i, fleet.post(&[], &call(i)).await.worker());
@@ -330,4 +311,22 @@ async fn a_large_list_a_client_gets_routes_the_new_instances_tools_too() {
         assert_eq!(fleet.post(&[], &call(i)).await.worker(), "v2", "call {i}");
     }
     fleet.shutdown().await;
+}
+
+/// v1 serving `lookup`, learned; v2, new, serving `lookup` and `summarize` (its definition)
+/// but refusing the catalog's asks, so that only what it tells clients is known of it.
+async fn learned_v1_and_new_v2(summarize: Value) -> (Fleet, std::sync::Arc<ToolServer>) {
+    let v1 = ToolServer::new(json!([lookup(false)]), true);
+    let v2 = ToolServer::new(json!([lookup(false), summarize]), true);
+    v2.refuses_the_catalog.store(true, Ordering::Relaxed);
+    let specs = vec![serve("v1", &v1).await, serve("v2", &v2).await];
+    let fleet = Fleet::start_backends(Vec::new(), &specs, ON).await;
+    learned(&fleet, &[("v1", 1)]).await;
+    (fleet, v2)
+}
+
+/// The `i`th new call of `summarize`, keyed `{prefix}-{i}`.
+fn call_summarize(prefix: &str, i: usize) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("{prefix}-{i}"),
+        "params": {"name": "summarize", "arguments": {}}})
 }
