@@ -165,7 +165,10 @@ pub const TASK_ID: &str = "params.notifications.taskIds[]";
 /// [`reference`], and for an ambiguous body the place of its first fault, finer than the key
 /// said: [`TASK_ID`] for an element of a `taskIds` array, else the key.
 pub fn faulted(body: &[u8]) -> (Verdict, Option<&'static str>) {
-    if serde_json::from_slice::<IgnoredAny>(body).is_err() {
+    // The router refuses a string that is not UTF-8 even where it only skips it, as serde_json
+    // does when it reads a value (not when it skips one as `IgnoredAny`): in grammatical JSON,
+    // such bytes can only be inside strings.
+    if serde_json::from_slice::<IgnoredAny>(body).is_err() || std::str::from_utf8(body).is_err() {
         return (Verdict::NotJson, None);
     }
     // In grammatical JSON, bytes that are not UTF-8 can only be inside strings: each becomes

@@ -106,6 +106,42 @@ mod tests {
         }
     }
 
+    /// Every string is UTF-8, read or skipped (serde_json refuses such a body whole): bytes a
+    /// backend could decode another way never pass. UTF-8 beyond ASCII passes as it is.
+    #[test]
+    fn a_string_that_is_not_utf8_is_no_json_wherever_it_stands() {
+        let call = |name: &[u8], argument: &[u8]| {
+            let mut body = br#"{"id":1,"method":"tools/call","params":{"name":""#.to_vec();
+            body.extend_from_slice(name);
+            body.extend_from_slice(br#"","arguments":{"x":""#);
+            body.extend_from_slice(argument);
+            body.extend_from_slice(br#"","y":["#);
+            body.extend_from_slice(b"\"\\n");
+            body.extend_from_slice(br#""]}}}"#);
+            body
+        };
+        let fine = call("r\u{e9}sum\u{e9}".as_bytes(), "caf\u{e9} \u{1f600}".as_bytes());
+        assert_eq!(first(&fine).name.as_deref(), Some("r\u{e9}sum\u{e9}"));
+        // A lone byte, a cut sequence, an overlong `/`, a surrogate, a byte never in UTF-8.
+        for bad in [&b"\xff"[..], b"r\xc3o", b"\xc0\xaf", b"\xed\xa0\x80", b"a\xfeb"] {
+            for body in [call(bad, b"x"), call(b"n", bad)] {
+                assert!(
+                    matches!(parse_request(&body, "messageId"), Err(Unreadable::NotJson(_))),
+                    "{}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+        }
+        // In an escaped string too, and in a key.
+        let escaped = b"{\"method\":\"x\",\"params\":{\"a\":\"\\n\xff\"}}";
+        assert!(matches!(
+            parse_request(escaped, "messageId"),
+            Err(Unreadable::NotJson(_))
+        ));
+        let key = b"{\"method\":\"x\",\"params\":{\"\xff\":1}}";
+        assert!(matches!(parse_request(key, "messageId"), Err(Unreadable::NotJson(_))));
+    }
+
     #[test]
     fn params_name_and_uri_are_read() {
         let body = br#"{"id":1,"method":"tools/call","params":{"name":"get-\u0077eather","arguments":{"name":"no"}}}"#;

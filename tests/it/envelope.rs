@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use mrtr_router::internals::{parse_request, request_state_at, Ambiguity, Reading, RequestEnvelope, Unreadable};
+use mrtr_router::internals::{parse_request, request_state_at, Reading, RequestEnvelope, Unreadable};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -815,20 +815,18 @@ fn skipped_values_nest_without_limit_and_unclosed_ones_fail() {
 }
 
 #[test]
-fn utf8_is_checked_where_serde_json_checks_it() {
-    // A skipped string is not decoded, so bad UTF-8 in it passes (as in serde_json).
+fn every_string_is_checked_as_utf8() {
+    // A skipped string is checked too: serde_json refuses it when it reads the body as a value
+    // (as a backend does), though not when it skips it as `IgnoredAny`.
     let mut skipped = br#"{"messageId":"m","params":{"arguments":{"q":"x"}}}"#.to_vec();
     let at = skipped.iter().rposition(|&c| c == b'x').unwrap();
     skipped[at] = 0xff;
     assert!(serde_json::from_slice::<IgnoredAny>(&skipped).is_ok());
-    assert_eq!(
-        parse_request(&skipped, "messageId")
-            .unwrap()
-            .first
-            .message_id
-            .as_deref(),
-        Some("m")
-    );
+    assert!(serde_json::from_slice::<serde_json::Value>(&skipped).is_err());
+    assert!(matches!(
+        parse_request(&skipped, "messageId"),
+        Err(Unreadable::NotJson(_))
+    ));
     // Keys and the fields the router reads must be UTF-8, in every element of a batch (a byte
     // string, not a raw one: in `br"\xff"` the JSON would hold a bad escape, not a bad byte).
     for bad in [
@@ -848,23 +846,19 @@ fn utf8_is_checked_where_serde_json_checks_it() {
             bad.escape_ascii()
         );
     }
-    // A name or a uri that is no UTF-8 is none (they are only logged); values not read are
-    // skipped unchecked.
-    let e = parse_request(b"{\"params\":{\"name\":\"\xff\",\"uri\":\"a\xff\"}}", "messageId").unwrap();
-    assert_eq!(e.first.name, None);
-    let read = b"{\"method\":\"resources/read\",\"params\":{\"name\":\"n\",\"uri\":\"a\xff\"}}";
-    assert_eq!(parse_request(read, "messageId").unwrap().first.name, None);
-    // A `taskIds` of another shape is judged by its first byte and skipped unchecked: refused as
-    // ambiguous, not as a body that is not JSON.
-    let shape = Ambiguity {
-        key: "params.notifications.taskIds",
-        how: Reading::Shape,
-    };
-    let e = parse_request(
+    // A name or a uri that is no UTF-8, a string inside a `taskIds` of another shape: refused
+    // as a body that is not JSON, like every other string that is not UTF-8.
+    for bad in [
+        &b"{\"params\":{\"name\":\"\xff\",\"uri\":\"a\xff\"}}"[..],
+        b"{\"method\":\"resources/read\",\"params\":{\"name\":\"n\",\"uri\":\"a\xff\"}}",
         b"[{\"id\":1},{\"params\":{\"notifications\":{\"taskIds\":{\"a\":\"\xff\"}}}}]",
-        "messageId",
-    );
-    assert_eq!(e.unwrap_err(), Unreadable::Ambiguous(shape));
+    ] {
+        assert!(
+            matches!(parse_request(bad, "messageId"), Err(Unreadable::NotJson(_))),
+            "{}",
+            bad.escape_ascii()
+        );
+    }
 }
 
 #[test]

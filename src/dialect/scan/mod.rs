@@ -7,9 +7,9 @@
 //! byte-level walk it stands on, which knows JSON and nothing of MCP, is `walk`.
 //!
 //! What counts as JSON is what serde_json accepts: RFC 8259 grammar, no control characters in
-//! strings, valid escapes. Like serde_json when it skips a value, strings that are only skipped
-//! are not checked for UTF-8 and skipped values may nest without limit (the walk keeps its own
-//! stack, so depth costs no recursion); keys and the fields the router reads are checked.
+//! strings, valid escapes, every string UTF-8 (skipped ones too: a body a backend could decode
+//! another way is refused whole, as serde_json refuses it). Skipped values may nest without
+//! limit (the walk keeps its own stack, so depth costs no recursion).
 
 mod walk;
 

@@ -104,8 +104,8 @@ fn plain_tail(bytes: &[u8], mut ascii: bool) -> Option<(usize, bool)> {
 pub(super) enum Text {
     /// ASCII only, no escapes: the literal is the value.
     Ascii,
-    /// Bytes over 0x7f, no escapes: the value once checked as UTF-8.
-    Unchecked,
+    /// Bytes over 0x7f, no escapes, checked as UTF-8 by the walk: the literal is the value.
+    Utf8,
     /// Escapes to decode.
     Escaped,
 }
@@ -125,11 +125,9 @@ impl<'a> RawStr<'a> {
     /// The string's value: borrowed unless it has escapes.
     pub fn value(self) -> Scan<Cow<'a, str>> {
         match self.text {
-            // SAFETY: ASCII is UTF-8; the scan saw every byte of the literal.
-            Text::Ascii => Ok(Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(self.inner()) })),
-            Text::Unchecked => std::str::from_utf8(self.inner())
-                .map(Cow::Borrowed)
-                .map_err(|_| Invalid),
+            // SAFETY: ASCII is UTF-8, and a literal with other bytes was checked as UTF-8 by the
+            // walk (`string_end`); the scan saw every byte of the literal.
+            Text::Ascii | Text::Utf8 => Ok(Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(self.inner()) })),
             // Rare: serde_json decodes the escapes and checks surrogate pairs.
             Text::Escaped => serde_json::from_slice::<String>(self.quoted)
                 .map(Cow::Owned)
@@ -141,10 +139,7 @@ impl<'a> RawStr<'a> {
     /// keys of the objects it reads). Plain ASCII, the usual key, needs neither.
     pub fn key(self) -> Scan<Cow<'a, [u8]>> {
         match self.text {
-            Text::Ascii => Ok(Cow::Borrowed(self.inner())),
-            Text::Unchecked => std::str::from_utf8(self.inner())
-                .map(|_| Cow::Borrowed(self.inner()))
-                .map_err(|_| Invalid),
+            Text::Ascii | Text::Utf8 => Ok(Cow::Borrowed(self.inner())),
             Text::Escaped => self.value().map(|k| Cow::Owned(k.into_owned().into_bytes())),
         }
     }
@@ -330,14 +325,27 @@ fn member_key(b: &[u8], i: usize) -> At<usize> {
 }
 
 /// The end of the string whose opening quote is at `i` (the index past its closing quote), and
-/// what it holds. Most strings end at the first stop byte.
+/// what it holds. Most strings end at the first stop byte. Every string is checked as UTF-8,
+/// skipped or read: a body whose bytes a backend could decode another way is no JSON (an ASCII
+/// string, the usual, needs no check).
 #[inline(always)]
 fn string_end(b: &[u8], i: usize) -> At<(usize, Text)> {
     let (run, ascii) = plain_run(&b[i + 1..]).ok_or(i)?;
     let end = i + 1 + run;
     match b[end] {
-        b'"' => Ok((end + 1, if ascii { Text::Ascii } else { Text::Unchecked })),
-        _ => escaped_string_end(b, end).map(|end| (end, Text::Escaped)),
+        b'"' if ascii => Ok((end + 1, Text::Ascii)),
+        b'"' => utf8(b, i, end).map(|_| (end + 1, Text::Utf8)),
+        _ => escaped_string_end(b, end).and_then(|close| utf8(b, i, close - 1).map(|_| (close, Text::Escaped))),
+    }
+}
+
+/// Whether the literal's bytes between its quote at `open` and its closing quote at `close` are
+/// UTF-8 (escapes are ASCII: they change nothing of it).
+#[cold]
+fn utf8(b: &[u8], open: usize, close: usize) -> At<()> {
+    match std::str::from_utf8(&b[open + 1..close]) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(open + 1 + e.valid_up_to()),
     }
 }
 
