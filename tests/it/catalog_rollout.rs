@@ -95,17 +95,7 @@ async fn a_new_instances_tools_are_routed_from_the_first_list_a_client_gets() {
     );
 
     // A client's list reaches v2 (keyless lists go to either backend: bounded tries).
-    let mut told = false;
-    for i in 0..50 {
-        let list = fleet
-            .post(&[], &json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
-            .await;
-        if list.worker() == "v2" {
-            told = true;
-            break;
-        }
-    }
-    assert!(told, "no list reached v2 in 50 tries");
+    a_list_from(&fleet, "v2").await;
     for i in 0..30 {
         assert_eq!(fleet.post(&[], &summarize(i)).await.worker(), "v2", "call {i}");
     }
@@ -287,18 +277,8 @@ async fn a_large_list_a_client_gets_routes_the_new_instances_tools_too() {
     }
     let by_ring_to_v1 = control.iter().find(|(_, w)| *w == "v1").map(|(i, _)| *i);
     let by_ring_to_v1 = by_ring_to_v1.unwrap_or_else(|| panic!("control: by the ring: {control:?}"));
-    let mut told = false;
-    for i in 0..50 {
-        let list = fleet
-            .post(&[], &json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
-            .await;
-        if list.worker() == "v2" {
-            assert!(list.body.len() > 64 * 1024, "a large list: {} bytes", list.body.len());
-            told = true;
-            break;
-        }
-    }
-    assert!(told, "no list reached v2 in 50 tries");
+    let list = a_list_from(&fleet, "v2").await;
+    assert!(list.body.len() > 64 * 1024, "a large list: {} bytes", list.body.len());
     // Read on a thread of its own, after the answer left: once it is read and the routes
     // rebuilt, a call the ring sent to v1 goes to v2 (bounded wait).
     let mut tries = 0;
@@ -329,4 +309,18 @@ async fn learned_v1_and_new_v2(summarize: Value) -> (Fleet, std::sync::Arc<ToolS
 fn call_summarize(prefix: &str, i: usize) -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "messageId": format!("{prefix}-{i}"),
         "params": {"name": "summarize", "arguments": {}}})
+}
+
+/// A client's `tools/list` answered by `backend` (keyless lists go to either backend: bounded
+/// tries).
+async fn a_list_from(fleet: &Fleet, backend: &str) -> Answer {
+    for i in 0..50 {
+        let list = fleet
+            .post(&[], &json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
+            .await;
+        if list.worker() == backend {
+            return list;
+        }
+    }
+    panic!("no list reached {backend} in 50 tries");
 }
