@@ -12,6 +12,7 @@ use http::{Method, StatusCode};
 use memchr::memmem;
 
 use crate::auth::Caller;
+use crate::catalog::ClientList;
 use crate::dialect::{self, Message, Outcome, RequestHandles, TaskState, SESSION_HEADER};
 use crate::pins::{PinKey, PinKind};
 use crate::quotas::OpenCall;
@@ -203,24 +204,21 @@ impl Call {
             if changed {
                 self.shared.catalog.ask_again(backend);
             }
-        } else if listed && msg.len() <= crate::catalog::SMALL_LIST {
-            if self.shared.catalog.client_saw(backend, msg, self.catalog_max_bytes()) {
-                self.shared.rebuild();
-            }
-        } else if listed
-            && self
-                .shared
-                .catalog
-                .claim_large_read(backend, msg, self.catalog_max_bytes())
-        {
-            // A large list is read on a thread of its own, one at a time (claimed before the
-            // thread is taken): reading it never holds up the threads that serve requests.
-            let (shared, backend, msg) = (self.shared.clone(), backend.to_string(), msg.to_vec());
-            tokio::task::spawn_blocking(move || {
-                if shared.catalog.read_claimed(&backend, &msg) {
-                    shared.rebuild();
+        } else if listed {
+            match self.shared.catalog.client_saw(backend, msg, self.catalog_max_bytes()) {
+                ClientList::Read { changed: true } => self.shared.rebuild(),
+                // A large list is read on a thread of its own, one at a time (claimed before
+                // the thread is taken): reading it never holds up the threads that serve requests.
+                ClientList::Claimed => {
+                    let (shared, backend, msg) = (self.shared.clone(), backend.to_string(), msg.to_vec());
+                    tokio::task::spawn_blocking(move || {
+                        if shared.catalog.read_claimed(&backend, &msg) {
+                            shared.rebuild();
+                        }
+                    });
                 }
-            });
+                ClientList::Read { changed: false } | ClientList::Declined => {}
+            }
         }
     }
 

@@ -137,6 +137,17 @@ pub struct Learned {
 /// A list a client got of at most this many bytes is read whatever else is being read.
 pub const SMALL_LIST: usize = 64 * 1024;
 
+/// What [`Catalog::client_saw`] did with a list a client got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClientList {
+    /// Small: read at once; whether the routes change with what it told.
+    Read { changed: bool },
+    /// Large: claimed, for [`Catalog::read_claimed`] to read on a thread of its own.
+    Claimed,
+    /// Past an ask's bounds, or large while another is being read: the backend is asked instead.
+    Declined,
+}
+
 /// The catalog of a router.
 pub struct Catalog {
     fleet: Mutex<FleetTools>,
@@ -228,7 +239,7 @@ impl Catalog {
     /// is taken or the list copied for it: false when the list is past an ask's bounds or
     /// another large list is being read, and the backend is asked instead. A claim is given
     /// back by [`Catalog::read_claimed`].
-    pub fn claim_large_read(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
+    fn claim_large_read(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let fits = msg.len() <= max_bytes && within_value_bounds(msg, &mut (0, 0));
         let claimed = fits && self.reading.compare_exchange(false, true, AcqRel, Acquire).is_ok();
@@ -238,8 +249,8 @@ impl Catalog {
         claimed
     }
 
-    /// [`Catalog::client_saw`] of a large list claimed by [`Catalog::claim_large_read`]; gives
-    /// the claim back.
+    /// Reads a large list [`Catalog::client_saw`] claimed, and gives the claim back; true when
+    /// the routes change with what it told.
     pub fn read_claimed(&self, backend: &str, msg: &[u8]) -> bool {
         /// Gives the claim back however the read ends (a panic too: no claim is kept forever).
         struct Claim<'a>(&'a std::sync::atomic::AtomicBool);
@@ -255,13 +266,16 @@ impl Catalog {
     /// What a `tools/list` answer's body (a JSON-RPC message) `backend` gave a client tells:
     /// a tool it lists that the catalog does not know of it in that definition has it asked
     /// again, and is noted as told otherwise (unapproved under a lock until an answer agrees).
-    /// True when the routes change with what it told. A large list (over [`SMALL_LIST`]) is
-    /// read only when claimed ([`Catalog::claim_large_read`]); a small one holds few values
-    /// (64 KiB of `[]`, 32,768 arrays; of `0,`, 32,768 values).
-    pub fn client_saw(&self, backend: &str, msg: &[u8], max_bytes: usize) -> bool {
+    /// A small list is read at once (it holds few values: 64 KiB of `[]`, 32,768 arrays; of
+    /// `0,`, 32,768 values); a large one (over [`SMALL_LIST`]) only when claimed, for the
+    /// caller to read off the request threads ([`Catalog::read_claimed`]).
+    pub fn client_saw(&self, backend: &str, msg: &[u8], max_bytes: usize) -> ClientList {
         match msg.len() {
-            n if n <= SMALL_LIST.min(max_bytes) => self.read_told(backend, msg),
-            _ => self.claim_large_read(backend, msg, max_bytes) && self.read_claimed(backend, msg),
+            n if n <= SMALL_LIST.min(max_bytes) => ClientList::Read {
+                changed: self.read_told(backend, msg),
+            },
+            _ if self.claim_large_read(backend, msg, max_bytes) => ClientList::Claimed,
+            _ => ClientList::Declined,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Unit tests of `keeper`: what a list a client got costs, and labels.
 
-use super::{labelable, Catalog, CatalogMetrics, SMALL_LIST};
+use super::{labelable, Catalog, CatalogMetrics, ClientList, SMALL_LIST};
 use crate::catalog::definition::{MAX_CONTAINERS, MAX_VALUES};
 
 /// A `tools/list` answer listing `n` tools named `t0`, `t1`, ...
@@ -20,40 +20,43 @@ fn a_list_a_client_got_is_read_within_its_bounds() {
     let (small, large) = (list(3), list(5000));
     assert!(small.len() <= SMALL_LIST && large.len() > SMALL_LIST);
     let told = |c: &Catalog| c.fleet.lock().backend("b").map_or(0, |t| t.seen_otherwise.len());
-    assert!(!catalog.client_saw("b", &large, large.len() - 1), "over max_bytes");
+    let declined = |c: &Catalog, msg: &[u8], max_bytes| c.client_saw("b", msg, max_bytes) == ClientList::Declined;
+    assert!(declined(&catalog, &large, large.len() - 1), "over max_bytes");
     assert_eq!(told(&catalog), 0);
     let empties = vec![serde_json::json!([]); MAX_CONTAINERS];
     let tool = serde_json::json!({"name": "t", "inputSchema": {"type": "object", "x": empties}});
     let dense = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [tool]}}));
     assert!(
-        !catalog.client_saw("b", &dense.unwrap(), usize::MAX),
+        declined(&catalog, &dense.unwrap(), usize::MAX),
         "too many objects and arrays"
     );
     let zeros = vec![0; MAX_VALUES];
     let tool = serde_json::json!({"name": "t", "inputSchema": {"type": "object", "x": zeros}});
     let numbers = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [tool]}}));
-    assert!(
-        !catalog.client_saw("b", &numbers.unwrap(), usize::MAX),
-        "too many values"
-    );
+    assert!(declined(&catalog, &numbers.unwrap(), usize::MAX), "too many values");
     assert_eq!(told(&catalog), 0);
     // One claim at a time, taken before any thread is: a second is refused until the
     // first is given back by its read.
-    assert!(catalog.claim_large_read("b", &large, large.len()));
+    assert_eq!(catalog.client_saw("b", &large, large.len()), ClientList::Claimed);
     assert!(!catalog.claim_large_read("b", &large, large.len()));
     assert!(
-        !catalog.client_saw("b", &large, large.len()),
+        declined(&catalog, &large, large.len()),
         "another large one is being read"
     );
     assert_eq!(told(&catalog), 0);
-    assert!(
+    assert_eq!(
         catalog.client_saw("b", &small, large.len()),
+        ClientList::Read { changed: true },
         "a small one is read all the same"
     );
     assert_eq!(told(&catalog), 3);
     assert!(catalog.read_claimed("b", &large), "the claimed read");
     assert_eq!(told(&catalog), crate::catalog::fleet::TOLD_MAX);
-    assert!(catalog.claim_large_read("b", &large, large.len()), "given back");
+    assert_eq!(
+        catalog.client_saw("b", &large, large.len()),
+        ClientList::Claimed,
+        "given back"
+    );
 }
 
 #[test]

@@ -18,5 +18,5 @@ pub use approve::lock_of;
 pub use ask::{lists, AskFailed, Limits, Lists};
 pub use filter::drop_unscoped;
 pub use fleet::BackendTools;
-pub use keeper::{Catalog, CatalogMetrics, SMALL_LIST};
+pub use keeper::{Catalog, CatalogMetrics, ClientList};
 pub use routes::{shown, ToolRoutes, WhenAllOut};
