@@ -6,30 +6,14 @@
 use crate::support::tls_backend;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use crate::support::*;
+use crate::tools::sdk_script;
 use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python() -> PathBuf {
-    let py = std::env::var_os("MRTR_INTEROP_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".venv-interop/bin/python"));
-    assert!(
-        py.exists(),
-        "{} is missing: run `bash tests/interop/setup_venv.sh` (the README's test command does) to install the MCP SDK",
-        py.display()
-    );
-    py
-}
 
 /// SDK server processes, killed on drop; `scheme` is how they are reached.
 struct SdkServers(Vec<(Child, String, u16)>, &'static str);
@@ -63,15 +47,11 @@ fn start_sdk_servers(n: usize) -> SdkServers {
 
 /// `n` SDK servers; with `tls` (certificate and key files), serving HTTPS (uvicorn's TLS).
 fn start_sdk_servers_with(n: usize, tls: Option<(&std::path::Path, &std::path::Path)>) -> SdkServers {
-    let py = python();
     let mut servers = SdkServers(Vec::new(), if tls.is_some() { "https" } else { "http" });
     for i in 0..n {
         let name = format!("sdk-{i}");
-        let mut command = Command::new(&py);
-        command
-            .arg("-u")
-            .arg(repo().join("tests/interop/server.py"))
-            .args(["--port", "0", "--name", &name]);
+        let mut command = sdk_script("server.py");
+        command.args(["--port", "0", "--name", &name]);
         if let Some((cert, key)) = tls {
             command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
@@ -103,11 +83,8 @@ fn start_sdk_servers_with(n: usize, tls: Option<(&std::path::Path, &std::path::P
 
 /// Runs one client.py scenario against `url`; returns its JSON summary. Fails on a non-zero exit.
 async fn scenario(url: &str, args: &[&str]) -> Value {
-    let mut cmd = tokio::process::Command::new(python());
-    cmd.arg(repo().join("tests/interop/client.py"))
-        .arg(url)
-        .args(args)
-        .args(["--timeout", "90"]);
+    let mut cmd = tokio::process::Command::from(sdk_script("client.py"));
+    cmd.arg(url).args(args).args(["--timeout", "90"]);
     cmd.kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
         .await

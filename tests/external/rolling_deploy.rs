@@ -20,9 +20,8 @@ use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
 use crate::support::*;
-use crate::tools::collect_stderr;
-use crate::tools::idp::sdk::interop_python;
 use crate::tools::idp::ReadyChild;
+use crate::tools::{collect_stderr, sdk_script};
 
 /// Concurrent client processes: enough that calls interleave, few enough for two cores.
 const CLIENTS: usize = 3;
@@ -81,14 +80,8 @@ struct Instance {
 
 async fn start_instance(version: u8, index: usize, protocol: Protocol) -> Instance {
     let name = format!("v{version}-{index}");
-    let mut command = Command::new(interop_python());
-    command
-        .arg("-u")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/interop/versioned_server.py"
-        ))
-        .args(["--version", &version.to_string(), "--port", "0", "--name", &name]);
+    let mut command = Command::from(sdk_script("versioned_server.py"));
+    command.args(["--version", &version.to_string(), "--port", "0", "--name", &name]);
     if protocol == Protocol::Session {
         command.arg("--session-only");
     }
@@ -121,8 +114,7 @@ impl Clients {
     fn start(url: &str, protocol: Protocol) -> Clients {
         let clients = (0..CLIENTS)
             .map(|_| {
-                let mut child = Command::new(interop_python())
-                    .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/rolling_client.py"))
+                let mut child = Command::from(sdk_script("rolling_client.py"))
                     .arg(url)
                     .args(["--mode", protocol.client_mode(), "--max-seconds", "120"])
                     .stdin(std::process::Stdio::piped())

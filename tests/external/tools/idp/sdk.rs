@@ -2,7 +2,6 @@
 //! SDK resource server trusting an [`Idp`]), runs of tests/interop/oauth_client.py (the SDK's
 //! OAuth client providers), and tests/interop/server.py (the SDK MCP servers the router fronts).
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -10,23 +9,7 @@ use serde_json::{json, Value};
 use tokio::process::Command;
 
 use super::{Idp, ReadyChild};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The interop venv's python: `MRTR_INTEROP_PYTHON`, else .venv-interop (as tests/external/interop.rs).
-pub fn interop_python() -> PathBuf {
-    let py = std::env::var_os("MRTR_INTEROP_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".venv-interop/bin/python"));
-    assert!(
-        py.exists(),
-        "{} is missing: run `bash tests/interop/setup_venv.sh` (scripts/test.sh does) to install the MCP SDK",
-        py.display()
-    );
-    py
-}
+use crate::tools::sdk_script;
 
 /// tests/interop/oauth_resource_server.py: an MCP server of the Python SDK that trusts tokens of
 /// `idp` for its own URL; killed on drop.
@@ -40,11 +23,8 @@ impl SdkResourceServer {
     /// `tool_scopes` are `TOOL=SCOPE` (a tool that needs one scope more than `mcp:tools`). The
     /// server's URL is added to `idp`'s resources.
     pub async fn start(idp: &Idp, tool_scopes: &[&str]) -> SdkResourceServer {
-        let mut command = Command::new(interop_python());
-        command
-            .arg("-u")
-            .arg(repo().join("tests/interop/oauth_resource_server.py"))
-            .args(["--port", "0", "--issuer", idp.issuer()]);
+        let mut command = Command::from(sdk_script("oauth_resource_server.py"));
+        command.args(["--port", "0", "--issuer", idp.issuer()]);
         for t in tool_scopes {
             command.args(["--tool-scope", t]);
         }
@@ -73,11 +53,8 @@ pub struct SdkMcpServer {
 
 impl SdkMcpServer {
     pub async fn start(name: &str) -> SdkMcpServer {
-        let mut command = Command::new(interop_python());
-        command
-            .arg("-u")
-            .arg(repo().join("tests/interop/server.py"))
-            .args(["--port", "0", "--name", name]);
+        let mut command = Command::from(sdk_script("server.py"));
+        command.args(["--port", "0", "--name", name]);
         let (process, ready) = ReadyChild::start("server.py", command, |line| {
             line.strip_prefix("READY ").map(|p| json!(p.trim()))
         })
@@ -138,11 +115,8 @@ impl OAuthClientRun {
 
 /// Runs tests/interop/oauth_client.py against `url` with `args` (its mode first); bounded.
 pub async fn oauth_client(url: &str, args: &[&str]) -> OAuthClientRun {
-    let mut cmd = Command::new(interop_python());
-    cmd.arg(repo().join("tests/interop/oauth_client.py"))
-        .arg(url)
-        .args(args)
-        .args(["--timeout", "60"]);
+    let mut cmd = Command::from(sdk_script("oauth_client.py"));
+    cmd.arg(url).args(args).args(["--timeout", "60"]);
     cmd.stdin(Stdio::null()).kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
         .await
