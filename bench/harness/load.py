@@ -12,10 +12,14 @@ A tool that fails to run raises LoadError with its last output lines.
 """
 
 import json
+import math
 import os
 import random
 import re
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from . import measure
@@ -35,28 +39,60 @@ def _ms(us):
 
 
 # --- wrk ----------------------------------------------------------------------------------------
+def wrk_duration_arg(duration):
+    """wrk's -d takes whole seconds only (1 or more: its scan_time knows s, m and h, and a 0 is
+    refused). (the -d argument, when to interrupt it or None): a decimal duration runs with -d
+    rounded up and is ended with SIGINT at `duration`, which wrk handles as the end of its run
+    (its handler sets the flag its -d timer sets; the threads stop within 100 ms, at their next
+    rate sample, and it reports as usual, the real run time in duration_us)."""
+    if float(duration).is_integer():
+        return f"-d{int(duration)}s", None
+    return f"-d{max(1, math.ceil(duration))}s", duration
+
+
 class Wrk:
     """One wrk process (1 thread): start() returns at once, so probes can run beside the load;
-    result() waits (bounded) and parses the BENCH_RESULT line."""
+    result() waits (bounded) and parses the BENCH_RESULT line. With a decimal duration a thread
+    of its own interrupts it on time (wrk_duration_arg), whether or not result() is waiting."""
 
     def __init__(self, ctx, url, script, args, duration, connections, out, authorization=None):
         self.ctx, self.duration, self.out = ctx, duration, Path(out)
         # mcp.lua sends it on every request (the [auth] rows).
         self.env = dict(os.environ, BENCH_AUTHORIZATION=authorization) if authorization else None
-        self.cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "5s", "--latency",
+        d_arg, self.interrupt_after = wrk_duration_arg(duration)
+        self.cmd = ["wrk", "-t1", f"-c{connections}", d_arg, "--timeout", "5s", "--latency",
                     "-s", str(script), url, "--", *map(str, args)]
         self.proc = None
+        self.done = threading.Event()
 
     def start(self):
         self.proc = self.ctx.procs.spawn(self.cmd, cpus=self.ctx.s.load_cpus, log=self.out, env=self.env)
+        if self.interrupt_after is not None:
+            threading.Thread(target=self._interrupt, args=(time.monotonic() + self.interrupt_after,),
+                             daemon=True).start()
         return self
+
+    def _interrupt(self, at):
+        """SIGINT at `at`, and again every 0.1 s until wrk is gone (one that came before wrk set
+        its handler, in its first milliseconds, is ignored)."""
+        if self.done.wait(max(0.0, at - time.monotonic())):
+            return
+        while not self.done.is_set() and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                return
+            self.done.wait(0.1)
 
     def result(self):
         try:
             rc = self.proc.wait(self.duration + 30)
         except subprocess.TimeoutExpired:
+            self.done.set()
             self.ctx.procs.stop(self.proc)
             raise LoadError(f"wrk did not finish within {self.duration + 30}s")
+        finally:
+            self.done.set()
         self.ctx.procs.forget(self.proc)
         text = self.out.read_text(errors="replace")
         if rc != 0:
@@ -90,6 +126,14 @@ H2_BODY = (
 )
 
 
+def h2load_duration_arg(duration):
+    """h2load's -D: whole seconds as before ("8"), a decimal duration in milliseconds ("300ms";
+    it takes an integer with a unit, not "0.3")."""
+    if float(duration).is_integer():
+        return str(int(duration))
+    return f"{round(duration * 1000)}ms"
+
+
 def h2load(ctx, url, duration, out_dir, tag):
     """h2load, 1 thread, h2_connections x h2_streams, POSTing the ~300-byte tools/call of
     mcp.lua. h2load sends the same request every time, so one run has one key (a fresh one per
@@ -102,8 +146,8 @@ def h2load(ctx, url, duration, out_dir, tag):
     logf = out_dir / f"{tag}-requests.log"
     out = out_dir / f"{tag}.out"
     s = ctx.s
-    cmd = ["h2load", "-t", "1", "-c", str(s.h2_connections), "-m", str(s.h2_streams), "-D", str(duration),
-           "--log-file", str(logf),
+    cmd = ["h2load", "-t", "1", "-c", str(s.h2_connections), "-m", str(s.h2_streams),
+           "-D", h2load_duration_arg(duration), "--log-file", str(logf),
            "-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream",
            "-H", f"mcp-routing-id: {key}", "-d", str(body), url]
     p = ctx.procs.spawn(cmd, cpus=s.load_cpus, log=out)

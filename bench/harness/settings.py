@@ -24,7 +24,7 @@ class Settings:
     smoke: bool
     rows: list
     rounds: int
-    duration: int
+    duration: float  # seconds: a whole number (int) or a decimal one (smoke: 0.3)
     warmup: int
     connections: int
     results: Path
@@ -82,10 +82,12 @@ class Settings:
         }
 
 
-# (flag, env var, smoke default, full default, help)
+# (flag, env var, smoke default, full default, help); all whole numbers but `duration`, which
+# takes decimal seconds too (SECONDS).
+SECONDS = {"duration"}
 _INTS = [
     ("rounds", "BENCH_ROUNDS", 1, 3, "rounds; each row's median over them is shown"),
-    ("duration", "BENCH_DURATION", 1, 8, "measured seconds per row and round"),
+    ("duration", "BENCH_DURATION", 0.3, 8, "measured seconds per row and round (decimals allowed: 0.3)"),
     ("warmup", "BENCH_WARMUP", 0, 3, "warm-up seconds per row and round (0: none)"),
     ("connections", "BENCH_CONNECTIONS", 8, 64, "wrk connections"),
     ("sse-connections", "BENCH_SSE_CONNECTIONS", 2, 2, "connections of each SSE probe (mix rows)"),
@@ -112,7 +114,7 @@ def parser():
         "Every flag has a BENCH_* environment variable (bench/README.md); a flag wins.",
     )
     ap.add_argument("--smoke", action="store_true", default=None,
-                    help="1 round, 1 s per row, no warm-up, small counts: proves every row works (BENCH_SMOKE=1)")
+                    help="1 round, 0.3 s of load per row, no warm-up, small counts: proves every row works (BENCH_SMOKE=1)")
     ap.add_argument("--rows", help="rows to run: names or patterns like 'mrtr-*', space or comma separated (BENCH_PEERS)")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--router-bin", help="router binary, used as it is, no build (BENCH_ROUTER_BIN)")
@@ -130,7 +132,8 @@ def parser():
     ap.add_argument("--proxy-cpus-2w", help="cpus of mrtr-header-2w (BENCH_PROXY_CPUS_2W)")
     ap.add_argument("--nginx-keepalive", type=int, help="nginx upstream keepalive (BENCH_NGINX_KEEPALIVE, default 3 x connections)")
     for flag, env, smoke, full, text in _INTS:
-        ap.add_argument("--" + flag, type=int, help=f"{text} ({env}; default {full}, smoke {smoke})")
+        kind = seconds if flag.replace("-", "_") in SECONDS else int
+        ap.add_argument("--" + flag, type=kind, help=f"{text} ({env}; default {full}, smoke {smoke})")
     return ap
 
 
@@ -150,6 +153,25 @@ def _env_int(name):
     if not re.fullmatch(r"[0-9]+", v):
         raise SettingError(f"{name} must be a non-negative integer, not {v!r}")
     return int(v)
+
+
+def seconds(text):
+    """A number of seconds, whole ("8") or decimal ("0.3"): an int when whole, so a whole
+    duration is passed on (wrk -d8s, h2load -D 8) exactly as before."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        raise ValueError(text)
+    v = float(text)
+    return int(v) if v.is_integer() else v
+
+
+def _env_seconds(name):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return seconds(v)
+    except ValueError:
+        raise SettingError(f"{name} must be a non-negative number of seconds (8, 0.5), not {v!r}") from None
 
 
 def _check_cpus(spec, name, nproc):
@@ -173,8 +195,9 @@ def load(argv):
     ints, explicit = {}, set()
     for flag, env, smoke_default, full_default, _ in _INTS:
         attr = flag.replace("-", "_")
-        ints[attr] = pick(getattr(a, attr), _env_int(env), smoke_default if smoke else full_default)
-        if getattr(a, attr) is not None or _env_int(env) is not None:
+        env_val = _env_seconds(env) if attr in SECONDS else _env_int(env)
+        ints[attr] = pick(getattr(a, attr), env_val, smoke_default if smoke else full_default)
+        if getattr(a, attr) is not None or env_val is not None:
             explicit.add(attr)
         # In smoke mode these are fixed, as bench/run.sh did: a short run whatever the env says.
         if smoke and env in ("BENCH_DURATION", "BENCH_WARMUP", "BENCH_CONNECTIONS") and getattr(a, attr) is None:

@@ -1,7 +1,8 @@
 """Unit tests of the bench harness's own parts: the row table, every row's config rendered from
 the templates (and checked by haproxy -c / nginx -t where they are installed), the settings'
-compatibility with bench/run.sh's variables, and the parsers of the load clients. Runs in about a
-second, starts no proxy:
+compatibility with bench/run.sh's variables, the parsers of the load clients, and how wrk and h2load
+get a decimal duration (one 0.3 s wrk against a server in the test). Runs in about two seconds,
+starts no proxy:
 
     python3 -m unittest discover -s bench/tests
 """
@@ -11,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
 from unittest import mock
@@ -19,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "clients"))
 
-from harness import measure, peers, report, rows, runner, settings  # noqa: E402
+from harness import load, measure, peers, report, rows, runner, settings  # noqa: E402
 from harness.procs import Procs  # noqa: E402
 import sse_load  # noqa: E402
 
@@ -85,7 +87,7 @@ class Settings(unittest.TestCase):
         s = load_settings({"BENCH_SMOKE": "1", "BENCH_DURATION": "30", "BENCH_PEERS": "mrtr-header haproxy-header",
                            "BENCH_ROUTER_BIN": "target/debug/mrtr-router"})
         self.assertTrue(s.smoke and s.skip_build)
-        self.assertEqual((s.rounds, s.duration, s.warmup, s.connections), (1, 1, 0, 8))  # smoke wins, as before
+        self.assertEqual((s.rounds, s.duration, s.warmup, s.connections), (1, 0.3, 0, 8))  # smoke wins, as before
         self.assertEqual([r.name for r in s.rows], ["mrtr-header", "haproxy-header"])
         self.assertTrue(str(s.results).endswith("results/smoke.json"))
         full = load_settings({"BENCH_ROUNDS": "5"})
@@ -109,6 +111,23 @@ class Settings(unittest.TestCase):
                     {"BENCH_PROXY_CPUS": "99"}, {"BENCH_SMOKE": "yes"}):
             with self.assertRaises(settings.SettingError, msg=str(env)):
                 load_settings(env)
+
+    def test_duration_in_decimal_seconds(self):
+        """A whole duration stays an int (wrk -d8s, h2load -D 8, as before); a decimal one is a
+        float; the smoke run's is 0.3 s unless a flag says otherwise."""
+        self.assertEqual(load_settings({"BENCH_DURATION": "8"}).duration, 8)
+        self.assertIsInstance(load_settings({"BENCH_DURATION": "8"}).duration, int)
+        self.assertEqual(load_settings({"BENCH_DURATION": "2.0"}).duration, 2)
+        self.assertEqual(load_settings({"BENCH_DURATION": "0.5"}).duration, 0.5)
+        self.assertEqual(load_settings({}, ["--duration", "1.5"]).duration, 1.5)
+        self.assertEqual(load_settings({"BENCH_SMOKE": "1", "BENCH_DURATION": "5"}).duration, 0.3)
+        self.assertEqual(load_settings({"BENCH_SMOKE": "1"}, ["--duration", "1"]).duration, 1)
+        for env in ({"BENCH_DURATION": "0"}, {"BENCH_DURATION": "0.0"}, {"BENCH_DURATION": "-1"},
+                    {"BENCH_DURATION": ".5"}, {"BENCH_DURATION": "1e3"}):
+            with self.assertRaises(settings.SettingError, msg=str(env)):
+                load_settings(env)
+        with mock.patch("sys.stderr"), self.assertRaises(SystemExit):
+            load_settings({}, ["--duration", "0.3s"])
 
 
 class Configs(unittest.TestCase):
@@ -205,6 +224,63 @@ class Configs(unittest.TestCase):
         text = self.peers.config(rows.BY_NAME["nginx-header"], d).read_text()
         self.assertIn("keepalive 192;", text)
         self.assertIn("worker_connections 8192;", text)
+
+
+class LoadArgs(unittest.TestCase):
+    def test_wrk_duration(self):
+        """wrk takes whole seconds only: a decimal duration runs with -d rounded up and is
+        interrupted (SIGINT) at the duration; a whole one is passed as before."""
+        self.assertEqual(load.wrk_duration_arg(8), ("-d8s", None))
+        self.assertEqual(load.wrk_duration_arg(1), ("-d1s", None))
+        self.assertEqual(load.wrk_duration_arg(0.3), ("-d1s", 0.3))
+        self.assertEqual(load.wrk_duration_arg(2.5), ("-d3s", 2.5))
+
+    def test_h2load_duration(self):
+        self.assertEqual(load.h2load_duration_arg(8), "8")
+        self.assertEqual(load.h2load_duration_arg(0.3), "300ms")
+        self.assertEqual(load.h2load_duration_arg(1.25), "1250ms")
+
+    @unittest.skipUnless(shutil.which("wrk"), "wrk not installed")
+    def test_wrk_interrupted_at_a_decimal_duration_reports_its_run(self):
+        """A real wrk against a local server, 0.3 s: it ends well before its -d1s and still
+        prints the script's BENCH_RESULT line with the requests it completed."""
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        tmp = Path(tempfile.mkdtemp(prefix="mrtr-bench-test."))
+        try:
+            ctx = mock.Mock()
+            ctx.procs = Procs()
+            ctx.s.load_cpus = None
+            t0 = time.monotonic()
+            res = load.wrk(ctx, f"http://127.0.0.1:{srv.server_address[1]}/mcp", BENCH / "mcp.lua",
+                           ["header"], 0.3, 2, tmp / "wrk.out")
+            took = time.monotonic() - t0
+        finally:
+            ctx.procs.stop_all()
+            srv.shutdown()
+            srv.server_close()
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.assertLess(took, 0.9)
+        self.assertGreater(res["requests"], 0)
+        self.assertLess(res["duration_s"], 0.6)
+        self.assertEqual(sum(res["errors"].values()), 0, res["errors"])
 
 
 class Measure(unittest.TestCase):
