@@ -78,7 +78,7 @@ class Procs:
         for k in kids:
             deadline = time.monotonic() + 2.0
             while measure.alive(k) and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.01)
             if measure.alive(k):
                 try:
                     os.kill(k, signal.SIGKILL)

@@ -218,15 +218,23 @@ class Runner:
         return self.peers.backend_dir / "access.log"
 
     def _wait_tag(self, tag):
+        """Until the backend nginx wrote the probe of `tag` to its access log (it writes its
+        buffer every flush interval). Each look reads only what was added since the last."""
         deadline = time.monotonic() + 6
         needle = f"tag={tag}\n".encode()
+        pos, tail = 0, b""
         while time.monotonic() < deadline:
             try:
-                if needle in self._backend_log().read_bytes():
+                with open(self._backend_log(), "rb") as f:
+                    f.seek(pos)
+                    new = f.read()
+                pos += len(new)
+                if needle in tail + new:
                     return
+                tail = (tail + new)[-len(needle):]
             except OSError:
                 pass
-            time.sleep(0.05)
+            time.sleep(peers.POLL)
         raise LoadError("backend access log not flushed")
 
     def _conn_stats(self, row, t0, t1, c0, c1):
