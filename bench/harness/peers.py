@@ -299,7 +299,7 @@ class Peers:
                            tls_port1=t[0], tls_port2=t[1], tls_port3=t[2],
                            h2c_port1=h[0], h2c_port2=h[1], h2c_port3=h[2],
                            tls_cert=cert, tls_key=key, rlimit=self.fd_limit,
-                           worker_connections=self.fd_limit)
+                           worker_connections=self.fd_limit, log_flush="10ms" if self.s.smoke else "100ms")
 
     def start_sse_backend(self):
         """clients/sse_backend.py on the load cpus, listening on the SSE ports."""

@@ -212,6 +212,19 @@ class Configs(unittest.TestCase):
         for port in self.peers.ports.backend_h2c:
             self.assertIn(f"listen 127.0.0.1:{port} http2;", text)
 
+    @unittest.skipUnless(shutil.which("openssl"), "needs openssl")
+    def test_backend_access_log_flush(self):
+        """The backends' access log is written every 100 ms, every 10 ms in a smoke run (which
+        only waits for each row's closing probe to reach it); nginx -t accepts both."""
+        smoke = peers.Peers(load_settings({"BENCH_SMOKE": "1"}), Procs(), self.tmp, fd_limit=20000)
+        for p, flush in ((self.peers, "100ms"), (smoke, "10ms")):
+            d = self.tmp / f"backend-{flush}"
+            (d / "tmp").mkdir(parents=True)
+            conf = p.backend_config(d)
+            self.assertIn(f" bench buffer=256k flush={flush};\n", conf.read_text())
+            if shutil.which("nginx"):
+                p._nginx_check(d, conf)
+
     def test_old_rows_render_as_bench_run_sh_did(self):
         d = self.tmp / "h"
         d.mkdir()
