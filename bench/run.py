@@ -148,7 +148,7 @@ def run(ctx, t_start):
     # Numbers are only comparable on an otherwise idle machine: measure how busy it is first.
     all_cpus = list(range(s.nproc))
     a = measure.cpu_sample(all_cpus)
-    time.sleep(0.5 if s.smoke else 1.0)
+    time.sleep(0.2 if s.smoke else 1.0)
     busy_before = measure.busy_pct(a, measure.cpu_sample(all_cpus))
     if busy_before is not None and busy_before > 10:
         log(f"WARNING: the machine was {busy_before}% busy before the run (other processes): "

@@ -25,9 +25,9 @@ idle: opens --conns connections through the proxy, each sends one header-keyed P
 nginx backend answers JSON) and, once the answer is complete, stays open and idle: keep-alive
 client connections, as browsers and SDK clients leave them.
 
-Both first open and close --warm connections (the proxy's lazy set-up, out of the baseline), then
-talk to the harness on stdin/stdout in lock-step, so it samples the proxy's memory at the right
-moments:
+Both first open and close --warm connections (the proxy's lazy set-up, out of the baseline), wait
+--settle seconds for the proxy to see them closed, then talk to the harness on stdin/stdout in
+lock-step, so it samples the proxy's memory at the right moments:
     -> WARMED {json}       <- go
     -> OPEN {json}         (all open: measuring starts)   <- close   (measuring ends)
     -> RESULT {json}       then exit.
@@ -329,6 +329,8 @@ async def main():
     ap.add_argument("--conns", type=int, default=10000)
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--warm", type=int, default=50)
+    ap.add_argument("--settle", type=float, default=0.2,
+                    help="s between closing the warm-up connections and WARMED (the memory baseline)")
     ap.add_argument("--open-timeout", type=float, default=10.0, help="s, per connection")
     ap.add_argument("--open-deadline", type=float, default=0.0,
                     help="s for all of them (default 30 + count/200)")
@@ -344,7 +346,7 @@ async def main():
                     loop.time() + 30.0, warm)
     warm_ok = len(warm)
     close_all(warm)
-    await asyncio.sleep(0.2)  # let the proxy see the closes before the baseline is taken
+    await asyncio.sleep(a.settle)  # let the proxy see the closes before the baseline is taken
     say("WARMED", {"opened": warm_ok, "errors": dict(stats.errors)})
     await read_command("go")
 

@@ -221,8 +221,11 @@ class StreamClient:
         s = ctx.s
         self.ctx = ctx
         script = s.bench_dir / "clients" / "sse_load.py"
+        # A smoke run takes no memory figure it checks: fewer warm-up connections, and less
+        # time for the proxy to see them closed before the baseline.
         cmd = ["python3", str(script), mode, "--proxy", f"127.0.0.1:{proxy_port}",
-               "--concurrency", str(s.open_concurrency), "--warm", "20" if s.smoke else "50"]
+               "--concurrency", str(s.open_concurrency), "--warm", "20" if s.smoke else "50",
+               "--settle", "0.02" if s.smoke else "0.2"]
         if mode == "streams":
             cmd += ["--streams", str(count), "--direct-streams", str(s.direct_streams),
                     "--direct", ",".join(f"127.0.0.1:{p}" for p in direct_ports)]
