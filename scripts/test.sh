@@ -152,7 +152,7 @@ ln -s ../debug/examples "$SMOKE_DIR/examples"
 
 step "side by side: a smoke run of every bench row with the debug router (bench/run.py --smoke, output in $SMOKE_DIR/smoke.log, printed below when done), and the router against stock hyper and h2 (scripts/test-stock.sh)"
 echo "bench/run.py --smoke --router-bin $SMOKE_DIR/mrtr-router"
-echo "(every row once, 1 s each, 200 streams instead of 10,000: about 60 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start; not a performance check)"
+echo "(every row once, 0.3 s of load each, 200 streams instead of 10,000: about 30 s; fails only on errors, misroutes, non-SSE answers or a proxy that does not start; not a performance check)"
 python3 bench/run.py --smoke --router-bin "$SMOKE_DIR/mrtr-router" >"$SMOKE_DIR/smoke.log" 2>&1 &
 SMOKE=$!
 # The stock build compiles into target/ (sharing what does not depend on hyper) and runs the
