@@ -69,6 +69,18 @@ def _round(x, n):
     return None if x is None else round(x, n)
 
 
+NO_REQUEST = "no request completed"
+# How long a smoke row that completed no request is loaded the second time (the smoke run's
+# length before it became 0.3 s).
+SECOND_LOOK_S = 1
+
+
+def second_look(s, r):
+    """Whether the row's result `r` earns a second run: only in a smoke run, only when its load
+    ran shorter than a second, and only for a row that failed by completing no request."""
+    return s.smoke and s.duration < SECOND_LOOK_S and r["status"] == "failed" and r["error"] == NO_REQUEST
+
+
 class Runner:
     def __init__(self, ctx):
         self.ctx = ctx
@@ -81,6 +93,22 @@ class Runner:
 
     # --- one row, one round ----------------------------------------------------------------
     def run(self, row, rnd):
+        r = self._run_once(row, rnd)
+        if second_look(self.s, r):
+            # A smoke row's 0.3 s can pass without an answer when other work holds both cores
+            # (the test command runs the smoke beside a build): such a row is run once more,
+            # for a second. Errors, misroutes and a proxy that does not start fail at once.
+            log(f"{row.name} [round {rnd}/{self.s.rounds}]: no request completed in {self.s.duration} s; "
+                f"once more for {SECOND_LOOK_S} s")
+            short, self.s.duration = self.s.duration, SECOND_LOOK_S
+            try:
+                r = self._run_once(row, rnd)
+            finally:
+                self.s.duration = short
+            r["second_look"] = True
+        return r
+
+    def _run_once(self, row, rnd):
         r = {"round": rnd, "status": "failed", "error": None}
         tag = f"{row.name} [round {rnd}/{self.s.rounds}]"
         log(f"{tag}: {row.desc}")
@@ -376,7 +404,7 @@ class Runner:
         self._cpu_fields(peer, a, b, req + px_req, req + px_req + di_req, r)
 
         if req == 0:
-            return self._fail(r, "no request completed")
+            return self._fail(r, NO_REQUEST)
         misrouted = errors.get("misrouted", 0)
         hard = r["errors_total"] - (misrouted if row.expect_miss else 0)
         if hard > 0 or sse_msg:

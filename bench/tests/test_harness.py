@@ -296,6 +296,22 @@ class LoadArgs(unittest.TestCase):
         self.assertEqual(sum(res["errors"].values()), 0, res["errors"])
 
 
+class SecondLook(unittest.TestCase):
+    def test_only_a_short_smoke_row_that_completed_no_request(self):
+        s = settings.load(["--smoke"])[0]
+        self.assertLess(s.duration, runner.SECOND_LOOK_S)
+        none = {"status": "failed", "error": runner.NO_REQUEST}
+        self.assertTrue(runner.second_look(s, none))
+        for other in ({"status": "failed", "error": "3 errors (status 3)"},
+                      {"status": "failed", "error": "proxy process died during the run"},
+                      {"status": "ok", "error": None}):
+            self.assertFalse(runner.second_look(s, other), other)
+        full = settings.load([])[0]
+        self.assertFalse(runner.second_look(full, none))
+        s.duration = runner.SECOND_LOOK_S
+        self.assertFalse(runner.second_look(s, none))
+
+
 class Measure(unittest.TestCase):
     def test_percentile_and_median(self):
         v = list(range(1, 101))
