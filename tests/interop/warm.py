@@ -54,12 +54,16 @@ IDLE_SECONDS = 30
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+VENV = os.path.dirname(os.path.dirname(sys.executable))
+
+
 def socket_path():
     """One forking process per venv and per copy of this file (a changed preload list or venv
-    gets a new one)."""
+    gets a new one). The socket sits in the temporary directory (a socket's path is short), and
+    goes when the process stops; the lock and the log stay in the venv."""
     import hashlib
 
-    venv_cfg = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "pyvenv.cfg")
+    venv_cfg = os.path.join(VENV, "pyvenv.cfg")
     stamps = [sys.executable, HERE]
     for f in (venv_cfg, os.path.abspath(__file__)):
         try:
@@ -97,13 +101,14 @@ def connect_or_start(path):
     import subprocess
 
     # One launcher starts the forking process; the others wait on the lock, then connect.
-    with open(path + ".lock", "w") as lock:
+    with open(os.path.join(VENV, "mrtr-warm.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return connect(path)
         except OSError:
             pass
-        with open(path + ".log", "ab") as log:
+        log_path = os.path.join(VENV, "mrtr-warm.log")
+        with open(log_path, "ab") as log:
             server = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--serve", path],
                 stdin=subprocess.DEVNULL,
@@ -115,7 +120,7 @@ def connect_or_start(path):
         said = server.stdout.readline()
         server.stdout.close()
         if said != b"ready\n":
-            die(f"the forking process did not start (exit {server.wait()}; its log: {path}.log)")
+            die(f"the forking process did not start (exit {server.wait()}; its log: {log_path})")
         return connect(path)
 
 
