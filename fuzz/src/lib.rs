@@ -381,16 +381,6 @@ impl<'t> Reference<'t> {
         }
     }
 
-    /// `params.name`, `params.uri`: a string field, but only logged, so one that does not decode
-    /// is none rather than a refusal.
-    fn lenient_field(&self, occurrences: &[&RawValue], counts: bool) -> Option<Option<String>> {
-        self.raw_unless_strings(occurrences)?;
-        Some(match occurrences.last() {
-            Some(v) if counts && is_string(v) => self.raw(v).and_then(|()| serde_json::from_str(v.get()).ok()),
-            _ => None,
-        })
-    }
-
     /// `params.notifications.taskIds` from a `params`' occurrences of `notifications`: each
     /// object's keys decoded, the elements of each `taskIds` array that are no strings taken raw;
     /// the strings of the one that counts (the last `taskIds` of the last `notifications`, when
@@ -452,8 +442,8 @@ impl<'t> Reference<'t> {
             let inner = self.members(p.get())?;
             let request_state = self.string_field(&named(&inner, "requestState"), last)?;
             let task_id = self.string_field(&named(&inner, "taskId"), last)?;
-            let name = self.lenient_field(&named(&inner, "name"), last)?;
-            let uri = self.lenient_field(&named(&inner, "uri"), last)?;
+            let name = self.string_field(&named(&inner, "name"), last)?;
+            let uri = self.string_field(&named(&inner, "uri"), last)?;
             let task_ids = self.task_ids(&named(&inner, "notifications"), last)?;
             if last {
                 (fields.request_state, fields.task_id, fields.name, fields.uri) = (request_state, task_id, name, uri);

@@ -142,6 +142,26 @@ mod tests {
         assert!(matches!(parse_request(key, "messageId"), Err(Unreadable::NotJson(_))));
     }
 
+    /// A name or URI the router judges (scopes, tool quotas, the catalog) must decode: with a
+    /// lone surrogate escape it is no JSON, as for serde_json reading it, never "no name" (a
+    /// lenient backend could read it as the scoped tool's). Unread strings are only skipped.
+    #[test]
+    fn a_name_or_uri_that_does_not_decode_is_no_json() {
+        for body in [
+            &br#"{"id":1,"method":"tools/call","params":{"name":"transfer-funds\ud800"}}"#[..],
+            br#"{"id":1,"method":"resources/read","params":{"uri":"file:///a\udc00"}}"#,
+            br#"{"id":1,"method":"tools/call","params":{"name":"t","uri":"\ud800"}}"#,
+        ] {
+            assert!(
+                matches!(parse_request(body, "messageId"), Err(Unreadable::NotJson(_))),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let skipped = br#"{"id":1,"method":"tools/call","params":{"name":"t","arguments":{"x":"\ud800"}}}"#;
+        assert_eq!(first(skipped).name.as_deref(), Some("t"));
+    }
+
     #[test]
     fn params_name_and_uri_are_read() {
         let body = br#"{"id":1,"method":"tools/call","params":{"name":"get-\u0077eather","arguments":{"name":"no"}}}"#;

@@ -139,11 +139,6 @@ fn strict(v: Option<&RawValue>) -> Option<Option<String>> {
     }
 }
 
-/// A field only logged (`params.name`, `params.uri`): a string that does not decode is none.
-fn lenient(v: Option<&RawValue>) -> Option<String> {
-    strict(v).flatten()
-}
-
 /// The same reading written plainly with serde_json: lists of members with raw values, the last
 /// occurrence of a key counting, fields decoded from their raw text; a body read is ambiguous at
 /// the first fault in it (see [`ambiguities`]; at one place, a key standing twice is said before
@@ -234,8 +229,8 @@ fn request_fields(request: &str, field: &str) -> Option<Fields> {
         let params = members(params.get()).expect("read above");
         f.request_state = strict(last(&params, "requestState"))?;
         f.task_id = strict(last(&params, "taskId"))?;
-        f.name = lenient(last(&params, "name"));
-        f.uri = lenient(last(&params, "uri"));
+        f.name = strict(last(&params, "name"))?;
+        f.uri = strict(last(&params, "uri"))?;
         let notifications = last(&params, "notifications").filter(|n| object(n));
         let listed = notifications.and_then(|n| last(&members(n.get()).expect("read above"), "taskIds"));
         if let Some(listed) = listed.filter(|l| l.get().starts_with('[')) {

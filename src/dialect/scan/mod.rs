@@ -403,7 +403,10 @@ fn envelope_object<'a>(
     let listed: Vec<RawStr<'a>> = task_ids;
     let method = decode(method)?;
     // What the method acts on: the resource a `resources/read` reads, else the tool or prompt
-    // called. Only logged, traced and matched against `Mcp-Name`: one that will not decode is none.
+    // called. Scopes, tool quotas and the catalog judge it, so one that will not decode (a lone
+    // surrogate) is no JSON, as for serde_json reading it: never a call of no name that a
+    // lenient backend reads as a name.
+    let (name, uri) = (decode(name)?, decode(uri)?);
     let target = match method.as_deref() {
         Some("resources/read") => uri,
         _ => name,
@@ -423,7 +426,7 @@ fn envelope_object<'a>(
             .map(|r| r.value())
             .collect::<Result<_, _>>()
             .map_err(|Invalid| end)?,
-        name: target.and_then(|n| n.value().ok()),
+        name: target,
     };
     Ok((
         end,
