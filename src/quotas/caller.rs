@@ -58,9 +58,20 @@ impl CallerKey {
         })
     }
 
-    /// The key's bytes (a shared store's key).
+    /// The key's bytes.
     pub fn bytes(&self) -> &[u8; 16] {
         &self.0
+    }
+
+    /// The caller's name in the shared store (`mrtr:rate:caller:HEX`): SHA-256 of the key, cut
+    /// to 16 bytes, in hex. Never the key itself, which for an `ip` caller is the address.
+    pub fn store_digest(&self) -> String {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"mrtr-quota-store-v1\0");
+        ctx.update(&self.0);
+        let mut digest = [0; 16];
+        digest.copy_from_slice(&ctx.finish().as_ref()[..16]);
+        CallerKey(digest).to_string()
     }
 }
 
@@ -81,7 +92,7 @@ impl CallerKey {
     }
 }
 
-/// Hex: the key in the shared store (`mrtr:rate:caller:HEX`), and what a log line may show.
+/// Hex: what a log line may show of a principal or header caller.
 impl fmt::Display for CallerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))

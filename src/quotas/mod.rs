@@ -362,6 +362,7 @@ impl Quotas {
         if rates.is_empty() {
             return Ok(());
         }
+        let caller = caller.store_digest();
         let keys: Vec<SharedRate> = rates
             .iter()
             .map(|(scope, name, limiter)| {

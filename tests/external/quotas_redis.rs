@@ -83,12 +83,17 @@ async fn two_replicas_count_one_rate_per_caller() {
     let b = from("198.51.100.9");
     assert_eq!(two.post(&b, &ping(100)).await.status, 200);
     assert_eq!(one.post(&b, &ping(101)).await.status, 200);
-    // Redis holds a key per caller, named by its digest, never by its address.
+    // Redis holds a key per caller, named by its digest, never by its address: not as text,
+    // and not as the caller's 16-byte key in hex (an IPv4 address's IPv6-mapped form).
     let keys = redis.keys().await;
     assert_eq!(keys.len(), 2, "{keys:?}");
-    assert!(keys
-        .iter()
-        .all(|k| k.starts_with("mrtr:rate:caller:") && !k.contains("203.0")));
+    for k in &keys {
+        let digest = k.strip_prefix("mrtr:rate:caller:").expect("a caller's key");
+        assert_eq!(digest.len(), 32, "{k}");
+        for address in ["203.0", "198.51", "ffffcb007107", "ffffc6336409"] {
+            assert!(!k.contains(address), "{k} shows {address}");
+        }
+    }
     for replica in [&one, &two] {
         let m = replica.metrics().await;
         assert!(metric_sum(&m, "mrtr_quota_store_seconds_count", &[]) >= (BURST + 1) as f64);
