@@ -1,5 +1,6 @@
 //! The servers the external tests start beside the router: the test authorization server
-//! (`oidc-provider` under node) and Redis; and the browser that looks at the status page.
+//! (`oidc-provider` under node) and Redis; the browser that looks at the status page; and the
+//! MCP Python SDK's scripts of tests/interop/ ([`sdk_script`]).
 
 pub mod browser;
 pub mod idp;
