@@ -2,7 +2,7 @@
 //! MCP Python SDK (`interop`, `rolling_deploy`), node with the test authorization server
 //! (`idp`, `auth_stepup`, `list_filter_idp`), promtool, kubectl and a Python venv for the
 //! deploy/ checks (`deploy`), redis-server (`quotas_redis`), and headless Chromium driven by
-//! node's playwright-core (`status_page`). Built only with the `external-tests` feature, which
+//! node's playwright-core (`status_page`); and how the SDK's scripts are run (`warm`). Built only with the `external-tests` feature, which
 //! the README's test command turns on after it installs the tools: a plain `cargo test` never
 //! needs them.
 
@@ -20,3 +20,4 @@ mod list_filter_idp;
 mod quotas_redis;
 mod rolling_deploy;
 mod status_page;
+mod warm;
