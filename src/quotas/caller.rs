@@ -42,9 +42,14 @@ impl CallerKey {
 
     /// The caller a header value names.
     pub fn from_header_value(value: &[u8]) -> CallerKey {
+        CallerKey::digest(b"mrtr-quota-header-v1\0", value)
+    }
+
+    /// SHA-256 of `domain` then `bytes`, cut to 16 bytes.
+    fn digest(domain: &[u8], bytes: &[u8]) -> CallerKey {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        ctx.update(b"mrtr-quota-header-v1\0");
-        ctx.update(value);
+        ctx.update(domain);
+        ctx.update(bytes);
         let mut key = [0; 16];
         key.copy_from_slice(&ctx.finish().as_ref()[..16]);
         CallerKey(key)
@@ -66,12 +71,7 @@ impl CallerKey {
     /// The caller's name in the shared store (`mrtr:rate:caller:HEX`): SHA-256 of the key, cut
     /// to 16 bytes, in hex. Never the key itself, which for an `ip` caller is the address.
     pub fn store_digest(&self) -> String {
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        ctx.update(b"mrtr-quota-store-v1\0");
-        ctx.update(&self.0);
-        let mut digest = [0; 16];
-        digest.copy_from_slice(&ctx.finish().as_ref()[..16]);
-        CallerKey(digest).to_string()
+        CallerKey::digest(b"mrtr-quota-store-v1\0", &self.0).to_string()
     }
 }
 
